@@ -1,0 +1,34 @@
+# The two commands a new user needs:
+#   make run    start the whole service on embedded defaults (SQLite, local Redis, local model)
+#   make test   run the test suite (Postgres and Redis on 127.0.0.1 by default)
+SHELL := /bin/bash
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+export MODEL_PATH ?=
+TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/test
+TEST_REDIS_URL ?= redis://127.0.0.1:6379/15
+
+.PHONY: setup model run test lint bench
+
+# Installs what is missing: the virtualenv with pinned packages, and (Linux) the Fortran runtime
+# that the fast OpenBLAS needs. Re-running is cheap: pip only installs when pyproject changed.
+setup: $(VENV)/.installed
+$(VENV)/.installed: pyproject.toml
+	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	@$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e ".[test]"
+	@bash scripts/ensure_system_libs.sh
+	@touch $@
+
+model: setup
+	$(BIN)/python -m engine_worker.model.builder var/models/tiny
+
+run: setup
+	@bash scripts/run.sh
+
+test: setup
+	DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) $(BIN)/python -m pytest $(PYTEST_ARGS)
+
+lint: setup
+	$(BIN)/ruff check .

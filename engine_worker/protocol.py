@@ -1,0 +1,97 @@
+"""Typed messages between the web side and the engine worker.
+
+Plain frozen dataclasses of ids, numbers and strings: never ORM objects. The web side builds a
+:class:`JobSpec` (prompt already tokenized, so the context check happens before dispatch); the
+worker emits :class:`OutputChunk` per engine step and one :class:`FinalResult`, and publishes
+:class:`WorkerHeartbeat` periodically. ``to_dict``/``from_dict`` give the JSON wire form.
+
+This module imports nothing heavy (no mlx), so web processes can use it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+FINISH_REASONS = ("stop", "length", "abort", "error")
+
+
+def to_dict(message: Any) -> dict[str, Any]:
+    return dataclasses.asdict(message)
+
+
+def from_dict(cls: type[T], data: dict[str, Any]) -> T:
+    """Build ``cls`` from a wire dict, ignoring unknown keys (newer senders) and turning lists
+    back into the tuples the frozen dataclasses declare."""
+    names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    kwargs = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items() if k in names}
+    return cls(**kwargs)
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """One job for the engine: what to generate and how to sample it."""
+
+    job_id: str
+    prompt_token_ids: tuple[int, ...]
+    max_tokens: int
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    priority: int = 0
+    ignore_eos: bool = False
+
+
+@dataclass(frozen=True)
+class OutputChunk:
+    """The text one job produced in one engine step (tokens of a step are coalesced)."""
+
+    job_id: str
+    seq: int
+    text: str
+    completion_tokens: int
+
+
+@dataclass(frozen=True)
+class FinalResult:
+    """How a job ended, with the engine's own token counts."""
+
+    job_id: str
+    text: str
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int = 0
+    error: str | None = None
+    first_token_at: float | None = None  # unix time
+    finished_at: float | None = None
+    last_seq: int = 0
+
+
+@dataclass(frozen=True)
+class MemoryStats:
+    device: str  # "cpu", "gpu/cuda" or "gpu/metal"
+    active_bytes: int
+    peak_bytes: int
+    cache_bytes: int
+
+
+@dataclass(frozen=True)
+class WorkerHeartbeat:
+    worker_id: str
+    model: str
+    device: str
+    memory: MemoryStats
+    num_running: int
+    num_waiting: int
+    sent_at: float
+    requests: tuple[dict[str, Any], ...] = field(default_factory=tuple)
+    cache: dict[str, Any] | None = None
+    context_length: int | None = None

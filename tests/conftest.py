@@ -1,0 +1,32 @@
+"""Shared fixtures: the real tiny model, built once per machine under var/models/tiny."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY_MODEL_DIR = ROOT / "var" / "models" / "tiny"
+
+
+@pytest.fixture(scope="session")
+def tiny_model_path() -> Path:
+    """Path of the local test model (built on first use; MODEL_PATH is ignored in tests on purpose,
+    so token-level expectations always refer to the same model)."""
+    from engine_worker.model.builder import ensure_model
+
+    return ensure_model(TINY_MODEL_DIR)
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tiny_model_path):
+    """``(model, tokenizer)`` loaded once through ``mlx_lm.load``."""
+    from mlx_lm import load
+
+    return load(str(tiny_model_path))
+
+
+def pytest_configure(config):
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
