@@ -95,3 +95,27 @@ class WorkerHeartbeat:
     requests: tuple[dict[str, Any], ...] = field(default_factory=tuple)
     cache: dict[str, Any] | None = None
     context_length: int | None = None
+
+
+@dataclass(frozen=True)
+class FirstToken:
+    """A job produced its first token (for TTFT); emitted once per job run."""
+
+    job_id: str
+    at: float  # unix time
+
+
+@dataclass(frozen=True)
+class StepBatch:
+    """What the worker hands to its output sink in one go: the coalesced chunks of one or more
+    engine steps (at most one chunk per job), first-token events and finished jobs.
+
+    A sink writes it with one Redis pipeline; when the I/O thread lags behind the engine, several
+    steps fold into one batch instead of queueing up."""
+
+    chunks: tuple[OutputChunk, ...] = ()
+    finals: tuple[FinalResult, ...] = ()
+    first_tokens: tuple[FirstToken, ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.chunks or self.finals or self.first_tokens)

@@ -1,0 +1,156 @@
+"""JobHost: runs jobs on an in-process EngineCore and streams their outputs to a sink.
+
+Threads (DESIGN.md, "One thread owns the model"):
+
+* the engine thread (EngineCore's own) steps the scheduler; after each step it calls our output
+  listener, which only enqueues;
+* the I/O thread (:class:`IOThread`) folds outputs into one chunk per job per batch and calls the
+  sink (Redis, database);
+* callers (a Celery task, a cancel subscriber, the heartbeat loop) use :meth:`submit`,
+  :meth:`cancel`, :meth:`hand_back`, :meth:`heartbeat`, which never block on the engine.
+
+This module imports neither Django nor Celery; the service plugs in through :class:`OutputSink`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any, Protocol
+
+from engine_worker.protocol import JobSpec, WorkerHeartbeat
+from engine_worker.request import Request, RequestOutput
+from engine_worker.runtime.convert import spec_to_request
+from engine_worker.runtime.heartbeat import build_heartbeat
+from engine_worker.runtime.io_thread import Cancel, Forget, IOThread, Track
+from engine_worker.runtime.sink import OutputSink
+
+logger = logging.getLogger(__name__)
+
+
+class HostedEngine(Protocol):
+    """The part of EngineCore's sync host API the runtime uses."""
+
+    def add_output_listener(self, fn: Any) -> None: ...
+    def submit(self, request: Request) -> Any: ...
+    def abort(self, request_id: str) -> Any: ...
+    def get_stats(self) -> dict[str, Any]: ...
+    def get_cache_stats(self) -> dict[str, Any] | None: ...
+
+
+class JobHost:
+    """Admits :class:`JobSpec` s into one engine, many at once (continuous batching)."""
+
+    def __init__(self, engine: HostedEngine, sink: OutputSink, *, model_name: str = "",
+                 context_length: int | None = None) -> None:
+        self.engine = engine
+        self.model_name = model_name
+        self.context_length = context_length
+        self._held: dict[str, float] = {}  # job id -> admitted at
+        self._lock = threading.Condition()
+        self._io = IOThread(sink, self._finished)
+        self._started = False
+        self._closed = False
+
+    # -- life cycle ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the I/O thread and register the output listener (the engine runs already)."""
+        if self._started:
+            return
+        self._io.start()
+        self.engine.add_output_listener(self._on_outputs)
+        self._started = True
+
+    def drain(self, timeout: float) -> list[str]:
+        """Stop admitting and wait up to ``timeout`` s for held jobs to finish (their finals are
+        written). Returns the jobs still running afterwards."""
+        with self._lock:
+            self._closed = True
+            self._lock.wait_for(lambda: not self._held, timeout)
+            return list(self._held)
+
+    def stop(self, flush_timeout: float = 10.0) -> None:
+        """Flush pending outputs to the sink and stop the I/O thread. The engine is the caller's."""
+        if self._started:
+            self._io.flush(flush_timeout)
+            self._io.stop(flush_timeout)
+            self._started = False
+
+    # -- jobs ---------------------------------------------------------------------------------
+
+    def submit(self, spec: JobSpec) -> bool:
+        """Admit a job. False (and nothing happens) when this host already holds it or is
+        draining. Engine errors (e.g. ``EngineClosed``) propagate after the job is released."""
+        with self._lock:
+            if self._closed or spec.job_id in self._held:
+                return False
+            self._held[spec.job_id] = time.time()
+        # Track before submitting: the FIFO queue then orders the track before any output.
+        self._io.put(Track(spec.job_id, len(spec.prompt_token_ids)))
+        try:
+            self.engine.submit(spec_to_request(spec))
+        except BaseException:
+            self._io.put(Forget(spec.job_id))
+            self._finished(spec.job_id)
+            raise
+        return True
+
+    def cancel(self, job_id: str) -> bool:
+        """Stop a held job: the engine drops it at its next step and the job ends with
+        ``finish_reason="abort"`` and the text streamed so far. False if not held here."""
+        if not self.holds(job_id):
+            return False
+        self.engine.abort(job_id)
+        self._io.put(Cancel(job_id))
+        return True
+
+    def hand_back(self, job_ids: list[str]) -> list[str]:
+        """Abort held jobs without a final (they go back to the queue). Returns those released."""
+        released = []
+        for job_id in job_ids:
+            if self.holds(job_id):
+                self.engine.abort(job_id)
+                self._io.put(Forget(job_id))
+                self._finished(job_id)
+                released.append(job_id)
+        return released
+
+    def holds(self, job_id: str) -> bool:
+        with self._lock:
+            return job_id in self._held
+
+    def held_jobs(self) -> list[str]:
+        with self._lock:
+            return list(self._held)
+
+    def wait_idle(self, timeout: float) -> bool:
+        """True once no job is held (every final was handed to the sink)."""
+        with self._lock:
+            return self._lock.wait_for(lambda: not self._held, timeout)
+
+    def flush(self, timeout: float = 10.0) -> bool:
+        """Wait until every output so far reached the sink."""
+        return self._io.flush(timeout)
+
+    # -- stats --------------------------------------------------------------------------------
+
+    def heartbeat(self, worker_id: str) -> WorkerHeartbeat:
+        return build_heartbeat(
+            worker_id=worker_id,
+            model=self.model_name,
+            stats=self.engine.get_stats(),
+            cache=self.engine.get_cache_stats(),
+            context_length=self.context_length,
+        )
+
+    # -- internals ----------------------------------------------------------------------------
+
+    def _on_outputs(self, outputs: list[RequestOutput]) -> None:
+        self._io.on_outputs(outputs)  # engine thread: enqueue only
+
+    def _finished(self, job_id: str) -> None:
+        with self._lock:
+            self._held.pop(job_id, None)
+            self._lock.notify_all()

@@ -1,0 +1,132 @@
+"""The worker's I/O thread: everything between the engine thread and the outside world.
+
+The engine thread only appends its step outputs to a queue (the output listener). This thread
+takes whatever has accumulated, folds it with :class:`ChunkCoalescer` into one
+:class:`StepBatch` and hands that to the sink, so the sink's Redis/database round trips happen
+once per batch, off the engine thread, and never per token. Commands from other threads (track a
+new job, cancel, hand back) travel through the same FIFO queue, which orders them with respect
+to the outputs: a job is tracked before its first output can arrive.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from engine_worker.protocol import FinalResult, StepBatch
+from engine_worker.request import RequestOutput
+from engine_worker.runtime.coalesce import ChunkCoalescer
+from engine_worker.runtime.sink import OutputSink
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Track:
+    job_id: str
+    prompt_tokens: int
+
+
+@dataclass(frozen=True)
+class Cancel:
+    job_id: str
+
+
+@dataclass(frozen=True)
+class Forget:
+    job_id: str
+
+
+@dataclass(frozen=True)
+class Barrier:
+    event: threading.Event
+
+
+_STOP = object()
+
+
+class IOThread:
+    """Owns the coalescer and calls the sink. ``on_finished(job_id)`` runs after a job's final
+    was handed to the sink (or was handed back), so "no jobs held" means "all finals written"."""
+
+    def __init__(self, sink: OutputSink, on_finished: Callable[[str], None]) -> None:
+        self._sink = sink
+        self._on_finished = on_finished
+        self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
+        self._coalescer = ChunkCoalescer()
+        self._thread = threading.Thread(target=self._run, name="worker-io", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def put(self, item: object) -> None:
+        self._queue.put(item)
+
+    def on_outputs(self, outputs: list[RequestOutput]) -> None:
+        """The engine's output listener: runs on the engine thread, so it only enqueues."""
+        self._queue.put(outputs)
+
+    def flush(self, timeout: float) -> bool:
+        """Wait until everything enqueued so far was handed to the sink."""
+        event = threading.Event()
+        self._queue.put(Barrier(event))
+        return event.wait(timeout)
+
+    def stop(self, timeout: float) -> None:
+        self._queue.put(_STOP)
+        self._thread.join(timeout)
+
+    def _run(self) -> None:
+        stopping = False
+        while not stopping:
+            items = [self._queue.get()]
+            while True:  # fold everything that is already waiting into this batch
+                try:
+                    items.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            stopping = self._process(items)
+
+    def _process(self, items: list[object]) -> bool:
+        steps: list[list[RequestOutput]] = []
+        finals: list[FinalResult] = []
+        barriers: list[threading.Event] = []
+        stopping = False
+        for item in items:
+            if isinstance(item, list):
+                steps.append(item)
+                continue
+            # A command applies after the outputs that arrived before it.
+            if steps:
+                self._publish(self._coalescer.fold(steps, finals))
+                steps, finals = [], []
+            if isinstance(item, Track):
+                self._coalescer.track(item.job_id, item.prompt_tokens)
+            elif isinstance(item, Cancel):
+                final = self._coalescer.cancel(item.job_id)
+                if final is not None:
+                    finals.append(final)
+            elif isinstance(item, Forget):
+                self._coalescer.forget(item.job_id)
+            elif isinstance(item, Barrier):
+                barriers.append(item.event)
+            elif item is _STOP:
+                stopping = True
+        if steps or finals:
+            self._publish(self._coalescer.fold(steps, finals))
+        for event in barriers:
+            event.set()
+        return stopping
+
+    def _publish(self, batch: StepBatch) -> None:
+        if batch:
+            try:
+                self._sink.publish(batch)
+            except Exception:  # a sink failure must not kill the worker's output path
+                logger.exception("output sink failed for a batch of %s chunks, %s finals",
+                                 len(batch.chunks), len(batch.finals))
+        for final in batch.finals:
+            self._on_finished(final.job_id)

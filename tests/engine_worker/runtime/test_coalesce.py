@@ -1,0 +1,67 @@
+"""ChunkCoalescer: one chunk per job per batch, seq 1, 2, 3..., finals carry the streamed text."""
+
+from __future__ import annotations
+
+from engine_worker.request import RequestOutput
+from engine_worker.runtime.coalesce import ChunkCoalescer
+
+
+def out(rid: str, text: str, n: int, *, finished: bool = False, reason: str | None = None) -> RequestOutput:
+    return RequestOutput(
+        request_id=rid, new_token_ids=[1] if text else [], new_text=text, completion_tokens=n,
+        prompt_tokens=5, finished=finished, finish_reason=reason,
+    )
+
+
+def test_tokens_of_one_step_become_one_chunk_per_job():
+    co = ChunkCoalescer(clock=lambda: 100.0)
+    co.track("a", 5)
+    co.track("b", 5)
+    batch = co.fold([[out("a", "He", 1), out("b", "X", 1), out("a", "llo", 2)]])
+    assert [(c.job_id, c.seq, c.text) for c in batch.chunks] == [("a", 1, "Hello"), ("b", 1, "X")]
+    assert {f.job_id for f in batch.first_tokens} == {"a", "b"}
+
+
+def test_several_steps_folded_when_the_io_thread_lags_still_number_chunks_consecutively():
+    co = ChunkCoalescer()
+    co.track("a", 5)
+    first = co.fold([[out("a", "x", 1)]])
+    lagged = co.fold([[out("a", "y", 2)], [out("a", "z", 3)]])
+    assert [c.seq for c in first.chunks + lagged.chunks] == [1, 2]
+    assert lagged.chunks[0].text == "yz"
+    assert lagged.chunks[0].completion_tokens == 3
+    assert lagged.first_tokens == ()
+
+
+def test_final_follows_its_last_chunk_and_holds_exactly_the_streamed_text():
+    co = ChunkCoalescer()
+    co.track("a", 5)
+    b1 = co.fold([[out("a", "ab", 1)]])
+    b2 = co.fold([[out("a", "", 2)], [out("a", "c", 3, finished=True, reason="length")]])
+    assert [c.text for c in b2.chunks] == ["c"]
+    final = b2.finals[0]
+    assert final.text == "".join(c.text for c in b1.chunks + b2.chunks) == "abc"
+    assert (final.finish_reason, final.last_seq, final.completion_tokens, final.prompt_tokens) == ("length", 2, 3, 5)
+
+
+def test_steps_without_new_text_emit_no_chunk():
+    co = ChunkCoalescer()
+    co.track("a", 5)
+    batch = co.fold([[out("a", "", 1)]])  # e.g. half of a multi-byte character
+    assert batch.chunks == ()
+    assert len(batch.first_tokens) == 1
+
+
+def test_cancel_ends_with_streamed_text_and_later_outputs_are_dropped():
+    co = ChunkCoalescer()
+    co.track("a", 5)
+    co.fold([[out("a", "hi", 1)]])
+    final = co.cancel("a")
+    assert (final.finish_reason, final.text, final.last_seq) == ("abort", "hi", 1)
+    assert not co.fold([[out("a", "late", 2, finished=True, reason="abort")]])
+    assert co.cancel("a") is None
+
+
+def test_untracked_jobs_are_ignored():
+    co = ChunkCoalescer()
+    assert not co.fold([[out("ghost", "boo", 1, finished=True, reason="stop")]])
