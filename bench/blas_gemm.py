@@ -30,10 +30,12 @@ SHAPES = {
 
 def child(iters: int) -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    import importlib
+
     import engine_worker  # noqa: F401  (preload unless MLX_DISABLE_OPENBLAS=1)
     from engine_worker import blas
 
-    import mlx.core as mx
+    mx = importlib.import_module("mlx.core")  # only after the preload above
 
     out = {"blas": blas.blas_status()}
     for name, (m, k, n) in SHAPES.items():

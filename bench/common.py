@@ -107,7 +107,7 @@ def environment() -> dict:
     except Exception:  # pragma: no cover
         mlx_lm_version = "?"
     info = {
-        "date_utc": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "date_utc": _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "host": platform.node(),
         "machine": platform.machine(),
         "cpu_count": os.cpu_count(),

@@ -32,6 +32,7 @@ import argparse
 import asyncio
 import dataclasses
 import gc
+import importlib
 import sys
 import time
 import traceback
@@ -51,7 +52,7 @@ from common import (  # noqa: E402  (imports engine_worker first: BLAS before ml
     percentile,
 )
 
-import mlx.core as mx  # noqa: E402
+mx = importlib.import_module("mlx.core")  # only after common (BLAS preload before mlx)
 
 # --------------------------------------------------------------------------------------------
 # (a) raw BatchGenerator
@@ -105,8 +106,6 @@ def run_raw(model, prompts, max_tokens, completion_batch_size, prefill_batch_siz
 
 def import_engine():
     """Import the engine's public classes wherever the engine keeps them."""
-    import importlib
-
     ec = importlib.import_module("engine_worker.engine_core")
     from engine_worker.request import SamplingParams
 
@@ -176,12 +175,12 @@ async def run_engine(engine, classes, prompts, max_tokens, tag):
     t0 = time.perf_counter()
     ends = await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
     t1 = max(ends)
-    total = sum(len(o) if o else c for o, c in zip(outputs, counts))
+    total = sum(len(o) if o else c for o, c in zip(outputs, counts, strict=True))
     return {
         "wall_s": t1 - t0,
         "tokens": total,
         "tok_s": total / (t1 - t0),
-        "ttft_s": [(f - s) if f is not None else None for f, s in zip(first, submit)],
+        "ttft_s": [(f - s) if f is not None else None for f, s in zip(first, submit, strict=True)],
         "outputs": outputs,
         "errors": errors,
     }
@@ -202,7 +201,7 @@ def run_sequential(model, tokenizer, prompts, max_tokens):
         for p in prompts:
             ts = time.perf_counter()
             n = 0
-            for resp in stream_generate(model, tokenizer, p, max_tokens=max_tokens):
+            for _resp in stream_generate(model, tokenizer, p, max_tokens=max_tokens):
                 if n == 0:
                     ttft.append(time.perf_counter() - ts)
                 n += 1
@@ -326,7 +325,7 @@ def main(argv=None):
             ratio = level["engine"]["tok_s_median"] / level["raw"]["tok_s_median"]
             level["engine_over_raw"] = round(ratio, 4)
             # greedy parity between the two paths (informational: batch composition may differ)
-            same = sum(1 for a, b in zip(raw_runs[-1]["outputs"], eng_runs[-1]["outputs"]) if a == b)
+            same = sum(1 for a, b in zip(raw_runs[-1]["outputs"], eng_runs[-1]["outputs"], strict=True) if a == b)
             level["engine_tokens_equal_raw"] = f"{same}/{c}"
         for side in ("raw", "engine"):
             if side in level:
