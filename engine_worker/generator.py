@@ -1,0 +1,121 @@
+"""A thin adapter around mlx-lm's ``BatchGenerator``, using its public methods only.
+
+The scheduler talks to a :class:`BatchRunner`; :class:`MlxBatchRunner` is the real one. Tests of
+scheduling policy can substitute a fake that returns scripted responses with the same fields
+(``uid``, ``token``, ``finish_reason``, ``prompt_cache``, ``all_tokens``).
+
+Thread affinity: mlx streams and the generator are bound to the thread that creates them, so the
+runner must be created, stepped and closed on one thread (the engine thread).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import mlx.core as mx
+from mlx_lm.generate import BatchGenerator
+from mlx_lm.models.cache import KVCache, RotatingKVCache, make_prompt_cache
+
+from engine_worker.config import SchedulerConfig
+
+logger = logging.getLogger(__name__)
+
+# RotatingKVCache keeps the first tokens of the sequence (usually BOS and the system prompt's
+# start) as attention sinks; 4 is mlx-lm's own choice in make_prompt_cache.
+_KV_KEEP = 4
+
+
+class BatchRunner(Protocol):
+    """What the scheduler needs from the token generator."""
+
+    def insert(
+        self,
+        tokens: list[int],
+        *,
+        max_tokens: int,
+        cache: list[Any] | None,
+        all_tokens: list[int] | None,
+        sampler: Any,
+        logits_processors: list[Any],
+        stop_sequences: Any,
+    ) -> int: ...
+
+    def step(self) -> Sequence[Any]: ...
+
+    def remove(self, uids: list[int], return_caches: bool = False) -> dict[int, tuple[list[Any], list[int]]]: ...
+
+    def close(self) -> None: ...
+
+
+class MlxBatchRunner:
+    """Owns one ``BatchGenerator``; create it on the thread that will step it."""
+
+    def __init__(self, model: Any, config: SchedulerConfig) -> None:
+        self._model = model
+        self._max_kv_size = config.max_kv_size
+        self._bounded_ok = True
+        # The generator's defaults (sampler, stop tokens, processors) are never used: every insert
+        # passes per-request values, so settings cannot leak from one request to another.
+        self.generator = BatchGenerator(
+            model,
+            completion_batch_size=config.completion_batch_size,
+            prefill_batch_size=config.prefill_batch_size,
+            prefill_step_size=config.effective_prefill_step_size,
+            max_kv_size=config.max_kv_size or None,
+            stream=mx.default_stream(mx.default_device()),
+        )
+
+    def _bounded_cache(self) -> list[Any] | None:
+        """Per-layer rotating caches of ``max_kv_size`` tokens.
+
+        BatchGenerator's ``max_kv_size`` only reaches models without ``make_cache`` (llama has one),
+        so the bound is made real by inserting rotating caches ourselves. Models whose layers are
+        not plain attention caches (hybrid/recurrent) cannot be bounded this way.
+        """
+        if not self._bounded_ok:
+            return None
+        if not hasattr(self._model, "make_cache"):
+            return make_prompt_cache(self._model, max_kv_size=self._max_kv_size)
+        layers = self._model.make_cache()
+        if all(type(c) is KVCache for c in layers):
+            return [RotatingKVCache(max_size=self._max_kv_size, keep=_KV_KEEP) for _ in layers]
+        self._bounded_ok = False
+        logger.warning("max_kv_size=%s ignored: this model's caches cannot be bounded", self._max_kv_size)
+        return None
+
+    def insert(
+        self,
+        tokens: list[int],
+        *,
+        max_tokens: int,
+        cache: list[Any] | None,
+        all_tokens: list[int] | None,
+        sampler: Any,
+        logits_processors: list[Any],
+        stop_sequences: Any,
+    ) -> int:
+        if cache is None and self._max_kv_size > 0:
+            cache = self._bounded_cache()
+        (uid,) = self.generator.insert(
+            [tokens],
+            max_tokens=[max_tokens],
+            caches=[cache] if cache is not None else None,
+            all_tokens=[all_tokens] if all_tokens is not None else None,
+            samplers=[sampler],
+            logits_processors=[logits_processors],
+            stop_sequences=[stop_sequences],
+        )
+        return uid
+
+    def step(self) -> Sequence[Any]:
+        """One generator step: decode one token per decoding sequence, prefill one chunk."""
+        _, generated = self.generator.next()
+        return generated
+
+    def remove(self, uids: list[int], return_caches: bool = False) -> dict[int, tuple[list[Any], list[int]]]:
+        return self.generator.remove(uids, return_prompt_caches=return_caches)
+
+    def close(self) -> None:
+        self.generator.close()

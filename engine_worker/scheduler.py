@@ -1,0 +1,516 @@
+"""The scheduler: the seed's ``Scheduler`` API over mlx-lm's ``BatchGenerator``.
+
+A state machine with no I/O. ``step()`` is the one step function: apply queued outputs, admit
+waiting requests within the budgets (``max_num_seqs``/generator capacity, ``max_num_batched_tokens``,
+policy order), run one generator step, turn its responses into :class:`RequestOutput`s.
+
+Not thread-safe: one thread calls every method (``EngineCore`` runs it on its engine thread and
+hands other threads' requests and aborts over through queues).
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine_worker import memory
+from engine_worker.cache_protocol import NoPrefixCache, PrefixCacheBackend
+from engine_worker.config import SchedulerConfig, SchedulingPolicy
+from engine_worker.errors import (
+    DuplicateRequest,
+    InvalidRequest,
+    PromptTooLong,
+    RequestError,
+    TokenizationError,
+    UnsupportedInput,
+)
+from engine_worker.generator import BatchRunner, MlxBatchRunner
+from engine_worker.loader import context_length, vocab_size
+from engine_worker.request import Request, RequestOutput, RequestStatus
+from engine_worker.sampling import SamplingFactory
+from engine_worker.stats import SchedulerCounters, request_rows
+from engine_worker.text_stream import TextStream
+from engine_worker.waiting_queue import WaitingQueue
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["Scheduler", "SchedulerConfig", "SchedulerOutput", "SchedulingPolicy"]
+
+_FINISH_STATUS = {"stop": RequestStatus.FINISHED_STOPPED, "length": RequestStatus.FINISHED_LENGTH_CAPPED}
+
+
+@dataclass
+class SchedulerOutput:
+    """What one ``step()`` did. ``num_scheduled_tokens`` counts prompt tokens actually sent to
+    prefill for the requests admitted in this step (prefix-cache hits excluded)."""
+
+    scheduled_request_ids: list[str] = field(default_factory=list)
+    num_scheduled_tokens: int = 0
+    finished_request_ids: set[str] = field(default_factory=set)
+    outputs: list[RequestOutput] = field(default_factory=list)
+    has_work: bool = False
+
+
+class Scheduler:
+    """Continuous-batching request manager (seed API: ``Scheduler(model, tokenizer, config)``).
+
+    ``prefix_cache`` plugs a cache back end in (see :mod:`engine_worker.cache_protocol`);
+    ``runner_factory`` replaces the mlx generator (tests with scripted tokens).
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        config: SchedulerConfig | None = None,
+        *,
+        prefix_cache: PrefixCacheBackend | None = None,
+        runner_factory: Callable[[Any, SchedulerConfig], BatchRunner] | None = None,
+        max_model_len: int | None = None,
+    ) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.config = config or SchedulerConfig()
+        self.prefix_cache: PrefixCacheBackend = prefix_cache or NoPrefixCache()
+        self._runner_factory = runner_factory or MlxBatchRunner
+        self.runner: BatchRunner | None = None
+        self.max_model_len = max_model_len or context_length(model)
+        self._vocab_size = vocab_size(model)
+
+        self.waiting = WaitingQueue(self.config.policy)
+        self.running: dict[str, Request] = {}
+        self.requests: dict[str, Request] = {}
+        self.finished_req_ids: set[str] = set()
+        self.request_id_to_uid: dict[str, int] = {}
+        self.uid_to_request_id: dict[int, str] = {}
+        self._streams: dict[str, TextStream] = {}
+        self._pending_outputs: list[RequestOutput] = []
+        self._sampling = SamplingFactory(_eos_ids(tokenizer))
+        self.counters = SchedulerCounters()
+        self.mtp_status = self._check_mtp()
+
+    # ----------------------------------------------------------------- seed accessors
+
+    @property
+    def batch_generator(self) -> Any:
+        """The live mlx-lm ``BatchGenerator`` (``None`` before the first step)."""
+        return getattr(self.runner, "generator", self.runner)
+
+    def has_requests(self) -> bool:
+        return bool(self.waiting or self.running or self._pending_outputs)
+
+    def get_num_waiting(self) -> int:
+        return len(self.waiting)
+
+    def get_num_running(self) -> int:
+        return len(self.running)
+
+    def get_request(self, request_id: str) -> Request | None:
+        return self.requests.get(request_id)
+
+    def remove_finished_request(self, request_id: str) -> Request | None:
+        """Forget a request; only finished ones can be forgotten (a live one stays tracked)."""
+        request = self.requests.get(request_id)
+        if request is not None and request.is_finished():
+            return self.requests.pop(request_id)
+        return None
+
+    # ----------------------------------------------------------------- admission
+
+    def add_request(self, request: Request) -> None:
+        """Queue a request.
+
+        Raises :class:`DuplicateRequest` if the id is still known (the first request is not
+        touched). A request that cannot run (bad prompt, tokenizer error, multimodal input,
+        prompt longer than the context) is accepted and finishes at the next step with
+        ``finish_reason="error"`` and ``error`` set, without affecting any other request.
+        """
+        if request.request_id in self.requests:
+            raise DuplicateRequest(request.request_id)
+        self.requests[request.request_id] = request
+        try:
+            self._prepare(request)
+        except RequestError as exc:
+            self._fail(request, str(exc))
+            return
+        self.waiting.push(request)
+
+    def _prepare(self, request: Request) -> None:
+        rid = request.request_id
+        if request.images or request.videos:
+            raise UnsupportedInput("image" if request.images else "video", request_id=rid)
+        sp = request.sampling_params
+        if sp.max_tokens <= 0:
+            raise InvalidRequest(f"max_tokens must be > 0, got {sp.max_tokens}", request_id=rid)
+        if sp.temperature < 0:
+            raise InvalidRequest("temperature must be >= 0", request_id=rid)
+        if request.prompt_token_ids is None:
+            request.prompt_token_ids = self._tokenize(request)
+        tokens = request.prompt_token_ids
+        request.num_prompt_tokens = len(tokens)
+        if not tokens:
+            raise InvalidRequest("the prompt is empty", request_id=rid)
+        if self.max_model_len is not None and len(tokens) > self.max_model_len:
+            raise PromptTooLong(limit=self.max_model_len, length=len(tokens), request_id=rid)
+        if self._vocab_size is not None and not all(0 <= t < self._vocab_size for t in tokens):
+            raise InvalidRequest(f"prompt token ids must be in [0, {self._vocab_size})", request_id=rid)
+
+    def _tokenize(self, request: Request) -> list[int]:
+        prompt = request.prompt
+        if not isinstance(prompt, str):
+            return [int(t) for t in prompt]
+        encode = getattr(self.tokenizer, "encode", None) or self.tokenizer.tokenizer.encode
+        try:
+            return list(encode(prompt))
+        # A tokenizer is third-party code: whatever it raises concerns this one prompt only.
+        except Exception as exc:
+            raise TokenizationError(f"tokenizer failed: {exc}", request_id=request.request_id) from exc
+
+    def _ensure_runner(self) -> BatchRunner:
+        if self.runner is None:
+            self.runner = self._runner_factory(self.model, self.config)
+        return self.runner
+
+    def _lookup(self, request: Request) -> None:
+        """Ask the prefix cache once; the result stays on the request until it is admitted."""
+        tokens = request.prompt_token_ids
+        cache, remaining, hit_type = self.prefix_cache.fetch(tokens)
+        remaining = list(remaining)
+        if cache is not None and not remaining:
+            # Exact hit: the generator needs at least one token to produce logits from.
+            from mlx_lm.models.cache import can_trim_prompt_cache, trim_prompt_cache
+
+            if can_trim_prompt_cache(cache) and trim_prompt_cache(cache, 1) == 1:
+                remaining = tokens[-1:]
+            else:
+                cache, remaining = None, list(tokens)
+        if cache is None:
+            remaining = list(tokens)
+        request.prompt_cache = cache
+        request.remaining_tokens = remaining
+        request.cached_tokens = len(tokens) - len(remaining)
+        request.cache_hit_type = hit_type if cache is not None else "miss"
+
+    def _schedule_waiting(self, out: SchedulerOutput) -> None:
+        cap = self.config.max_running
+        budget = self.config.max_num_batched_tokens
+        while self.waiting and len(self.running) < cap:
+            request = self.waiting.peek()
+            if request.remaining_tokens is None:
+                self._lookup(request)
+            n = len(request.remaining_tokens)
+            # The first request of a step is admitted even above the budget, or a prompt longer
+            # than the budget would wait forever.
+            if out.scheduled_request_ids and out.num_scheduled_tokens + n > budget:
+                break
+            self.waiting.pop()
+            if self._insert(request):
+                out.scheduled_request_ids.append(request.request_id)
+                out.num_scheduled_tokens += n
+
+    def _insert(self, request: Request) -> bool:
+        sp = request.sampling_params
+        tokens = request.prompt_token_ids
+        cache = request.prompt_cache
+        runner = self._ensure_runner()
+        try:
+            uid = runner.insert(
+                request.remaining_tokens,
+                max_tokens=sp.max_tokens,
+                cache=cache,
+                all_tokens=tokens[: request.cached_tokens] if cache is not None else None,
+                sampler=self._sampling.sampler(sp),
+                logits_processors=self._sampling.logits_processors(sp),
+                stop_sequences=self._sampling.stop_sequences(sp),
+            )
+        except (ValueError, TypeError) as exc:
+            # The generator validates inserts before touching its state, so nothing else is hit.
+            logger.warning("request %s could not be inserted: %s", request.request_id, exc)
+            self._fail(request, f"could not start generation: {exc}")
+            return False
+        rid = request.request_id
+        request.prompt_cache = None  # the generator merged (copied) it
+        request.batch_uid = uid
+        request.status = RequestStatus.RUNNING
+        self.request_id_to_uid[rid] = uid
+        self.uid_to_request_id[uid] = rid
+        self.running[rid] = request
+        self._streams[rid] = TextStream(self.tokenizer.detokenizer, sp.stop)
+        c = self.counters
+        c.total_prompt_tokens += request.num_prompt_tokens
+        c.total_prefilled_tokens += len(request.remaining_tokens)
+        c.total_cached_tokens += request.cached_tokens
+        return True
+
+    # ----------------------------------------------------------------- the step
+
+    def step(self) -> SchedulerOutput:
+        """Admit, run one generator step, and return this step's outputs."""
+        out = SchedulerOutput()
+        outputs = self._pending_outputs
+        self._pending_outputs = []
+        if self.waiting:
+            self._schedule_waiting(out)
+            outputs.extend(self._pending_outputs)  # requests that failed to insert
+            self._pending_outputs = []
+        if self.running:
+            out.has_work = True
+            try:
+                responses = self.runner.step()
+            except Exception:
+                # The batch's state is unknown after a failed step: fail the requests in it (each
+                # gets an error output), drop the generator, keep serving the queue.
+                logger.exception("generation step failed; failing %d running requests", len(self.running))
+                self.counters.num_step_errors += 1
+                self._fail_running("generation step failed")
+                outputs.extend(self._pending_outputs)
+                self._pending_outputs = []
+                responses = ()
+            if responses:
+                self._process_responses(responses, outputs)
+        self.counters.num_steps += 1
+        out.outputs = outputs
+        finished = out.finished_request_ids
+        for o in outputs:
+            if o.finished:
+                finished.add(o.request_id)
+        self.finished_req_ids = finished
+        return out
+
+    def _process_responses(self, responses: Any, outputs: list[RequestOutput]) -> None:
+        now = time.time()
+        uid_map = self.uid_to_request_id
+        for r in responses:
+            rid = uid_map.get(r.uid)
+            if rid is None:  # removed earlier in this step
+                continue
+            request = self.running[rid]
+            if request.first_token_time is None:
+                request.first_token_time = now
+            stream = self._streams[rid]
+            reason = r.finish_reason
+            if reason == "stop":
+                # The token is the stop token itself: it is neither text nor output.
+                new_ids: list[int] = []
+                text = stream.finish()
+            else:
+                token = r.token
+                request.output_token_ids.append(token)
+                new_ids = [token]
+                text = stream.add(token)
+                if stream.stopped:
+                    reason = "stop"
+                    self._remove_from_batch(request, stop_string=True)
+                elif reason == "length":
+                    text += stream.finish()
+            if text:
+                request.output_text += text
+            if reason is not None:
+                self._finish(request, reason, r.prompt_cache, r.all_tokens)
+            outputs.append(
+                RequestOutput(
+                    request_id=rid,
+                    new_token_ids=new_ids,
+                    new_text=text,
+                    output_token_ids=list(request.output_token_ids),
+                    output_text=request.output_text,
+                    finished=reason is not None,
+                    finish_reason=reason,
+                    prompt_tokens=request.num_prompt_tokens,
+                    completion_tokens=len(request.output_token_ids),
+                    cached_tokens=request.cached_tokens,
+                )
+            )
+
+    def _remove_from_batch(self, request: Request, *, stop_string: bool = False) -> None:
+        uid = self.request_id_to_uid.get(request.request_id)
+        if uid is None or self.runner is None:
+            return
+        want = stop_string and self.prefix_cache.active
+        removed = self.runner.remove([uid], return_caches=want)
+        if want and uid in removed:
+            cache, tokens = removed[uid]
+            request.prompt_cache = (cache, list(tokens))
+
+    def _finish(self, request: Request, reason: str, cache: Any = None, all_tokens: Any = None) -> None:
+        rid = request.request_id
+        request.set_finished(_FINISH_STATUS[reason], reason)
+        if cache is None and isinstance(request.prompt_cache, tuple):
+            cache, all_tokens = request.prompt_cache
+        request.prompt_cache = None
+        self._release(rid)
+        if cache is not None and all_tokens is not None and self.prefix_cache.active:
+            self.prefix_cache.store(all_tokens, cache)
+        self.counters.num_requests_processed += 1
+        self.counters.total_completion_tokens += request.num_output_tokens
+
+    def _release(self, rid: str) -> None:
+        self.running.pop(rid, None)
+        self._streams.pop(rid, None)
+        uid = self.request_id_to_uid.pop(rid, None)
+        if uid is not None:
+            self.uid_to_request_id.pop(uid, None)
+
+    def _final_output(self, request: Request) -> RequestOutput:
+        return RequestOutput(
+            request_id=request.request_id,
+            output_token_ids=list(request.output_token_ids),
+            output_text=request.output_text,
+            finished=True,
+            finish_reason=request.finish_reason,
+            prompt_tokens=request.num_prompt_tokens,
+            completion_tokens=request.num_output_tokens,
+            cached_tokens=request.cached_tokens,
+            error=request.error,
+        )
+
+    def _fail(self, request: Request, message: str) -> None:
+        """Finish one request with an error; its output goes out with the next step."""
+        request.error = message
+        request.set_finished(RequestStatus.FINISHED_ERROR, "error")
+        request.prompt_cache = None
+        self._release(request.request_id)
+        self.counters.num_requests_failed += 1
+        self._pending_outputs.append(self._final_output(request))
+
+    def _fail_running(self, message: str) -> None:
+        for request in list(self.running.values()):
+            self._fail(request, message)
+        runner, self.runner = self.runner, None
+        if runner is not None:
+            try:
+                runner.close()
+            except Exception:  # best effort: the generator is being discarded anyway
+                logger.exception("closing a failed generator raised")
+
+    # ----------------------------------------------------------------- abort
+
+    def abort_request(self, request_id: str) -> bool:
+        """Abort now: a waiting request is dropped and never runs; a running one leaves the batch
+        before the next step. Its final output (``finish_reason="abort"``) goes out with the next
+        step. Returns False if the request is unknown or already finished."""
+        request = self.requests.get(request_id)
+        if request is None or request.is_finished():
+            return False
+        if request.status == RequestStatus.WAITING:
+            self.waiting.remove(request)
+        else:
+            self._remove_from_batch(request)
+            self.counters.total_completion_tokens += request.num_output_tokens
+        request.set_finished(RequestStatus.FINISHED_ABORTED, "abort")
+        request.prompt_cache = None
+        self._release(request_id)
+        self.counters.num_requests_aborted += 1
+        self._pending_outputs.append(self._final_output(request))
+        return True
+
+    # ----------------------------------------------------------------- stats
+
+    def get_running_requests_info(self) -> list[dict[str, Any]]:
+        """Dashboard rows with exactly the seed's fields: waiting requests, then running ones."""
+        return request_rows(list(self.waiting), list(self.running.values()), time.time())
+
+    def get_stats(self) -> dict[str, Any]:
+        c = self.counters
+        stats: dict[str, Any] = {
+            "num_waiting": len(self.waiting),
+            "num_running": len(self.running),
+            "num_requests_processed": c.num_requests_processed,
+            "total_prompt_tokens": c.total_prompt_tokens,
+            "total_completion_tokens": c.total_completion_tokens,
+            "counters": c.as_dict(),
+            "memory": memory.memory_stats(),
+        }
+        if self.mtp_status is not None:
+            stats["mtp"] = dict(self.mtp_status)
+        if self.prefix_cache.active:
+            stats[self.prefix_cache.name] = self.prefix_cache.get_stats()
+        return stats
+
+    def get_cache_stats(self) -> dict[str, Any] | None:
+        return self.prefix_cache.get_stats() if self.prefix_cache.active else None
+
+    def _check_mtp(self) -> dict[str, Any] | None:
+        if not self.config.enable_mtp:
+            return None
+        if getattr(self.model, "mtp", None) is None:
+            reason = "model has no MTP head (model.mtp is None)"
+        else:
+            reason = "MTP decoding is not available through mlx-lm's public BatchGenerator API"
+        logger.warning("enable_mtp is set but %s; MTP is disabled", reason)
+        return {"enabled": False, "requested": True, "reason": reason,
+                "requested_draft_tokens": self.config.mtp_num_draft_tokens}
+
+    # ----------------------------------------------------------------- caches and resets
+
+    def clear_runtime_caches(self) -> dict[str, bool]:
+        """Clear the prefix cache and the allocator cache; requests are untouched."""
+        result = {"paged_cache": False, "memory_aware_cache": False, "prefix_cache": False}
+        if self.prefix_cache.active:
+            self.prefix_cache.clear()
+            result[self.prefix_cache.name] = True
+        memory.clear_allocator_cache()
+        return result
+
+    def clear_prefix_cache(self) -> None:
+        self.prefix_cache.clear()
+
+    def save_cache_to_disk(self, cache_dir: str) -> bool:
+        save = getattr(self.prefix_cache, "save_to_disk", None)
+        if save is None:
+            logger.info("the prefix cache back end cannot be saved to disk")
+            return False
+        return bool(save(cache_dir))
+
+    def load_cache_from_disk(self, cache_dir: str) -> int:
+        load = getattr(self.prefix_cache, "load_from_disk", None)
+        if load is None:
+            logger.info("the prefix cache back end cannot be loaded from disk")
+            return 0
+        return int(load(cache_dir))
+
+    def reset(self) -> None:
+        """Abort every request, drop the generator, clear the caches and the counters' queues."""
+        for rid in list(self.requests):
+            self.abort_request(rid)
+        self.requests.clear()
+        self.waiting.clear()
+        self.running.clear()
+        self._streams.clear()
+        self._pending_outputs.clear()
+        self.request_id_to_uid.clear()
+        self.uid_to_request_id.clear()
+        self.finished_req_ids = set()
+        self.close()
+        self.clear_runtime_caches()
+
+    def deep_reset(self) -> None:
+        """``reset()`` plus dropping every cache reference the model may hold."""
+        self.reset()
+        for obj in [self.model, *getattr(self.model, "layers", [])]:
+            for holder in (obj, getattr(obj, "self_attn", None)):
+                if holder is not None and hasattr(holder, "cache"):
+                    holder.cache = None
+        gc.collect()
+
+    def close(self) -> None:
+        """Release the generator (on the thread that stepped it)."""
+        runner, self.runner = self.runner, None
+        if runner is not None:
+            runner.close()
+
+
+def _eos_ids(tokenizer: Any) -> set[int]:
+    ids: set[int] = set()
+    for holder in (tokenizer, getattr(tokenizer, "tokenizer", None)):
+        for name in ("eos_token_ids", "eos_token_id"):
+            value = getattr(holder, name, None) if holder is not None else None
+            if isinstance(value, int):
+                ids.add(value)
+            elif isinstance(value, list | set | tuple):
+                ids.update(int(v) for v in value)
+    return ids

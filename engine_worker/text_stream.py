@@ -1,0 +1,67 @@
+"""Incremental, UTF-8-safe text for one request, with stop-string holdback.
+
+The tokenizer's streaming detokenizer already withholds the bytes of an incomplete multi-byte
+character. On top of that, when the request has stop strings, the last ``len(longest stop) - 1``
+characters are held back until they can no longer start a stop string, so text that is already
+released never has to be taken back. A request without stop strings takes the fast path: one
+``add_token`` and one ``last_segment`` per token.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+
+class TextStream:
+    """Feeds tokens to a streaming detokenizer and releases text that is final."""
+
+    __slots__ = ("_detok", "_stops", "_hold", "_pending", "stopped")
+
+    def __init__(self, detokenizer: Any, stop: Sequence[str] = ()) -> None:
+        self._detok = detokenizer
+        self._stops = [s for s in stop if s]
+        self._hold = max((len(s) for s in self._stops), default=1) - 1
+        self._pending = ""  # decoded but not yet released (only used with stop strings)
+        self.stopped = False  # a stop string matched; everything from it on is dropped
+
+    def add(self, token: int) -> str:
+        """Add one token; return the text released by it ("" while held back)."""
+        self._detok.add_token(token)
+        segment = self._detok.last_segment
+        if not self._stops:
+            return segment
+        return self._scan(segment, final=False)
+
+    def finish(self) -> str:
+        """Flush the detokenizer at the end of the request and release what is left."""
+        if self.stopped:
+            return ""
+        self._detok.finalize()
+        segment = self._detok.last_segment
+        if not self._stops:
+            return segment
+        return self._scan(segment, final=True)
+
+    def _scan(self, segment: str, *, final: bool) -> str:
+        if self.stopped:
+            return ""
+        text = self._pending + segment
+        cut = -1
+        for stop in self._stops:
+            i = text.find(stop)
+            if i >= 0 and (cut < 0 or i < cut):
+                cut = i
+        if cut >= 0:
+            self.stopped = True
+            self._pending = ""
+            return text[:cut]
+        if final or len(text) <= self._hold:
+            if final:
+                self._pending = ""
+                return text
+            self._pending = text
+            return ""
+        split = len(text) - self._hold
+        self._pending = text[split:]
+        return text[:split]
