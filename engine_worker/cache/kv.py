@@ -1,0 +1,145 @@
+"""Immutable snapshots of mlx-lm per-layer KV caches, and fresh caches rebuilt from them.
+
+A snapshot holds, per layer, the keys and values of the first ``num_tokens`` positions as their
+own contiguous arrays (optionally quantized with ``mx.quantize``). It never aliases a live cache
+object, and :func:`restore` hands out *new* cache objects whose arrays are slices of the stored
+ones: mlx arrays are immutable to us and ``KVCache.update_and_fetch`` reallocates before it
+appends, so a borrower can never write into what the cache keeps.
+
+Supported layer types: ``KVCache`` and a ``RotatingKVCache`` that has not wrapped yet (its first
+``offset`` positions are still in temporal order). Anything else (a wrapped rotating cache,
+``ArraysCache`` state of recurrent layers, an already quantized cache) raises
+:class:`UnsupportedCache`: such a cache cannot be trimmed to an arbitrary prefix, so the back
+ends store nothing for it (the scheduler may store a prompt-only snapshot taken before it wraps).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import mlx.core as mx
+from mlx_lm.models.cache import KVCache, RotatingKVCache
+
+from engine_worker.cache.types import UnsupportedCache
+
+
+@dataclass(frozen=True, slots=True)
+class LayerKV:
+    """One layer: ``keys``/``values`` are ``(k,)`` plain or ``(packed, scales, biases)`` quantized."""
+
+    keys: tuple[mx.array, ...]
+    values: tuple[mx.array, ...]
+    rotating: tuple[int, int] | None = None  # (max_size, keep) for a RotatingKVCache layer
+
+
+@dataclass(frozen=True, slots=True)
+class KVSnapshot:
+    layers: tuple[LayerKV, ...]
+    num_tokens: int
+    dtype: str  # the keys' dtype before quantization, e.g. "float32"
+    bits: int | None = None
+    group_size: int | None = None
+
+    @property
+    def quantized(self) -> bool:
+        return self.bits is not None
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for layer in self.layers for a in (*layer.keys, *layer.values))
+
+
+def _layer_kind(layer: Any, num_tokens: int) -> tuple[int, int] | None:
+    """Validate one live layer and return its rotating parameters (None for a plain KVCache)."""
+    if type(layer) is KVCache:
+        rotating = None
+    elif type(layer) is RotatingKVCache and layer.offset < layer.max_size:
+        rotating = (int(layer.max_size), int(layer.keep))
+    else:
+        raise UnsupportedCache(type(layer).__name__)
+    if layer.keys is None or layer.offset < num_tokens or layer.keys.shape[0] != 1:
+        raise UnsupportedCache(f"{type(layer).__name__}(offset={layer.offset}, batch!=1 or empty)")
+    return rotating
+
+
+def is_storable(cache_layers: Sequence[Any]) -> bool:
+    """True when :func:`snapshot` accepts these layers (cheap: no array work)."""
+    try:
+        for layer in cache_layers:
+            _layer_kind(layer, 1)
+    except UnsupportedCache:
+        return False
+    return bool(cache_layers)
+
+
+def cache_offset(cache_layers: Sequence[Any]) -> int:
+    """Positions held by a per-layer cache list (the first layer's offset; 0 when empty)."""
+    return int(getattr(cache_layers[0], "offset", 0)) if cache_layers else 0
+
+
+def snapshot(cache_layers: Sequence[Any], num_tokens: int) -> KVSnapshot:
+    """Copy the first ``num_tokens`` positions of a live per-layer cache into a snapshot.
+
+    Evaluates the copies (once, all layers together) so that the byte count is real memory and
+    the live cache's larger step-allocated buffers are not kept alive by a lazy graph.
+    """
+    if num_tokens <= 0 or not cache_layers:
+        raise UnsupportedCache("empty cache")
+    layers = []
+    for layer in cache_layers:
+        rotating = _layer_kind(layer, num_tokens)
+        keys = mx.contiguous(layer.keys[..., :num_tokens, :])
+        values = mx.contiguous(layer.values[..., :num_tokens, :])
+        layers.append(LayerKV((keys,), (values,), rotating))
+    mx.eval([a for layer in layers for a in (*layer.keys, *layer.values)])
+    dtype = str(layers[0].keys[0].dtype).removeprefix("mlx.core.")
+    return KVSnapshot(tuple(layers), num_tokens, dtype)
+
+
+def can_quantize(snap: KVSnapshot, group_size: int) -> bool:
+    """mx.quantize needs the head dimension to be a multiple of the group size."""
+    head_dim = snap.layers[0].keys[0].shape[-1]
+    value_dim = snap.layers[0].values[0].shape[-1]
+    return not snap.quantized and head_dim % group_size == 0 and value_dim % group_size == 0
+
+
+def quantize(snap: KVSnapshot, bits: int, group_size: int) -> KVSnapshot:
+    """A quantized copy: ``bits`` per element plus one scale and one bias per group (in the
+    original dtype), so fp32 → 8-bit/group 64 stores 9 bits per element instead of 32."""
+    layers = []
+    for layer in snap.layers:
+        keys = tuple(mx.quantize(layer.keys[0], group_size=group_size, bits=bits))
+        values = tuple(mx.quantize(layer.values[0], group_size=group_size, bits=bits))
+        layers.append(LayerKV(keys, values, layer.rotating))
+    mx.eval([a for layer in layers for a in (*layer.keys, *layer.values)])
+    return KVSnapshot(tuple(layers), snap.num_tokens, snap.dtype, bits, group_size)
+
+
+def _plain(parts: tuple[mx.array, ...], snap: KVSnapshot, num_tokens: int) -> mx.array:
+    if not snap.quantized:
+        return parts[0][..., :num_tokens, :]
+    packed, scales, biases = (p[..., :num_tokens, :] for p in parts)
+    out = mx.dequantize(packed, scales, biases, group_size=snap.group_size, bits=snap.bits)
+    return out.astype(getattr(mx, snap.dtype))
+
+
+def restore(snap: KVSnapshot, num_tokens: int) -> list[Any]:
+    """Fresh per-layer caches holding the first ``num_tokens`` positions (dequantized to the
+    original dtype: a QuantizedKVCache cannot be merged into a BatchGenerator batch)."""
+    if not 0 < num_tokens <= snap.num_tokens:
+        raise ValueError(f"cannot restore {num_tokens} of {snap.num_tokens} tokens")
+    caches: list[Any] = []
+    for layer in snap.layers:
+        keys = _plain(layer.keys, snap, num_tokens)
+        values = _plain(layer.values, snap, num_tokens)
+        if layer.rotating is None:
+            cache: Any = KVCache()
+            cache.state = (keys, values, num_tokens)
+        else:
+            max_size, keep = layer.rotating
+            cache = RotatingKVCache(max_size=max_size, keep=keep)
+            cache.state = (keys, values, num_tokens, keep, max_size, num_tokens)
+        caches.append(cache)
+    return caches
