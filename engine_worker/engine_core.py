@@ -1,0 +1,508 @@
+"""EngineCore: the seed's engine API around one engine thread that owns mlx.
+
+Threads:
+
+* the **engine thread** creates the generator (and its mlx stream), and is the only thread that
+  steps the scheduler. It blocks on a condition variable while there is nothing to do and wakes
+  at once when a request or abort arrives. Commands from other threads (add, abort) wait in a
+  queue and are applied at the start of the next step, never in the middle of one.
+* **asyncio callers** (``add_request``, ``stream_outputs``, ``generate``) receive outputs through a
+  per-request collector; the engine thread hands each loop one callback per step.
+* **synchronous hosts** (the worker runtime) use ``submit``/``abort`` and an output listener,
+  which the engine thread calls after every step with that step's outputs. A listener runs on the
+  engine thread, inside the step loop: it must only enqueue (no I/O, no blocking), or it stalls
+  every request.
+
+``start()`` and ``stop()`` are synchronous and also awaitable (``await engine.start()`` as in the
+seed). Call ``stop()`` (or ``close()``) before the interpreter exits: mlx can abort at exit while a
+non-main thread still holds its streams; an ``atexit`` hook stops engines that are left running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import logging
+import threading
+import time
+import uuid
+import weakref
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Generator
+from typing import Any
+
+from engine_worker.cache_protocol import PrefixCacheBackend
+from engine_worker.config import EngineConfig, SchedulerConfig, SchedulingPolicy
+from engine_worker.errors import DuplicateRequest, EngineClosed, EngineError, EngineFatalError
+from engine_worker.output_sinks import AsyncCollector, SyncWaiter
+from engine_worker.request import Request, RequestOutput, SamplingParams
+from engine_worker.scheduler import Scheduler, SchedulerOutput
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["AsyncEngineCore", "EngineConfig", "EngineCore", "SchedulerConfig", "SchedulingPolicy"]
+
+OutputListener = Callable[[list[RequestOutput]], None]
+
+_live_engines: weakref.WeakSet[EngineCore] = weakref.WeakSet()
+_model_owners: dict[int, weakref.ref[EngineCore]] = {}
+
+
+class ModelInUse(EngineError, RuntimeError):
+    """Another open engine owns this model and ``force_model_ownership`` is False."""
+
+
+class _Done:
+    """An already-finished awaitable, so synchronous methods can also be awaited."""
+
+    __slots__ = ()
+
+    def __await__(self) -> Generator[Any, None, None]:
+        return iter(())
+
+
+class EngineCore:
+    """Runs a :class:`Scheduler` on a dedicated engine thread (seed API)."""
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        config: EngineConfig | None = None,
+        engine_id: str | None = None,
+        force_model_ownership: bool = True,
+        *,
+        prefix_cache: PrefixCacheBackend | None = None,
+    ) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.config = config or EngineConfig()
+        self._engine_id = engine_id or str(uuid.uuid4())
+        self._acquire_model(force_model_ownership)
+        self.scheduler = Scheduler(model, tokenizer, self.config.scheduler_config or SchedulerConfig(),
+                                   prefix_cache=prefix_cache)
+        self._cond = threading.Condition()
+        self._commands: deque[tuple[str, Any]] = deque()
+        self._step_lock = threading.Lock()  # held while stepping and by readers of scheduler state
+        self._live: set[str] = set()  # submitted, not yet finished
+        self._collectors: dict[str, AsyncCollector] = {}
+        self._waiters: dict[str, SyncWaiter] = {}
+        self._listeners: list[OutputListener] = []
+        self._thread: threading.Thread | None = None
+        self._stop_requested = False
+        self._closed = False
+        self._fatal: BaseException | None = None
+        self._start_time: float | None = None
+        self._steps_executed = 0
+        _live_engines.add(self)
+
+    @property
+    def engine_id(self) -> str:
+        return self._engine_id
+
+    def _acquire_model(self, force: bool) -> None:
+        owner_ref = _model_owners.get(id(self.model))
+        owner = owner_ref() if owner_ref else None
+        if owner is not None and owner is not self and not owner._closed:
+            if not force:
+                raise ModelInUse(f"model is owned by engine {owner.engine_id}")
+            logger.warning("engine %s takes the model over from engine %s", self._engine_id, owner.engine_id)
+        _model_owners[id(self.model)] = weakref.ref(self)
+
+    # ------------------------------------------------------------------ life cycle
+
+    def start(self) -> _Done:
+        """Start the engine thread (idempotent). Returns an awaitable, for the seed's ``await``."""
+        with self._cond:
+            if self._closed:
+                raise EngineClosed("engine is closed")
+            if self._thread is not None and self._thread.is_alive():
+                return _Done()
+            self._stop_requested = False
+            self._fatal = None
+            self._start_time = time.time()
+            self._thread = threading.Thread(target=self._run, name=f"engine-{self._engine_id[:8]}", daemon=True)
+            self._thread.start()
+        return _Done()
+
+    def stop(self, timeout: float | None = None) -> _Done:
+        """Stop the engine thread and wait for it to exit. Requests still in flight finish with
+        ``finish_reason="abort"``. Safe to call repeatedly; awaitable like ``start()``."""
+        with self._cond:
+            thread = self._thread
+            self._stop_requested = True
+            self._cond.notify_all()
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+        return _Done()
+
+    def is_running(self) -> bool:
+        thread = self._thread
+        return thread is not None and thread.is_alive() and not self._stop_requested
+
+    def close(self) -> None:
+        """Stop, drop every request and cache, and release the model. Idempotent."""
+        if self._closed:
+            return
+        self.stop()
+        with self._step_lock:
+            self.scheduler.deep_reset()
+        with self._cond:
+            self._closed = True
+            self._collectors.clear()
+            self._waiters.clear()
+            self._live.clear()
+        owner_ref = _model_owners.get(id(self.model))
+        if owner_ref is not None and owner_ref() is self:
+            del _model_owners[id(self.model)]
+
+    # ------------------------------------------------------------------ the engine thread
+
+    def _run(self) -> None:
+        try:
+            while True:
+                with self._cond:
+                    while not (self._commands or self._stop_requested or self.scheduler.has_requests()):
+                        self._cond.wait()
+                    if self._stop_requested:
+                        break
+                    commands = self._commands
+                    self._commands = deque()
+                outputs = self._step(commands)
+                if outputs:
+                    self._dispatch(outputs)
+        except BaseException as exc:
+            self._fatal = exc
+            logger.exception("engine thread failed; failing every request")
+        finally:
+            self._shutdown()
+
+    def _step(self, commands: deque[tuple[str, Any]]) -> list[RequestOutput]:
+        scheduler = self.scheduler
+        with self._step_lock:
+            for kind, arg in commands:
+                if kind == "add":
+                    scheduler.add_request(arg)
+                else:
+                    scheduler.abort_request(arg)
+            if not scheduler.has_requests():
+                return []
+            result: SchedulerOutput = scheduler.step()
+            self._steps_executed += 1
+            for rid in result.finished_request_ids:
+                scheduler.remove_finished_request(rid)
+        return result.outputs
+
+    def _dispatch(self, outputs: list[RequestOutput]) -> None:
+        for listener in self._listeners:
+            try:
+                listener(outputs)
+            except Exception:  # a broken listener must not take the engine down
+                logger.exception("output listener %r failed", listener)
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[AsyncCollector, RequestOutput]]] = {}
+        with self._cond:
+            collectors, waiters, live = self._collectors, self._waiters, self._live
+            for out in outputs:
+                rid = out.request_id
+                if out.finished:
+                    live.discard(rid)
+                    waiter = waiters.pop(rid, None)
+                    if waiter is not None:
+                        waiter.put(out)
+                collector = collectors.get(rid)
+                if collector is not None:
+                    if out.finished and collector.abandoned:
+                        del collectors[rid]
+                    by_loop.setdefault(collector.loop, []).append((collector, out))
+        for loop, items in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_deliver, items)
+            except RuntimeError:  # the caller's loop is closed: nobody is listening any more
+                logger.debug("dropping outputs for a closed event loop")
+
+    def _shutdown(self) -> None:
+        """On the engine thread: give every live request a final output, then close the generator
+        here (it belongs to this thread)."""
+        with self._cond:
+            self._commands = deque()
+            live = list(self._live)
+        outputs: list[RequestOutput] = []
+        with self._step_lock:
+            scheduler = self.scheduler
+            if self._fatal is None:
+                for rid in live:
+                    # False: its "add" command never reached the scheduler.
+                    if not scheduler.abort_request(rid):
+                        outputs.append(_closing_output(rid, None))
+                if scheduler.has_requests():
+                    outputs.extend(scheduler.step().outputs)
+                for rid in live:
+                    scheduler.remove_finished_request(rid)
+            else:
+                outputs = [_closing_output(rid, self._fatal) for rid in live]
+            try:
+                scheduler.close()
+            except Exception:  # the thread is ending either way; the failure is logged
+                logger.exception("closing the generator failed")
+        if outputs:
+            self._dispatch(outputs)
+
+    # ------------------------------------------------------------------ submitting (any thread)
+
+    def _enqueue(self, kind: str, arg: Any) -> None:
+        self._commands.append((kind, arg))
+        self._cond.notify()
+
+    def _register(self, request: Request, collector: AsyncCollector | None = None,
+                  waiter: SyncWaiter | None = None) -> None:
+        rid = request.request_id
+        with self._cond:
+            if self._closed:
+                raise EngineClosed("engine is closed")
+            if self._fatal is not None:
+                raise EngineFatalError(f"engine thread failed: {self._fatal!r}")
+            if rid in self._live or rid in self._collectors:
+                raise DuplicateRequest(rid)
+            self._live.add(rid)
+            if collector is not None:
+                self._collectors[rid] = collector
+            if waiter is not None:
+                self._waiters[rid] = waiter
+            self._enqueue("add", request)
+        if not self.is_running():
+            self.start()
+
+    def submit(self, request: Request) -> str:
+        """Queue a request from any thread, without an event loop. Its outputs reach the output
+        listeners. Raises :class:`DuplicateRequest` while a request with that id is live."""
+        self._register(request)
+        return request.request_id
+
+    def abort(self, request_id: str) -> bool:
+        """Abort from any thread; applied at the start of the next step. False if not live."""
+        with self._cond:
+            if request_id not in self._live:
+                return False
+            self._enqueue("abort", request_id)
+        return True
+
+    def add_output_listener(self, fn: OutputListener) -> None:
+        """Call ``fn(outputs)`` on the engine thread after every step that produced outputs.
+        ``fn`` must only enqueue: it runs inside the engine loop."""
+        self._listeners = [*self._listeners, fn]
+
+    def remove_output_listener(self, fn: OutputListener) -> None:
+        self._listeners = [f for f in self._listeners if f is not fn]
+
+    # ------------------------------------------------------------------ asyncio API (seed)
+
+    async def add_request(
+        self,
+        prompt: str | list[int],
+        sampling_params: SamplingParams | None = None,
+        request_id: str | None = None,
+        images: list[Any] | None = None,
+        videos: list[Any] | None = None,
+        prefix_boundary: int = 0,
+        priority: int = 0,
+    ) -> str:
+        """Queue a request whose outputs are read with ``stream_outputs`` or ``generate``."""
+        request = Request(
+            request_id or str(uuid.uuid4()), prompt, sampling_params or SamplingParams(),
+            priority=priority, images=images, videos=videos, prefix_boundary=prefix_boundary,
+        )
+        collector = AsyncCollector(asyncio.get_running_loop(), self.config.stream_interval)
+        self._register(request, collector=collector)
+        return request.request_id
+
+    async def abort_request(self, request_id: str) -> bool:
+        with self._cond:
+            collector = self._collectors.get(request_id)
+            if collector is not None:
+                collector.abandoned = True
+        return self.abort(request_id)
+
+    def _cleanup(self, request_id: str) -> None:
+        with self._cond:
+            self._collectors.pop(request_id, None)
+
+    async def stream_outputs(self, request_id: str, timeout: float | None = None) -> AsyncIterator[RequestOutput]:
+        """Yield the request's outputs until the finished one. ``timeout`` is an inactivity limit
+        in seconds: when no output arrives for that long, or the consumer stops iterating, the
+        request is aborted so no orphan keeps generating."""
+        collector = self._collectors.get(request_id)
+        if collector is None:
+            logger.warning("stream_outputs: no request %s", request_id)
+            return
+        finished = False
+        try:
+            while True:
+                if timeout:
+                    out = await asyncio.wait_for(collector.get(), timeout)
+                else:
+                    out = await collector.get()
+                finished = out.finished
+                yield out
+                if finished:
+                    return
+        except TimeoutError:
+            logger.warning("request %s produced nothing for %ss; aborting it", request_id, timeout)
+        finally:
+            if not finished:
+                self.abort(request_id)
+            self._cleanup(request_id)
+
+    async def generate(
+        self,
+        prompt: str | list[int],
+        sampling_params: SamplingParams | None = None,
+        request_id: str | None = None,
+        **kwargs: Any,
+    ) -> RequestOutput:
+        """Run one request to the end and return its final output (cumulative text and tokens)."""
+        rid = await self.add_request(prompt, sampling_params, request_id, **kwargs)
+        collector = self._collectors[rid]
+        finished = False
+        try:
+            while True:
+                out = await collector.get()
+                if out.finished:
+                    finished = True
+                    return out
+        finally:
+            if not finished:
+                self.abort(rid)
+            self._cleanup(rid)
+
+    def generate_batch_sync(
+        self, prompts: list[str | list[int]], sampling_params: SamplingParams | None = None
+    ) -> list[RequestOutput]:
+        """Run ``prompts`` to the end and return their final outputs in order. Blocks; works
+        whether or not the engine thread runs (it is started if needed). Other callers' requests
+        keep running and keep their outputs."""
+        if threading.current_thread() is self._thread:
+            raise RuntimeError("generate_batch_sync cannot be called on the engine thread")
+        sp = sampling_params or SamplingParams()
+        requests = [Request(str(uuid.uuid4()), p, sp) for p in prompts]
+        waiter = SyncWaiter([r.request_id for r in requests])
+        for r in requests:
+            self._register(r, waiter=waiter)
+        waiter.wait()
+        return [waiter.finals[r.request_id] for r in requests]
+
+    # ------------------------------------------------------------------ stats and caches
+
+    def get_stats(self) -> dict[str, Any]:
+        with self._step_lock:
+            rows = self.scheduler.get_running_requests_info()
+            sched = self.scheduler.get_stats()
+        return {
+            "running": self.is_running(),
+            "uptime_seconds": time.time() - self._start_time if self._start_time else 0.0,
+            "steps_executed": self._steps_executed,
+            "active_requests": len(self._live),
+            "stream_interval": self.config.stream_interval,
+            "requests": rows,
+            **sched,
+        }
+
+    def get_cache_stats(self) -> dict[str, Any] | None:
+        with self._step_lock:
+            return self.scheduler.get_cache_stats()
+
+    def save_cache_to_disk(self, cache_dir: str) -> bool:
+        with self._step_lock:
+            return self.scheduler.save_cache_to_disk(cache_dir)
+
+    def load_cache_from_disk(self, cache_dir: str) -> int:
+        with self._step_lock:
+            return self.scheduler.load_cache_from_disk(cache_dir)
+
+    def clear_runtime_caches(self) -> dict[str, bool]:
+        with self._step_lock:
+            return self.scheduler.clear_runtime_caches()
+
+    def clear_prefix_cache(self) -> None:
+        with self._step_lock:
+            self.scheduler.clear_prefix_cache()
+
+
+def _deliver(items: list[tuple[AsyncCollector, RequestOutput]]) -> None:
+    for collector, out in items:
+        collector.put(out)
+
+
+def _closing_output(request_id: str, fatal: BaseException | None) -> RequestOutput:
+    if fatal is None:
+        return RequestOutput(request_id=request_id, finished=True, finish_reason="abort")
+    return RequestOutput(request_id=request_id, finished=True, finish_reason="error",
+                         error=f"engine failed: {fatal!r}")
+
+
+class AsyncEngineCore:
+    """``async with AsyncEngineCore(model, tokenizer, config) as engine:`` starts the engine thread
+    and, on exit, stops it and closes the engine."""
+
+    def __init__(self, model: Any, tokenizer: Any, config: EngineConfig | None = None) -> None:
+        self.engine = EngineCore(model, tokenizer, config)
+
+    async def __aenter__(self) -> AsyncEngineCore:
+        await self.engine.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.engine.stop()
+        self.engine.close()
+
+    def start(self) -> None:
+        self.engine.start()
+
+    async def stop(self) -> None:
+        await self.engine.stop()
+
+    def close(self) -> None:
+        self.engine.close()
+
+    async def add_request(self, prompt: str | list[int], sampling_params: SamplingParams | None = None,
+                          request_id: str | None = None, **kwargs: Any) -> str:
+        return await self.engine.add_request(prompt, sampling_params, request_id, **kwargs)
+
+    async def abort_request(self, request_id: str) -> bool:
+        return await self.engine.abort_request(request_id)
+
+    async def stream_outputs(self, request_id: str, timeout: float | None = None) -> AsyncIterator[RequestOutput]:
+        async for out in self.engine.stream_outputs(request_id, timeout):
+            yield out
+
+    async def generate(self, prompt: str | list[int], sampling_params: SamplingParams | None = None,
+                       request_id: str | None = None, **kwargs: Any) -> RequestOutput:
+        return await self.engine.generate(prompt, sampling_params, request_id, **kwargs)
+
+    def generate_batch_sync(self, prompts: list[str | list[int]],
+                            sampling_params: SamplingParams | None = None) -> list[RequestOutput]:
+        return self.engine.generate_batch_sync(prompts, sampling_params)
+
+    def get_stats(self) -> dict[str, Any]:
+        return self.engine.get_stats()
+
+    def get_cache_stats(self) -> dict[str, Any] | None:
+        return self.engine.get_cache_stats()
+
+    def save_cache_to_disk(self, cache_dir: str) -> bool:
+        return self.engine.save_cache_to_disk(cache_dir)
+
+    def load_cache_from_disk(self, cache_dir: str) -> int:
+        return self.engine.load_cache_from_disk(cache_dir)
+
+    def clear_runtime_caches(self) -> dict[str, bool]:
+        return self.engine.clear_runtime_caches()
+
+    def clear_prefix_cache(self) -> None:
+        self.engine.clear_prefix_cache()
+
+
+@atexit.register
+def _stop_engines_at_exit() -> None:
+    # mlx can abort the process at exit while a non-main thread still holds its streams.
+    for engine in list(_live_engines):
+        engine.stop(timeout=10.0)
