@@ -1,0 +1,59 @@
+"""Helpers for the prefix-cache tests: prompts from the tiny model's corpus, a prefill that
+builds a real per-layer cache, and greedy generation through mlx_lm (the cold reference)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from engine_worker.model.builder import ensure_model  # noqa: F401  (BLAS preload before mlx)
+
+CORPUS_TEXT = (
+    "import os\nimport sys\n\ndef main(argv):\n    parser = argparse.ArgumentParser()\n"
+    "    parser.add_argument('--verbose', action='store_true')\n    return parser.parse_args(argv)\n"
+)
+
+
+@pytest.fixture(scope="session")
+def prompts(tiny_model) -> Callable[[int, int], list[int]]:
+    """``prompts(n, variant)``: an n-token prompt; different variants diverge from token 0."""
+    _model, tokenizer = tiny_model
+    base = tokenizer.encode(CORPUS_TEXT * 40)
+
+    def make(n: int, variant: int = 0) -> list[int]:
+        start = (variant * 37) % (len(base) - n)
+        return list(base[start : start + n])
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def prefill(tiny_model) -> Callable[[list[int]], list]:
+    """A real per-layer cache holding ``tokens`` (one forward pass)."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import make_prompt_cache
+
+    model, _ = tiny_model
+
+    def run(tokens: list[int]) -> list:
+        cache = make_prompt_cache(model)
+        model(mx.array([tokens]), cache=cache)
+        mx.eval([c.keys for c in cache])
+        return cache
+
+    return run
+
+
+@pytest.fixture(scope="session")
+def greedy(tiny_model) -> Callable[..., list[int]]:
+    """Greedy tokens from ``mlx_lm.stream_generate`` (EOS can stop it early, equally for both runs)."""
+    from mlx_lm import stream_generate
+
+    model, tokenizer = tiny_model
+
+    def run(tokens: list[int], cache: list | None = None, max_tokens: int = 10) -> list[int]:
+        return [r.token for r in stream_generate(model, tokenizer, tokens, max_tokens=max_tokens,
+                                                 prompt_cache=cache)]
+
+    return run
