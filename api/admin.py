@@ -1,0 +1,114 @@
+"""Operators' admin: keys (revoke), jobs (cancel, requeue), usage. The engine dashboard is a
+separate staff view (api.views.dashboard), linked from every admin page."""
+
+from __future__ import annotations
+
+from django.contrib import admin, messages
+from django.db.models import QuerySet
+from django.http import HttpRequest
+from django.utils import timezone
+
+from api.errors import ServiceError
+from api.models import ApiKey, Job, UsageRecord
+from api.services.api_keys import api_key_generate_secret, api_key_revoke, api_key_set_secret
+from api.services.jobs import job_cancel, job_requeue
+from api.services.quotas import usage_rollup
+
+QUOTA_FIELDS = ("requests_per_minute", "tokens_per_day", "max_concurrent_jobs", "max_tokens_per_job", "priority")
+
+
+@admin.register(ApiKey)
+class ApiKeyAdmin(admin.ModelAdmin):
+    list_display = ("prefix", "name", "owner", "created_at", "last_used_at", "revoked_at", *QUOTA_FIELDS)
+    list_filter = (("revoked_at", admin.EmptyFieldListFilter),)
+    search_fields = ("prefix", "name", "owner__username", "owner__email")
+    readonly_fields = ("prefix", "created_at", "last_used_at")
+    fields = ("owner", "name", "prefix", "created_at", "last_used_at", "revoked_at", *QUOTA_FIELDS)
+    autocomplete_fields = ("owner",)
+    actions = ("revoke_keys",)
+
+    def save_model(self, request: HttpRequest, obj: ApiKey, form, change: bool) -> None:
+        if not change:
+            raw = api_key_generate_secret()
+            api_key_set_secret(api_key=obj, raw=raw)
+            super().save_model(request, obj, form, change)
+            # Shown once: only the hash is stored.
+            self.message_user(request, f"New API key (copy it now, it will not be shown again): {raw}",
+                              messages.WARNING)
+            return
+        super().save_model(request, obj, form, change)
+
+    @admin.action(description="Revoke selected keys")
+    def revoke_keys(self, request: HttpRequest, queryset: QuerySet[ApiKey]) -> None:
+        revoked = sum(api_key_revoke(api_key_id=key_id) for key_id in queryset.values_list("id", flat=True))
+        self.message_user(request, f"Revoked {revoked} key(s).")
+
+
+@admin.register(Job)
+class JobAdmin(admin.ModelAdmin):
+    list_display = ("id", "owner", "status", "priority", "worker_id", "completion_tokens", "created_at", "finished_at")
+    list_filter = ("status", "finish_reason", "worker_id")
+    search_fields = ("id", "owner__username", "idempotency_key", "worker_id")
+    date_hierarchy = "created_at"
+    actions = ("cancel_jobs", "requeue_jobs")
+    readonly_fields = (
+        "id", "owner", "api_key", "status", "prompt", "messages", "prompt_token_ids", "params", "priority",
+        "idempotency_key", "request_fingerprint", "output_text", "finish_reason", "error", "prompt_tokens",
+        "cached_tokens", "completion_tokens", "worker_id", "lease_expires_at", "dispatch_count",
+        "cancel_requested", "last_seq", "created_at", "queued_at", "started_at", "first_token_at", "finished_at",
+        "ttft_ms", "tokens_per_second",
+    )
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False  # jobs are created through the API, which validates and tokenizes them
+
+    def has_change_permission(self, request: HttpRequest, obj: Job | None = None) -> bool:
+        return False  # status changes go through the actions, i.e. the services
+
+    @admin.display(description="TTFT (ms)")
+    def ttft_ms(self, obj: Job) -> float | None:
+        return obj.ttft_ms
+
+    @admin.display(description="tokens/s")
+    def tokens_per_second(self, obj: Job) -> float | None:
+        return obj.tokens_per_second(now=timezone.now())
+
+    @admin.action(description="Cancel selected jobs")
+    def cancel_jobs(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
+        self._apply(request, queryset, job_cancel, "Cancelled or asked to stop")
+
+    @admin.action(description="Requeue selected jobs (failed, expired or cancelled)")
+    def requeue_jobs(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
+        self._apply(request, queryset, job_requeue, "Requeued")
+
+    def _apply(self, request: HttpRequest, queryset: QuerySet[Job], service, verb: str) -> None:
+        done, errors = 0, []
+        for job_id in queryset.values_list("id", flat=True):
+            try:
+                service(job_id=job_id)
+                done += 1
+            except ServiceError as exc:
+                errors.append(f"{job_id}: {exc.message}")
+        self.message_user(request, f"{verb}: {done} job(s).")
+        for error in errors:
+            self.message_user(request, error, messages.WARNING)
+
+
+@admin.register(UsageRecord)
+class UsageRecordAdmin(admin.ModelAdmin):
+    list_display = ("day", "api_key", "owner", "requests", "prompt_tokens", "cached_tokens", "completion_tokens")
+    list_filter = ("day",)
+    search_fields = ("owner__username", "api_key__prefix")
+    date_hierarchy = "day"
+    actions = ("roll_up_today",)
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: UsageRecord | None = None) -> bool:
+        return False
+
+    @admin.action(description="Recompute today's usage from the jobs")
+    def roll_up_today(self, request: HttpRequest, queryset: QuerySet[UsageRecord]) -> None:
+        count = usage_rollup(day=timezone.now().date())
+        self.message_user(request, f"Rolled up {count} key(s) for today.")

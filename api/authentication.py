@@ -1,0 +1,55 @@
+"""API-key authentication: ``Authorization: Bearer <key>`` for DRF, and a helper for consumers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework.authentication import BaseAuthentication, get_authorization_header
+from rest_framework.request import Request
+
+from api.errors import AuthenticationFailed
+from api.models import ApiKey
+from api.services.api_keys import api_key_touch, hash_secret
+
+
+def authenticate_api_key(raw: str | None) -> ApiKey:
+    """The active key whose secret is ``raw`` (with its owner loaded), or AuthenticationFailed.
+
+    Synchronous (ORM); a consumer calls it through ``database_sync_to_async``."""
+    if not raw:
+        raise AuthenticationFailed("Missing API key. Send 'Authorization: Bearer <key>'.", code="missing_api_key")
+    api_key = ApiKey.objects.select_related("owner").filter(hashed_key=hash_secret(raw)).first()
+    if api_key is None or not api_key.owner.is_active:
+        raise AuthenticationFailed("Invalid API key.", code="invalid_api_key")
+    if api_key.revoked_at is not None:
+        raise AuthenticationFailed("This API key has been revoked.", code="revoked_api_key")
+    api_key_touch(api_key=api_key)
+    return api_key
+
+
+def bearer_token(header: str) -> str | None:
+    """The token of an ``Authorization: Bearer <token>`` header value, or None."""
+    parts = header.split()
+    if len(parts) != 2 or parts[0].lower() != "bearer":
+        return None
+    return parts[1]
+
+
+class ApiKeyAuthentication(BaseAuthentication):
+    """DRF authentication: ``request.user`` is the key's owner, ``request.auth`` the ApiKey."""
+
+    def authenticate(self, request: Request) -> tuple[Any, ApiKey] | None:
+        try:
+            header = get_authorization_header(request).decode("latin-1")
+        except UnicodeDecodeError:
+            header = ""
+        if not header:
+            return None  # DRF answers NotAuthenticated (401 via authenticate_header)
+        token = bearer_token(header)
+        if token is None:
+            raise AuthenticationFailed("Malformed Authorization header; expected 'Bearer <key>'.")
+        api_key = authenticate_api_key(token)
+        return api_key.owner, api_key
+
+    def authenticate_header(self, request: Request) -> str:
+        return 'Bearer realm="api"'

@@ -1,0 +1,220 @@
+"""Domain exceptions and the one place they become HTTP responses.
+
+Every error the API returns has the shape ``{"error": {"message", "type", "code", "param"}}``
+(OpenAI's). Services raise the typed exceptions below; DRF's own exceptions (parse errors, 404,
+405, throttling, validation) are mapped here too, so no view formats an error by hand.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from django.core.exceptions import PermissionDenied
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.views.defaults import page_not_found
+from rest_framework import exceptions as drf
+from rest_framework.response import Response
+
+logger = logging.getLogger(__name__)
+
+
+class ServiceError(Exception):
+    """Base of the domain errors: an HTTP status, an error type and a machine-readable code."""
+
+    status_code = 400
+    error_type = "invalid_request_error"
+    code = "invalid_request"
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        if code is not None:
+            self.code = code
+
+    def headers(self) -> dict[str, str]:
+        return {}
+
+
+class InvalidRequest(ServiceError):
+    pass
+
+
+class PromptTooLong(ServiceError):
+    code = "context_length_exceeded"
+
+    def __init__(self, *, limit: int, prompt_tokens: int, max_tokens: int, param: str) -> None:
+        self.limit = limit
+        self.prompt_tokens = prompt_tokens
+        self.max_tokens = max_tokens
+        super().__init__(
+            f"This model's maximum context length is {limit} tokens; the prompt has {prompt_tokens} "
+            f"tokens and max_tokens is {max_tokens} ({prompt_tokens + max_tokens} in total).",
+            param=param,
+        )
+
+
+class MaxTokensTooLarge(ServiceError):
+    code = "max_tokens_too_large"
+
+    def __init__(self, *, limit: int, requested: int) -> None:
+        self.limit = limit
+        self.requested = requested
+        super().__init__(f"max_tokens is {requested}; the limit for this key is {limit}.", param="max_tokens")
+
+
+class IdempotencyKeyReused(ServiceError):
+    """The Idempotency-Key was used before with a different request body."""
+
+    status_code = 422
+    code = "idempotency_key_reused"
+
+    def __init__(self) -> None:
+        super().__init__(
+            "This Idempotency-Key was already used with a different request body.", param="Idempotency-Key"
+        )
+
+
+class JobNotFound(ServiceError):
+    status_code = 404
+    code = "job_not_found"
+
+    def __init__(self, job_id: object) -> None:
+        super().__init__(f"No job with id {job_id}.", param="id")
+
+
+class JobNotCancellable(ServiceError):
+    status_code = 409
+    code = "job_not_cancellable"
+
+    def __init__(self, *, status: str) -> None:
+        super().__init__(f"The job is already {status} and cannot be cancelled.")
+
+
+class JobNotRequeueable(ServiceError):
+    status_code = 409
+    code = "job_not_requeueable"
+
+    def __init__(self, *, status: str) -> None:
+        super().__init__(f"A {status} job cannot be requeued.")
+
+
+class AuthenticationFailed(ServiceError):
+    status_code = 401
+    code = "invalid_api_key"
+
+    def __init__(self, message: str = "Invalid API key.", *, code: str | None = None) -> None:
+        super().__init__(message, code=code)
+
+    def headers(self) -> dict[str, str]:
+        return {"WWW-Authenticate": 'Bearer realm="api"'}
+
+
+class QuotaExceeded(ServiceError):
+    """A per-key quota is used up; retrying after ``retry_after`` seconds may succeed."""
+
+    status_code = 429
+    error_type = "rate_limit_error"
+
+    def __init__(self, message: str, *, code: str, limit: int, remaining: int, reset_s: float) -> None:
+        super().__init__(message, code=code)
+        self.limit = limit
+        self.remaining = remaining
+        self.reset_s = max(0.0, reset_s)
+
+    @property
+    def retry_after(self) -> int:
+        return max(1, int(self.reset_s + 0.999))
+
+    def headers(self) -> dict[str, str]:
+        return {
+            "Retry-After": str(self.retry_after),
+            "x-ratelimit-limit": str(self.limit),
+            "x-ratelimit-remaining": str(max(0, self.remaining)),
+            "x-ratelimit-reset": f"{self.reset_s:.0f}s",
+        }
+
+
+class ServiceUnavailable(ServiceError):
+    status_code = 503
+    error_type = "server_error"
+    code = "service_unavailable"
+
+
+def error_body(message: str, *, error_type: str, code: str | None, param: str | None = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": error_type, "code": code, "param": param}}
+
+
+def _flatten_validation(detail: Any, prefix: str | None = None) -> tuple[str, str | None, str]:
+    """First (message, param, code) of a nested DRF ValidationError detail."""
+    if isinstance(detail, dict):
+        for key, value in detail.items():
+            name = None if key == "non_field_errors" else str(key)
+            param = f"{prefix}.{name}" if prefix and name else (name or prefix)
+            return _flatten_validation(value, param)
+    if isinstance(detail, list) and detail:
+        first = detail[0]
+        if isinstance(first, dict | list):
+            index_param = f"{prefix}[0]" if prefix else None
+            return _flatten_validation(first, index_param)
+        return _flatten_validation(first, prefix)
+    message = str(detail) if str(detail) else "Invalid request."
+    code = getattr(detail, "code", None) or "invalid"
+    text = f"{prefix}: {message}" if prefix else message
+    return text, prefix, str(code)
+
+
+_DRF_TYPES: dict[type[drf.APIException], tuple[str, str]] = {
+    drf.ParseError: ("invalid_request_error", "invalid_json"),
+    drf.UnsupportedMediaType: ("invalid_request_error", "unsupported_media_type"),
+    drf.NotAuthenticated: ("invalid_request_error", "missing_api_key"),
+    drf.AuthenticationFailed: ("invalid_request_error", "invalid_api_key"),
+    drf.PermissionDenied: ("invalid_request_error", "permission_denied"),
+    drf.NotFound: ("invalid_request_error", "not_found"),
+    drf.MethodNotAllowed: ("invalid_request_error", "method_not_allowed"),
+    drf.NotAcceptable: ("invalid_request_error", "not_acceptable"),
+    drf.Throttled: ("rate_limit_error", "rate_limit_exceeded"),
+}
+
+
+def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    """DRF EXCEPTION_HANDLER: every error becomes the envelope. Unexpected exceptions are logged
+    and answered with a 500 in the same envelope (so a client never sees an HTML page)."""
+    if isinstance(exc, ServiceError):
+        body = error_body(exc.message, error_type=exc.error_type, code=exc.code, param=exc.param)
+        return Response(body, status=exc.status_code, headers=exc.headers())
+    if isinstance(exc, Http404):
+        exc = drf.NotFound()
+    elif isinstance(exc, PermissionDenied):
+        exc = drf.PermissionDenied()
+    if isinstance(exc, drf.ValidationError):
+        message, param, code = _flatten_validation(exc.detail)
+        return Response(error_body(message, error_type="invalid_request_error", code=code, param=param), status=400)
+    if isinstance(exc, drf.APIException):
+        error_type, code = next(
+            (value for cls, value in _DRF_TYPES.items() if isinstance(exc, cls)),
+            ("invalid_request_error", str(exc.default_code)),
+        )
+        headers: dict[str, str] = {}
+        if isinstance(exc, drf.Throttled) and exc.wait is not None:
+            headers["Retry-After"] = str(int(exc.wait + 0.999))
+        if isinstance(exc, drf.NotAuthenticated | drf.AuthenticationFailed):
+            headers["WWW-Authenticate"] = 'Bearer realm="api"'
+            return Response(error_body(str(exc.detail), error_type=error_type, code=code), status=401, headers=headers)
+        return Response(error_body(str(exc.detail), error_type=error_type, code=code), status=exc.status_code, headers=headers)
+    logger.exception("Unhandled error in %s", context.get("view").__class__.__name__)
+    return Response(error_body("Internal server error.", error_type="server_error", code="internal_error"), status=500)
+
+
+def json_not_found(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
+    """handler404 for URLs no view matched: API paths get the envelope, other pages Django's."""
+    if not request.path.startswith("/api/"):
+        return page_not_found(request, exception or Http404())
+    return JsonResponse(
+        error_body(f"Unknown URL: {request.path}", error_type="invalid_request_error", code="not_found"), status=404
+    )
+
+
+def json_server_error(request: HttpRequest) -> JsonResponse:
+    return JsonResponse(error_body("Internal server error.", error_type="server_error", code="internal_error"), status=500)

@@ -1,0 +1,38 @@
+"""Create (or reuse) a user and give them a new API key; prints the key's secret once."""
+
+from __future__ import annotations
+
+from django.contrib.auth import get_user_model
+from django.core.management.base import BaseCommand, CommandParser
+
+from api.services.api_keys import api_key_create
+
+
+class Command(BaseCommand):
+    help = "Create a user (if needed) with a new API key and print the key. --staff/--password for admin access."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("username")
+        parser.add_argument("--email", default="")
+        parser.add_argument("--password", default=None, help="set this password (enables admin login with --staff)")
+        parser.add_argument("--staff", action="store_true", help="make the user a superuser (admin access)")
+        parser.add_argument("--key-name", default="default")
+        parser.add_argument("--quiet", action="store_true", help="print only the key")
+
+    def handle(self, *args: object, **options: object) -> None:
+        user_model = get_user_model()
+        user, created = user_model.objects.get_or_create(
+            username=options["username"], defaults={"email": options["email"]}
+        )
+        if options["password"]:
+            user.set_password(str(options["password"]))
+        if options["staff"]:
+            user.is_staff = user.is_superuser = True
+        user.save()
+        api_key, secret = api_key_create(owner=user, name=str(options["key_name"]))
+        if options["quiet"]:
+            self.stdout.write(secret)
+            return
+        verb = "Created" if created else "Found"
+        self.stdout.write(f"{verb} user {user.username}; new API key {api_key.prefix}… (shown once):")
+        self.stdout.write(secret)

@@ -1,0 +1,185 @@
+"""Jobs, API keys and daily usage.
+
+Only services change a Job's status, with conditional UPDATEs, so a duplicate delivery or a late
+worker never moves a job backwards (see api/services/).
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+
+from django.conf import settings
+from django.db import models
+from django.utils import timezone
+
+
+def _default_rpm() -> int:
+    return settings.DEFAULT_KEY_REQUESTS_PER_MINUTE
+
+
+def _default_tokens_per_day() -> int:
+    return settings.DEFAULT_KEY_TOKENS_PER_DAY
+
+
+def _default_max_concurrent() -> int:
+    return settings.DEFAULT_KEY_MAX_CONCURRENT_JOBS
+
+
+def _default_max_tokens_per_job() -> int:
+    return settings.DEFAULT_KEY_MAX_TOKENS_PER_JOB
+
+
+class ApiKey(models.Model):
+    """A user's API key. Only the SHA-256 of the secret is stored, plus a visible prefix."""
+
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_keys")
+    name = models.CharField(max_length=100, blank=True)
+    prefix = models.CharField(max_length=16, db_index=True, editable=False)
+    hashed_key = models.CharField(max_length=64, unique=True, editable=False)
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+    last_used_at = models.DateTimeField(null=True, blank=True, editable=False)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    # Quotas; 0 means "none allowed" for the counters, so a key can be paused without revoking it.
+    requests_per_minute = models.PositiveIntegerField(default=_default_rpm)
+    tokens_per_day = models.PositiveBigIntegerField(default=_default_tokens_per_day)
+    max_concurrent_jobs = models.PositiveIntegerField(default=_default_max_concurrent)
+    max_tokens_per_job = models.PositiveIntegerField(default=_default_max_tokens_per_job)
+    # Priority class of the key's jobs: lower is more urgent; a request may ask for less urgency,
+    # never for more.
+    priority = models.PositiveSmallIntegerField(default=10)
+
+    class Meta:
+        ordering = ["-created_at"]
+        verbose_name = "API key"
+
+    def __str__(self) -> str:
+        return f"{self.prefix}… ({self.name or 'unnamed'})"
+
+    @property
+    def is_active(self) -> bool:
+        return self.revoked_at is None
+
+
+class JobStatus(models.TextChoices):
+    QUEUED = "queued"
+    IN_PROGRESS = "in_progress"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    EXPIRED = "expired"
+
+
+ACTIVE_STATUSES = (JobStatus.QUEUED, JobStatus.IN_PROGRESS)
+TERMINAL_STATUSES = (JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED, JobStatus.EXPIRED)
+
+
+class Job(models.Model):
+    """One text-generation request and its result."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="jobs")
+    api_key = models.ForeignKey(ApiKey, null=True, blank=True, on_delete=models.SET_NULL, related_name="jobs")
+    status = models.CharField(max_length=16, choices=JobStatus.choices, default=JobStatus.QUEUED)
+
+    prompt = models.TextField(blank=True)
+    messages = models.JSONField(null=True, blank=True)
+    prompt_token_ids = models.JSONField(default=list)
+    # max_tokens, temperature, top_p, top_k, min_p, repetition_penalty, seed, stop (list of str)
+    params = models.JSONField(default=dict)
+    priority = models.IntegerField(default=10)
+    idempotency_key = models.CharField(max_length=255, null=True, blank=True)
+    # SHA-256 of the canonical request body, to tell a retry from a reuse of the same key.
+    request_fingerprint = models.CharField(max_length=64, blank=True)
+
+    output_text = models.TextField(blank=True)
+    finish_reason = models.CharField(max_length=16, null=True, blank=True)
+    error = models.TextField(null=True, blank=True)
+    prompt_tokens = models.PositiveIntegerField(default=0)
+    cached_tokens = models.PositiveIntegerField(default=0)
+    completion_tokens = models.PositiveIntegerField(default=0)
+
+    worker_id = models.CharField(max_length=128, null=True, blank=True)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    dispatch_count = models.PositiveIntegerField(default=0)
+    cancel_requested = models.BooleanField(default=False)
+    last_seq = models.PositiveIntegerField(default=0)
+
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+    queued_at = models.DateTimeField(default=timezone.now)
+    started_at = models.DateTimeField(null=True, blank=True)
+    first_token_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["owner", "idempotency_key"],
+                condition=models.Q(idempotency_key__isnull=False),
+                name="job_unique_idempotency_key_per_owner",
+            )
+        ]
+        indexes = [
+            models.Index(fields=["owner", "-created_at"], name="job_owner_created"),
+            models.Index(fields=["status", "priority", "queued_at"], name="job_status_queue_order"),
+            models.Index(fields=["api_key", "created_at"], name="job_key_created"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.id} ({self.status})"
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status in TERMINAL_STATUSES
+
+    @property
+    def max_tokens(self) -> int:
+        return int(self.params.get("max_tokens", 0))
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+    @property
+    def ttft_ms(self) -> float | None:
+        """Time to first token, from entering the queue (what the client waits)."""
+        if self.first_token_at is None:
+            return None
+        return round((self.first_token_at - self.queued_at).total_seconds() * 1000.0, 3)
+
+    def tokens_per_second(self, *, now: datetime | None = None) -> float | None:
+        """Decode rate: tokens after the first over the time since the first token (until the end,
+        or ``now`` while running)."""
+        if self.first_token_at is None or self.completion_tokens < 2:
+            return None
+        end = self.finished_at or now or timezone.now()
+        seconds = (end - self.first_token_at).total_seconds()
+        if seconds <= 0:
+            return None
+        return round((self.completion_tokens - 1) / seconds, 3)
+
+
+class UsageRecord(models.Model):
+    """Tokens and requests of one key on one UTC day, rolled up from its jobs' engine counts."""
+
+    api_key = models.ForeignKey(ApiKey, on_delete=models.CASCADE, related_name="usage_records")
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="usage_records")
+    day = models.DateField()
+    requests = models.PositiveIntegerField(default=0)
+    prompt_tokens = models.PositiveBigIntegerField(default=0)
+    cached_tokens = models.PositiveBigIntegerField(default=0)
+    completion_tokens = models.PositiveBigIntegerField(default=0)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-day"]
+        constraints = [models.UniqueConstraint(fields=["api_key", "day"], name="usage_unique_key_day")]
+
+    def __str__(self) -> str:
+        return f"{self.api_key_id} {self.day}"
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens

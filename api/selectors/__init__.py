@@ -1,0 +1,1 @@
+"""Reads. Views, consumers and the admin fetch data through these functions."""

@@ -1,0 +1,138 @@
+"""Reads of jobs: lookups scoped to an owner, the text so far, queue position, the engine spec."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from datetime import timedelta
+from typing import Any
+
+import redis
+from django.contrib.auth.models import AbstractBaseUser
+from django.db.models import Count, Q, QuerySet, Sum
+from django.utils import timezone
+
+from api import keys
+from api.errors import JobNotFound
+from api.models import Job, JobStatus
+from api.redis_client import get_redis
+from engine_worker.protocol import JobSpec
+
+logger = logging.getLogger(__name__)
+
+
+def job_get(*, job_id: uuid.UUID | str, owner: AbstractBaseUser | None = None) -> Job:
+    """The job, or JobNotFound. With ``owner``, another user's job is "not found" too (never 403:
+    ids of other users' jobs must not be confirmable)."""
+    jobs = Job.objects.all() if owner is None else Job.objects.filter(owner=owner)
+    try:
+        return jobs.get(id=job_id)
+    except (Job.DoesNotExist, ValueError):
+        raise JobNotFound(job_id) from None
+
+
+def job_list(*, owner: AbstractBaseUser, status: str | None = None) -> QuerySet[Job]:
+    jobs = Job.objects.filter(owner=owner).order_by("-created_at", "-id")
+    if status:
+        jobs = jobs.filter(status=status)
+    return jobs
+
+
+def job_queue_position(*, job: Job) -> int | None:
+    """How many queued jobs are ahead of this one (0: next to be admitted), in the engine's
+    admission order (priority, then arrival). None once the job has left the queue."""
+    if job.status != JobStatus.QUEUED:
+        return None
+    ahead = Q(priority__lt=job.priority) | Q(priority=job.priority, queued_at__lt=job.queued_at)
+    return Job.objects.filter(ahead, status=JobStatus.QUEUED).count()
+
+
+def job_streamed_text(*, job_id: str) -> str | None:
+    """The text of a job's chunks in its Redis stream, in seq order; None if Redis is down."""
+    try:
+        entries = get_redis().xrange(keys.job_stream_key(job_id))
+    except redis.RedisError:
+        logger.warning("Could not read the stream of job %s", job_id, exc_info=True)
+        return None
+    chunks: dict[int, str] = {}
+    for _entry_id, fields in entries:
+        try:
+            chunks[int(fields[keys.JOB_STREAM_FIELD_SEQ])] = fields.get(keys.JOB_STREAM_FIELD_TEXT, "")
+        except (KeyError, ValueError):
+            continue  # not a text chunk (e.g. a final marker)
+    return "".join(chunks[seq] for seq in sorted(chunks))
+
+
+def job_output_text(*, job: Job) -> str:
+    """The output so far: from the stream while the job runs, from the row once it has ended."""
+    if job.status == JobStatus.IN_PROGRESS:
+        streamed = job_streamed_text(job_id=str(job.id))
+        if streamed:
+            return streamed
+    return job.output_text
+
+
+def job_detail(*, job: Job) -> dict[str, Any]:
+    """Everything GET /jobs/<id> shows (the shape of JobSerializer)."""
+    return {
+        "id": job.id,
+        "object": "job",
+        "status": job.status,
+        "queue_position": job_queue_position(job=job),
+        "output_text": job_output_text(job=job),
+        "finish_reason": job.finish_reason,
+        "cancel_requested": job.cancel_requested,
+        "params": job.params,
+        "priority": job.priority,
+        "usage": {
+            "prompt_tokens": job.prompt_tokens,
+            "cached_tokens": job.cached_tokens,
+            "completion_tokens": job.completion_tokens,
+            "total_tokens": job.total_tokens,
+        },
+        "timings": {
+            "created_at": job.created_at,
+            "queued_at": job.queued_at,
+            "started_at": job.started_at,
+            "first_token_at": job.first_token_at,
+            "finished_at": job.finished_at,
+            "ttft_ms": job.ttft_ms,
+            "tokens_per_second": job.tokens_per_second(now=timezone.now()),
+        },
+        "worker_id": job.worker_id,
+        "error": job.error,
+    }
+
+
+def job_spec(*, job: Job) -> JobSpec:
+    """The engine's view of a job (for the worker side)."""
+    params = job.params
+    return JobSpec(
+        job_id=str(job.id),
+        prompt_token_ids=tuple(int(t) for t in job.prompt_token_ids),
+        max_tokens=int(params["max_tokens"]),
+        temperature=float(params.get("temperature", 0.0)),
+        top_p=float(params.get("top_p", 1.0)),
+        top_k=int(params.get("top_k", 0)),
+        min_p=float(params.get("min_p", 0.0)),
+        repetition_penalty=float(params.get("repetition_penalty", 1.0)),
+        seed=params.get("seed"),
+        stop=tuple(params.get("stop") or ()),
+        priority=job.priority,
+    )
+
+
+def job_status_counts() -> dict[str, int]:
+    counts = {choice: 0 for choice in JobStatus.values}
+    for row in Job.objects.values("status").annotate(n=Count("id")):
+        counts[row["status"]] = row["n"]
+    return counts
+
+
+def job_throughput(*, window_s: int = 60) -> dict[str, float]:
+    """Jobs and completion tokens finished in the last ``window_s`` seconds."""
+    since = timezone.now() - timedelta(seconds=window_s)
+    row = Job.objects.filter(finished_at__gte=since).aggregate(jobs=Count("id"), tokens=Sum("completion_tokens"))
+    tokens = row["tokens"] or 0
+    return {"window_s": window_s, "jobs": row["jobs"], "completion_tokens": tokens,
+            "tokens_per_second": round(tokens / window_s, 3)}

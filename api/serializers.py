@@ -1,0 +1,203 @@
+"""Request parsing (strict: wrong types and unknown fields are 400s) and response shapes."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from django.conf import settings
+from rest_framework import serializers
+
+from api.models import JobStatus
+
+MAX_STOP_SEQUENCES = 4
+MAX_STOP_LENGTH = 256
+MAX_MESSAGES = 512
+MAX_IDEMPOTENCY_KEY_LENGTH = 255
+
+
+def _check_text(value: str) -> str:
+    if "\x00" in value:
+        raise serializers.ValidationError("Null characters are not allowed.", code="null_characters")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise serializers.ValidationError("Text is not valid Unicode (lone surrogate).", code="invalid_text") from None
+    return value
+
+
+class StrictCharField(serializers.CharField):
+    """A string, and only a string (DRF's CharField would turn 123 into "123")."""
+
+    def to_internal_value(self, data: Any) -> str:
+        if not isinstance(data, str):
+            self.fail("invalid")
+        return _check_text(super().to_internal_value(data))
+
+
+class StrictIntegerField(serializers.IntegerField):
+    """An integer, not a bool, a string or a float."""
+
+    def to_internal_value(self, data: Any) -> int:
+        if isinstance(data, bool) or not isinstance(data, int):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
+class StrictFloatField(serializers.FloatField):
+    """A finite JSON number (int or float), not a bool or a string."""
+
+    def to_internal_value(self, data: Any) -> float:
+        if isinstance(data, bool) or not isinstance(data, int | float):
+            self.fail("invalid")
+        if isinstance(data, float) and not math.isfinite(data):
+            self.fail("invalid")
+        try:
+            return super().to_internal_value(data)
+        except OverflowError:  # a huge int cannot become a float
+            self.fail("invalid")
+
+
+class StopField(serializers.Field):
+    """``stop``: one string or a list of up to 4; always stored as a list."""
+
+    default_error_messages = {"invalid": "Must be a string or a list of strings."}
+
+    def to_internal_value(self, data: Any) -> list[str]:
+        items = [data] if isinstance(data, str) else data
+        if not isinstance(items, list) or not all(isinstance(item, str) for item in items):
+            self.fail("invalid")
+        if len(items) > MAX_STOP_SEQUENCES:
+            raise serializers.ValidationError(f"At most {MAX_STOP_SEQUENCES} stop sequences.")
+        for item in items:
+            if not item or len(item) > MAX_STOP_LENGTH:
+                raise serializers.ValidationError(f"Stop sequences must have 1 to {MAX_STOP_LENGTH} characters.")
+            _check_text(item)
+        return list(items)
+
+    def to_representation(self, value: list[str]) -> list[str]:
+        return list(value)
+
+
+class RejectUnknownFieldsMixin:
+    """Unknown keys are an error (a typo like ``max_token`` must not be silently ignored)."""
+
+    def to_internal_value(self, data: Any) -> Any:
+        if isinstance(data, dict):
+            unknown = sorted(set(data) - set(self.fields))  # type: ignore[attr-defined]
+            if unknown:
+                raise serializers.ValidationError(
+                    {str(unknown[0]): [serializers.ErrorDetail("Unknown field.", code="unknown_field")]}
+                )
+        return super().to_internal_value(data)  # type: ignore[misc]
+
+
+class MessageSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
+    role = serializers.ChoiceField(choices=["system", "user", "assistant"])
+    content = StrictCharField(allow_blank=True, trim_whitespace=False)
+
+
+class JobCreateSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
+    """Body of POST /api/v1/jobs. Exactly one of ``prompt`` and ``messages``."""
+
+    prompt = StrictCharField(required=False, trim_whitespace=False)
+    messages = serializers.ListField(child=MessageSerializer(), required=False, min_length=1, max_length=MAX_MESSAGES)
+    max_tokens = StrictIntegerField(required=False, min_value=1)
+    temperature = StrictFloatField(required=False, min_value=0.0, max_value=2.0)
+    top_p = StrictFloatField(required=False, min_value=0.0, max_value=1.0)
+    top_k = StrictIntegerField(required=False, min_value=0, max_value=1_000_000)
+    min_p = StrictFloatField(required=False, min_value=0.0, max_value=1.0)
+    repetition_penalty = StrictFloatField(required=False, min_value=0.01, max_value=10.0)
+    seed = StrictIntegerField(required=False, allow_null=True, min_value=0, max_value=2**63 - 1)
+    stop = StopField(required=False)
+    priority = StrictIntegerField(required=False, min_value=0, max_value=1000)
+
+    def validate_prompt(self, value: str) -> str:
+        if not value:
+            raise serializers.ValidationError("The prompt must not be empty.", code="blank")
+        if len(value) > settings.MAX_PROMPT_CHARS:
+            raise serializers.ValidationError(f"The prompt is longer than {settings.MAX_PROMPT_CHARS} characters.")
+        return value
+
+    def validate_messages(self, value: list[dict[str, str]]) -> list[dict[str, str]]:
+        if sum(len(m["content"]) for m in value) > settings.MAX_PROMPT_CHARS:
+            raise serializers.ValidationError(f"The messages are longer than {settings.MAX_PROMPT_CHARS} characters.")
+        return value
+
+    def validate_max_tokens(self, value: int) -> int:
+        if value > settings.MAX_TOKENS_CAP:
+            raise serializers.ValidationError(
+                f"max_tokens must be at most {settings.MAX_TOKENS_CAP}.", code="max_tokens_too_large"
+            )
+        return value
+
+    def validate_top_p(self, value: float) -> float:
+        if value <= 0.0:
+            raise serializers.ValidationError("top_p must be greater than 0.")
+        return value
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        has_prompt, has_messages = "prompt" in attrs, "messages" in attrs
+        if has_prompt == has_messages:
+            raise serializers.ValidationError(
+                {"prompt": [serializers.ErrorDetail("Send exactly one of 'prompt' and 'messages'.", code="prompt_xor_messages")]}
+            )
+        return attrs
+
+
+class JobListQuerySerializer(serializers.Serializer):
+    status = serializers.ChoiceField(choices=JobStatus.choices, required=False)
+
+
+class UsageSerializer(serializers.Serializer):
+    prompt_tokens = serializers.IntegerField()
+    cached_tokens = serializers.IntegerField()
+    completion_tokens = serializers.IntegerField()
+    total_tokens = serializers.IntegerField()
+
+
+class TimingsSerializer(serializers.Serializer):
+    created_at = serializers.DateTimeField()
+    queued_at = serializers.DateTimeField()
+    started_at = serializers.DateTimeField(allow_null=True)
+    first_token_at = serializers.DateTimeField(allow_null=True)
+    finished_at = serializers.DateTimeField(allow_null=True)
+    ttft_ms = serializers.FloatField(allow_null=True)
+    tokens_per_second = serializers.FloatField(allow_null=True)
+
+
+class JobSerializer(serializers.Serializer):
+    """A job as GET /jobs/<id> shows it (built by api.selectors.jobs.job_detail)."""
+
+    id = serializers.UUIDField()
+    object = serializers.CharField(default="job")
+    status = serializers.ChoiceField(choices=JobStatus.choices)
+    queue_position = serializers.IntegerField(allow_null=True)
+    output_text = serializers.CharField(allow_blank=True)
+    finish_reason = serializers.CharField(allow_null=True)
+    cancel_requested = serializers.BooleanField()
+    params = serializers.DictField()
+    priority = serializers.IntegerField()
+    usage = UsageSerializer()
+    timings = TimingsSerializer()
+    worker_id = serializers.CharField(allow_null=True)
+    error = serializers.CharField(allow_null=True)
+
+
+class JobCreatedSerializer(serializers.Serializer):
+    id = serializers.UUIDField()
+    object = serializers.CharField(default="job")
+    status = serializers.ChoiceField(choices=JobStatus.choices)
+    queue_position = serializers.IntegerField(allow_null=True)
+    created_at = serializers.DateTimeField()
+
+
+class ErrorDetailSerializer(serializers.Serializer):
+    message = serializers.CharField()
+    type = serializers.CharField()
+    code = serializers.CharField(allow_null=True)
+    param = serializers.CharField(allow_null=True)
+
+
+class ErrorSerializer(serializers.Serializer):
+    error = ErrorDetailSerializer()

@@ -1,0 +1,1 @@
+"""Writes. Every change of state goes through a function in this package."""

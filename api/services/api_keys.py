@@ -1,0 +1,74 @@
+"""API keys: creation (the secret is returned once), revocation, last-used bookkeeping."""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from datetime import timedelta
+
+from django.contrib.auth.models import AbstractBaseUser
+from django.utils import timezone
+
+from api.models import ApiKey
+
+SECRET_PREFIX = "sk-"
+VISIBLE_PREFIX_LENGTH = 12
+# last_used_at is a hint for operators, not an audit log: write it at most once a minute per key
+# so polling clients do not turn every GET into a row update.
+TOUCH_INTERVAL = timedelta(seconds=60)
+
+
+def hash_secret(raw: str) -> str:
+    return hashlib.sha256(raw.encode("utf-8")).hexdigest()
+
+
+def api_key_create(
+    *,
+    owner: AbstractBaseUser,
+    name: str = "",
+    requests_per_minute: int | None = None,
+    tokens_per_day: int | None = None,
+    max_concurrent_jobs: int | None = None,
+    max_tokens_per_job: int | None = None,
+    priority: int | None = None,
+) -> tuple[ApiKey, str]:
+    """Create a key for ``owner``. Returns the key and its secret; the secret is not stored and
+    cannot be shown again. Quotas left as None take the settings' defaults."""
+    raw = api_key_generate_secret()
+    quotas = {
+        "requests_per_minute": requests_per_minute,
+        "tokens_per_day": tokens_per_day,
+        "max_concurrent_jobs": max_concurrent_jobs,
+        "max_tokens_per_job": max_tokens_per_job,
+        "priority": priority,
+    }
+    api_key = ApiKey(owner=owner, name=name, **{k: v for k, v in quotas.items() if v is not None})
+    api_key_set_secret(api_key=api_key, raw=raw)
+    api_key.full_clean()
+    api_key.save()
+    return api_key, raw
+
+
+def api_key_set_secret(*, api_key: ApiKey, raw: str) -> None:
+    """Fill the stored hash and visible prefix of an unsaved key (used by the admin's add form)."""
+    api_key.prefix = raw[:VISIBLE_PREFIX_LENGTH]
+    api_key.hashed_key = hash_secret(raw)
+
+
+def api_key_generate_secret() -> str:
+    return SECRET_PREFIX + secrets.token_urlsafe(32)
+
+
+def api_key_revoke(*, api_key_id: int) -> bool:
+    """Revoke a key; returns False if it was already revoked. Takes effect on the next request."""
+    updated = ApiKey.objects.filter(id=api_key_id, revoked_at__isnull=True).update(revoked_at=timezone.now())
+    return updated == 1
+
+
+def api_key_touch(*, api_key: ApiKey) -> None:
+    """Record that the key was just used (at most one write per key per TOUCH_INTERVAL)."""
+    now = timezone.now()
+    if api_key.last_used_at is not None and now - api_key.last_used_at < TOUCH_INTERVAL:
+        return
+    ApiKey.objects.filter(id=api_key.id).update(last_used_at=now)
+    api_key.last_used_at = now

@@ -1,0 +1,261 @@
+"""Jobs on the web side: create (validate, tokenize, quota, insert, dispatch on commit), cancel,
+requeue. Worker-side transitions (claim, progress, completion) live in job_lifecycle.py."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import uuid
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+import redis
+from django.contrib.auth.models import AbstractBaseUser
+from django.db import IntegrityError, transaction
+from django.db.models import F
+from django.utils import timezone
+
+from api import keys
+from api.errors import (
+    IdempotencyKeyReused,
+    InvalidRequest,
+    JobNotCancellable,
+    JobNotFound,
+    JobNotRequeueable,
+    MaxTokensTooLarge,
+    PromptTooLong,
+)
+from api.models import ApiKey, Job, JobStatus
+from api.redis_client import get_redis
+from api.services.quotas import quota_check_job, quota_consume_request
+from api.tokenization import get_tokenizer
+
+logger = logging.getLogger(__name__)
+
+SAMPLING_DEFAULTS: dict[str, Any] = {
+    "temperature": 0.0,
+    "top_p": 1.0,
+    "top_k": 0,
+    "min_p": 0.0,
+    "repetition_penalty": 1.0,
+    "seed": None,
+    "stop": [],
+}
+REQUEUEABLE_STATUSES = (JobStatus.FAILED, JobStatus.EXPIRED, JobStatus.CANCELLED)
+MAX_IDEMPOTENCY_KEY_LENGTH = 255
+
+
+@dataclass(frozen=True)
+class JobRequest:
+    """A validated POST /jobs body (see JobCreateSerializer)."""
+
+    prompt: str | None = None
+    messages: list[dict[str, str]] | None = None
+    max_tokens: int | None = None
+    priority: int | None = None
+    sampling: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_validated(cls, data: dict[str, Any]) -> JobRequest:
+        data = dict(data)
+        return cls(
+            prompt=data.pop("prompt", None),
+            messages=[dict(m) for m in data.pop("messages")] if "messages" in data else None,
+            max_tokens=data.pop("max_tokens", None),
+            priority=data.pop("priority", None),
+            sampling=data,
+        )
+
+    def fingerprint(self) -> str:
+        body = {
+            "prompt": self.prompt,
+            "messages": self.messages,
+            "max_tokens": self.max_tokens,
+            "priority": self.priority,
+            "sampling": self.sampling,
+        }
+        return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def job_create(
+    *, owner: AbstractBaseUser, api_key: ApiKey, request: JobRequest, idempotency_key: str | None = None
+) -> tuple[Job, bool]:
+    """Create a queued job and dispatch it to the engine once the transaction commits.
+
+    Returns ``(job, created)``; ``created`` is False when ``idempotency_key`` names an earlier job
+    with the same body (that job is returned; a different body raises IdempotencyKeyReused).
+    Raises InvalidRequest/MaxTokensTooLarge/PromptTooLong for requests the engine could not run,
+    and QuotaExceeded when a quota of ``api_key`` is used up."""
+    if idempotency_key is not None:
+        _check_idempotency_key(idempotency_key)
+        existing = _job_for_idempotency_key(owner=owner, key=idempotency_key, fingerprint=request.fingerprint())
+        if existing is not None:
+            return existing, False
+
+    prompt_token_ids, param = _tokenize(request)
+    context = get_tokenizer().info.context_length
+    if request.max_tokens is not None:
+        max_tokens = request.max_tokens
+        if max_tokens > api_key.max_tokens_per_job:
+            raise MaxTokensTooLarge(limit=api_key.max_tokens_per_job, requested=max_tokens)
+    else:
+        # Unspecified: the default, within the key's limit and what the context leaves.
+        room = max(1, context - len(prompt_token_ids))
+        max_tokens = min(_default_max_tokens(), api_key.max_tokens_per_job, room)
+    if len(prompt_token_ids) + max_tokens > context:
+        raise PromptTooLong(limit=context, prompt_tokens=len(prompt_token_ids), max_tokens=max_tokens, param=param)
+    quota_consume_request(api_key=api_key)
+
+    params = {**SAMPLING_DEFAULTS, **request.sampling, "max_tokens": max_tokens}
+    # A key's priority class is the most urgent its jobs can be; a request may only ask for less.
+    priority = max(api_key.priority, request.priority if request.priority is not None else api_key.priority)
+    try:
+        with transaction.atomic():
+            ApiKey.objects.select_for_update().filter(id=api_key.id).first()
+            quota_check_job(api_key=api_key, prompt_tokens=len(prompt_token_ids), max_tokens=max_tokens)
+            job = Job.objects.create(
+                owner=owner,
+                api_key=api_key,
+                prompt=request.prompt or "",
+                messages=request.messages,
+                prompt_token_ids=prompt_token_ids,
+                params=params,
+                priority=priority,
+                idempotency_key=idempotency_key,
+                request_fingerprint=request.fingerprint(),
+            )
+            transaction.on_commit(partial(job_dispatch, job_id=str(job.id)))
+    except IntegrityError:
+        # Two requests with the same Idempotency-Key raced; the other one inserted first.
+        if idempotency_key is None:
+            raise
+        existing = _job_for_idempotency_key(owner=owner, key=idempotency_key, fingerprint=request.fingerprint())
+        if existing is None:
+            raise
+        return existing, False
+    return job, True
+
+
+def _default_max_tokens() -> int:
+    from django.conf import settings
+
+    return settings.DEFAULT_MAX_TOKENS
+
+
+def _check_idempotency_key(key: str) -> None:
+    if not key or len(key) > MAX_IDEMPOTENCY_KEY_LENGTH or not key.isprintable():
+        raise InvalidRequest(
+            f"Idempotency-Key must be 1 to {MAX_IDEMPOTENCY_KEY_LENGTH} printable characters.",
+            param="Idempotency-Key",
+            code="invalid_idempotency_key",
+        )
+
+
+def _job_for_idempotency_key(*, owner: AbstractBaseUser, key: str, fingerprint: str) -> Job | None:
+    job = Job.objects.filter(owner=owner, idempotency_key=key).first()
+    if job is not None and job.request_fingerprint != fingerprint:
+        raise IdempotencyKeyReused()
+    return job
+
+
+def _tokenize(request: JobRequest) -> tuple[list[int], str]:
+    tokenizer = get_tokenizer()
+    if request.messages is not None:
+        return tokenizer.encode_messages(request.messages), "messages"
+    return tokenizer.encode_prompt(request.prompt or ""), "prompt"
+
+
+def job_dispatch(*, job_id: str) -> bool:
+    """Send a job id to the engine queue. Never raises: if the broker is down the job stays queued
+    in the DB and the reconciler dispatches it later. Returns whether the message was sent."""
+    try:
+        from api.tasks import run_job  # lazy: keeps Celery's import graph out of web start-up
+
+        run_job.delay(job_id)
+    except Exception:  # noqa: BLE001 - any broker/import failure; the DB row is the truth
+        logger.warning("Dispatch of job %s failed; the reconciler will retry", job_id, exc_info=True)
+        return False
+    Job.objects.filter(id=job_id).update(dispatch_count=F("dispatch_count") + 1)
+    return True
+
+
+def job_cancel(*, job_id: uuid.UUID | str, owner: AbstractBaseUser | None = None) -> Job:
+    """Cancel a job. A queued job becomes ``cancelled`` at once and never reaches the engine
+    (workers claim only ``queued`` rows). A running job gets ``cancel_requested`` and the workers
+    are told on ``engine:cancel``; the worker that holds it aborts it and records the end.
+    Cancelling a cancelled job is a no-op; cancelling another finished job raises
+    JobNotCancellable. ``owner`` restricts the lookup (None: any job, for operators)."""
+    jobs = Job.objects.filter(id=job_id) if owner is None else Job.objects.filter(id=job_id, owner=owner)
+    # A job can move queued -> in_progress between our two UPDATEs; loop until one of them wins
+    # or the job is finished. Each pass is one conditional UPDATE, so there is no lost update.
+    for _ in range(3):
+        now = timezone.now()
+        if jobs.filter(status=JobStatus.QUEUED).update(
+            status=JobStatus.CANCELLED, cancel_requested=True, finished_at=now
+        ):
+            break
+        if jobs.filter(status=JobStatus.IN_PROGRESS).update(cancel_requested=True):
+            transaction.on_commit(partial(_publish_cancel, str(job_id)))
+            break
+        job = jobs.first()
+        if job is None:
+            raise JobNotFound(job_id)
+        if job.status == JobStatus.CANCELLED:
+            break
+        if job.is_finished:
+            raise JobNotCancellable(status=job.status)
+    job = jobs.first()
+    if job is None:
+        raise JobNotFound(job_id)
+    return job
+
+
+def _publish_cancel(job_id: str) -> None:
+    try:
+        get_redis().publish(keys.CANCEL_CHANNEL, json.dumps({"job_id": job_id}))
+    except redis.RedisError:
+        # The worker also sees cancel_requested on the row when it next checks its jobs.
+        logger.warning("Could not publish the cancel of job %s", job_id, exc_info=True)
+
+
+def job_requeue(*, job_id: uuid.UUID | str) -> Job:
+    """Operator action: put a failed, expired or cancelled job back in the queue from scratch
+    (output, counts and timings reset) and dispatch it. Running jobs are never requeued here: the
+    reconciler does that when their worker's lease expires."""
+    now = timezone.now()
+    updated = Job.objects.filter(id=job_id, status__in=REQUEUEABLE_STATUSES).update(
+        status=JobStatus.QUEUED,
+        output_text="",
+        finish_reason=None,
+        error=None,
+        prompt_tokens=0,
+        cached_tokens=0,
+        completion_tokens=0,
+        worker_id=None,
+        lease_expires_at=None,
+        cancel_requested=False,
+        last_seq=0,
+        queued_at=now,
+        started_at=None,
+        first_token_at=None,
+        finished_at=None,
+    )
+    job = Job.objects.filter(id=job_id).first()
+    if job is None:
+        raise JobNotFound(job_id)
+    if not updated:
+        raise JobNotRequeueable(status=job.status)
+    job_id_str = str(job.id)
+
+    def _restart() -> None:
+        # The old run's chunks would replay as this run's: drop them before the new run starts.
+        try:
+            get_redis().delete(keys.job_stream_key(job_id_str))
+        except redis.RedisError:
+            logger.warning("Could not delete the stream of requeued job %s", job_id_str, exc_info=True)
+        job_dispatch(job_id=job_id_str)
+
+    transaction.on_commit(_restart)
+    return job

@@ -1,0 +1,144 @@
+"""Per-key quotas: request rate (Redis), tokens per day and concurrent jobs (DB), and the daily
+usage roll-up. Token usage comes from the engine's own counts recorded on each Job."""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import time
+from dataclasses import dataclass
+
+import redis
+from django.db.models import Count, Q, Sum
+from django.utils import timezone
+
+from api import keys
+from api.errors import QuotaExceeded
+from api.models import ACTIVE_STATUSES, ApiKey, Job, UsageRecord
+from api.redis_client import get_redis
+
+logger = logging.getLogger(__name__)
+
+RATE_WINDOW_S = 60
+
+
+@dataclass(frozen=True)
+class RateLimitState:
+    limit: int
+    remaining: int
+    reset_s: float
+
+    def headers(self) -> dict[str, str]:
+        return {
+            "x-ratelimit-limit-requests": str(self.limit),
+            "x-ratelimit-remaining-requests": str(max(0, self.remaining)),
+            "x-ratelimit-reset-requests": f"{self.reset_s:.0f}s",
+        }
+
+
+def quota_consume_request(*, api_key: ApiKey, now: float | None = None) -> RateLimitState | None:
+    """Count one request against the key's requests-per-minute (fixed one-minute window).
+
+    Raises QuotaExceeded when the window is full. If Redis is unreachable the request is let
+    through (returns None): the rate limit protects the service, it must not take it down."""
+    now = time.time() if now is None else now
+    window = int(now // RATE_WINDOW_S)
+    reset_s = (window + 1) * RATE_WINDOW_S - now
+    limit = api_key.requests_per_minute
+    try:
+        pipe = get_redis().pipeline()
+        pipe.incr(keys.rate_limit_key(api_key.id, window))
+        pipe.expire(keys.rate_limit_key(api_key.id, window), RATE_WINDOW_S + 5)
+        count = int(pipe.execute()[0])
+    except redis.RedisError as exc:
+        logger.warning("Rate limit not enforced for key %s: Redis error %s", api_key.id, exc)
+        return None
+    if count > limit:
+        raise QuotaExceeded(
+            f"Rate limit reached: {limit} requests per minute for this API key.",
+            code="requests_per_minute_exceeded",
+            limit=limit,
+            remaining=0,
+            reset_s=reset_s,
+        )
+    return RateLimitState(limit=limit, remaining=limit - count, reset_s=reset_s)
+
+
+def _day_bounds(now: dt.datetime) -> tuple[dt.datetime, dt.datetime]:
+    start = now.astimezone(dt.UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+    return start, start + dt.timedelta(days=1)
+
+
+def api_key_tokens_used_today(*, api_key: ApiKey, now: dt.datetime | None = None) -> int:
+    """Tokens charged to the key since UTC midnight: the engine's counts for finished jobs, plus a
+    reservation of prompt + max_tokens for jobs still queued or running."""
+    start, _ = _day_bounds(now or timezone.now())
+    today = Job.objects.filter(api_key=api_key, created_at__gte=start)
+    finished = today.exclude(status__in=ACTIVE_STATUSES).aggregate(
+        total=Sum("prompt_tokens") + Sum("completion_tokens")
+    )["total"] or 0
+    reserved = sum(
+        len(ids) + int(params.get("max_tokens", 0))
+        for ids, params in today.filter(status__in=ACTIVE_STATUSES).values_list("prompt_token_ids", "params")
+    )
+    return int(finished) + reserved
+
+
+def quota_check_job(*, api_key: ApiKey, prompt_tokens: int, max_tokens: int) -> None:
+    """Raise QuotaExceeded if one more job of this size would break the key's concurrency or daily
+    token quota. Call it inside the transaction that inserts the job, with the key row locked, so
+    two concurrent submissions cannot both take the last slot."""
+    active = Job.objects.filter(api_key=api_key, status__in=ACTIVE_STATUSES).count()
+    if active >= api_key.max_concurrent_jobs:
+        raise QuotaExceeded(
+            f"Too many concurrent jobs: this API key may have {api_key.max_concurrent_jobs} queued or "
+            "running jobs at once.",
+            code="concurrent_jobs_exceeded",
+            limit=api_key.max_concurrent_jobs,
+            remaining=0,
+            reset_s=1.0,
+        )
+    now = timezone.now()
+    used = api_key_tokens_used_today(api_key=api_key, now=now)
+    needed = prompt_tokens + max_tokens
+    if used + needed > api_key.tokens_per_day:
+        _, end = _day_bounds(now)
+        raise QuotaExceeded(
+            f"Daily token quota reached: {used} of {api_key.tokens_per_day} tokens used today and this "
+            f"job may need {needed}.",
+            code="tokens_per_day_exceeded",
+            limit=api_key.tokens_per_day,
+            remaining=api_key.tokens_per_day - used,
+            reset_s=(end - now).total_seconds(),
+        )
+
+
+def usage_rollup(*, day: dt.date) -> int:
+    """Recompute the UsageRecord rows of ``day`` (UTC) from the jobs created that day. Idempotent:
+    running it twice, or after more jobs finished, gives the same totals as running it once."""
+    start = dt.datetime.combine(day, dt.time.min, tzinfo=dt.UTC)
+    rows = (
+        Job.objects.filter(created_at__gte=start, created_at__lt=start + dt.timedelta(days=1), api_key__isnull=False)
+        .values("api_key", "owner")
+        .annotate(
+            n=Count("id"),
+            prompt=Sum("prompt_tokens", filter=~Q(status__in=ACTIVE_STATUSES)),
+            cached=Sum("cached_tokens", filter=~Q(status__in=ACTIVE_STATUSES)),
+            completion=Sum("completion_tokens", filter=~Q(status__in=ACTIVE_STATUSES)),
+        )
+    )
+    count = 0
+    for row in rows:
+        UsageRecord.objects.update_or_create(
+            api_key_id=row["api_key"],
+            day=day,
+            defaults={
+                "owner_id": row["owner"],
+                "requests": row["n"],
+                "prompt_tokens": row["prompt"] or 0,
+                "cached_tokens": row["cached"] or 0,
+                "completion_tokens": row["completion"] or 0,
+            },
+        )
+        count += 1
+    return count

@@ -1,0 +1,86 @@
+"""Prompt tokenization on the web side, without mlx.
+
+The web process tokenizes with the model's own tokenizer (transformers' fast tokenizer, no torch)
+so the context-length check happens before a job is dispatched, and the engine receives token ids.
+The tokenizer is loaded once per process and per model path.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+
+from api.errors import ServiceUnavailable
+
+logger = logging.getLogger(__name__)
+
+_load_lock = threading.Lock()
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    path: str
+    name: str
+    context_length: int
+
+
+class PromptTokenizer:
+    """Tokenizes plain prompts and chat messages for one model folder."""
+
+    def __init__(self, model_path: str) -> None:
+        from transformers import AutoTokenizer  # heavy import, only when first needed
+
+        self._tokenizer = AutoTokenizer.from_pretrained(model_path)
+        self.info = ModelInfo(path=model_path, name=Path(model_path).name, context_length=_context_length(model_path))
+
+    def encode_prompt(self, text: str) -> list[int]:
+        """Token ids of a plain prompt, with the tokenizer's special tokens (BOS) once."""
+        return list(self._tokenizer.encode(text))
+
+    def encode_messages(self, messages: list[dict[str, str]]) -> list[int]:
+        """Token ids of chat messages rendered with the model's chat template, ending with the
+        assistant generation prompt. The template emits BOS itself, so no special tokens are added
+        on top (that would double it)."""
+        rendered: Any = self._tokenizer.apply_chat_template(
+            messages, tokenize=True, add_generation_prompt=True, return_dict=False
+        )
+        if isinstance(rendered, dict) or hasattr(rendered, "input_ids"):
+            rendered = rendered["input_ids"]
+        return [int(token) for token in rendered]
+
+
+def _context_length(model_path: str) -> int:
+    config = json.loads((Path(model_path) / "config.json").read_text())
+    for key in ("max_position_embeddings", "max_sequence_length", "n_positions", "seq_length"):
+        value = config.get(key) or (config.get("text_config") or {}).get(key)
+        if isinstance(value, int) and value > 0:
+            return value
+    raise ValueError(f"{model_path}/config.json has no context length (max_position_embeddings)")
+
+
+@lru_cache(maxsize=4)
+def _load(model_path: str) -> PromptTokenizer:
+    return PromptTokenizer(model_path)
+
+
+def get_tokenizer(model_path: str | None = None) -> PromptTokenizer:
+    """The cached tokenizer of ``model_path`` (default settings.MODEL_PATH).
+
+    Raises ServiceUnavailable if the model folder cannot be read: that is an operator problem,
+    answered with a 503 rather than blamed on the request."""
+    path = model_path or settings.MODEL_PATH
+    # lru_cache is thread-safe for lookups but may build twice under a race; the lock avoids
+    # loading a large tokenizer twice when the first requests arrive together.
+    with _load_lock:
+        try:
+            return _load(path)
+        except (OSError, ValueError) as exc:
+            logger.error("Cannot load the tokenizer from %s: %s", path, exc)
+            raise ServiceUnavailable(f"The model at {path} is not available.") from exc

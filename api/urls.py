@@ -1,0 +1,22 @@
+from __future__ import annotations
+
+from django.urls import path
+from drf_spectacular.renderers import OpenApiJsonRenderer
+from drf_spectacular.views import SpectacularAPIView
+
+from api.views.jobs import JobCancelView, JobDetailView, JobListCreateView
+from api.views.service import HealthView, ModelListView, api_docs
+
+urlpatterns = [
+    path("jobs", JobListCreateView.as_view(), name="jobs"),
+    path("jobs/<uuid:job_id>", JobDetailView.as_view(), name="job-detail"),
+    path("jobs/<uuid:job_id>/cancel", JobCancelView.as_view(), name="job-cancel"),
+    path("models", ModelListView.as_view(), name="models"),
+    path("health", HealthView.as_view(), name="health"),
+    path(
+        "schema",
+        SpectacularAPIView.as_view(renderer_classes=[OpenApiJsonRenderer], authentication_classes=[]),
+        name="schema",
+    ),
+    path("docs", api_docs, name="docs"),
+]

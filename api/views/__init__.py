@@ -1,0 +1,1 @@
+"""HTTP views: parse input, call one service or selector, render."""

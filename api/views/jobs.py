@@ -1,0 +1,120 @@
+"""/api/v1/jobs: submit, list, inspect and cancel generation jobs."""
+
+from __future__ import annotations
+
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from rest_framework import status
+from rest_framework.pagination import PageNumberPagination
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from api.selectors.jobs import job_detail, job_get, job_list, job_queue_position
+from api.serializers import (
+    ErrorSerializer,
+    JobCreatedSerializer,
+    JobCreateSerializer,
+    JobListQuerySerializer,
+    JobSerializer,
+)
+from api.services.jobs import JobRequest, job_cancel, job_create
+
+ERRORS = {
+    400: OpenApiResponse(ErrorSerializer, description="Invalid request"),
+    401: OpenApiResponse(ErrorSerializer, description="Missing, invalid or revoked API key"),
+    404: OpenApiResponse(ErrorSerializer, description="No such job (or not yours)"),
+}
+
+
+class JobPagination(PageNumberPagination):
+    page_size_query_param = "page_size"
+    max_page_size = 100
+
+    def get_page_size(self, request: Request) -> int | None:
+        from django.conf import settings
+
+        self.page_size = settings.JOBS_PAGE_SIZE
+        return super().get_page_size(request)
+
+
+class JobListCreateView(APIView):
+    @extend_schema(
+        operation_id="jobs_create",
+        summary="Submit a generation job",
+        description=(
+            "Send exactly one of `prompt` (plain text) or `messages` (chat, rendered with the model's "
+            "chat template). Returns 202 with the job id and queue position. With an `Idempotency-Key` "
+            "header a retry of the same body returns the original job (200); the same key with a "
+            "different body is a 422."
+        ),
+        request=JobCreateSerializer,
+        parameters=[OpenApiParameter("Idempotency-Key", OpenApiTypes.STR, OpenApiParameter.HEADER)],
+        responses={
+            202: JobCreatedSerializer,
+            200: JobCreatedSerializer,
+            **ERRORS,
+            422: OpenApiResponse(ErrorSerializer, description="Idempotency-Key reused with a different body"),
+            429: OpenApiResponse(ErrorSerializer, description="A quota of the key is used up (see Retry-After)"),
+        },
+    )
+    def post(self, request: Request) -> Response:
+        serializer = JobCreateSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        job, created = job_create(
+            owner=request.user,
+            api_key=request.auth,
+            request=JobRequest.from_validated(serializer.validated_data),
+            idempotency_key=request.headers.get("Idempotency-Key"),
+        )
+        body = {
+            "id": job.id,
+            "object": "job",
+            "status": job.status,
+            "queue_position": job_queue_position(job=job),
+            "created_at": job.created_at,
+        }
+        return Response(
+            JobCreatedSerializer(body).data,
+            status=status.HTTP_202_ACCEPTED if created else status.HTTP_200_OK,
+            headers={"Location": f"/api/v1/jobs/{job.id}"},
+        )
+
+    @extend_schema(
+        operation_id="jobs_list",
+        summary="List your jobs, newest first",
+        parameters=[
+            JobListQuerySerializer,
+            OpenApiParameter("page", OpenApiTypes.INT, OpenApiParameter.QUERY),
+            OpenApiParameter("page_size", OpenApiTypes.INT, OpenApiParameter.QUERY),
+        ],
+        responses={200: JobSerializer(many=True), **ERRORS},
+    )
+    def get(self, request: Request) -> Response:
+        query = JobListQuerySerializer(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        jobs = job_list(owner=request.user, status=query.validated_data.get("status"))
+        paginator = JobPagination()
+        page = paginator.paginate_queryset(jobs, request, view=self) or []
+        return paginator.get_paginated_response(JobSerializer([job_detail(job=job) for job in page], many=True).data)
+
+
+class JobDetailView(APIView):
+    @extend_schema(operation_id="jobs_retrieve", summary="A job: status, text so far, usage, timings",
+                   responses={200: JobSerializer, **ERRORS})
+    def get(self, request: Request, job_id: str) -> Response:
+        job = job_get(job_id=job_id, owner=request.user)
+        return Response(JobSerializer(job_detail(job=job)).data)
+
+
+class JobCancelView(APIView):
+    @extend_schema(
+        operation_id="jobs_cancel",
+        summary="Cancel a job",
+        description="A queued job is cancelled at once; a running one stops within about a second.",
+        request=None,
+        responses={200: JobSerializer, **ERRORS, 409: OpenApiResponse(ErrorSerializer, description="Already finished")},
+    )
+    def post(self, request: Request, job_id: str) -> Response:
+        job = job_cancel(job_id=job_id, owner=request.user)
+        return Response(JobSerializer(job_detail(job=job)).data)

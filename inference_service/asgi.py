@@ -1,0 +1,28 @@
+"""ASGI entry point: HTTP goes to Django, WebSockets to the Channels consumers in api.routing."""
+
+from __future__ import annotations
+
+import os
+
+from django.core.asgi import get_asgi_application
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "inference_service.settings")
+
+# Django must be set up before anything imports models (the consumers do).
+django_http = get_asgi_application()
+
+from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
+from django.conf import settings  # noqa: E402
+from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
+
+from api.routing import websocket_urlpatterns  # noqa: E402
+
+http_app = ASGIStaticFilesHandler(django_http) if settings.SERVE_STATIC else django_http
+
+# No AuthMiddlewareStack: WebSocket clients authenticate with API keys inside the consumers.
+application = ProtocolTypeRouter(
+    {
+        "http": http_app,
+        "websocket": URLRouter(websocket_urlpatterns),
+    }
+)

@@ -1,0 +1,19 @@
+"""The Celery app: Redis broker, the ``engine`` queue for jobs, beat for reconciliation."""
+
+from __future__ import annotations
+
+import os
+
+from celery import Celery
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "inference_service.settings")
+
+app = Celery("inference_service")
+app.config_from_object("django.conf:settings", namespace="CELERY")
+app.conf.task_routes = {"api.tasks.run_job": {"queue": "engine"}}
+app.conf.beat_schedule = {
+    # Re-dispatches queued jobs nobody holds and running jobs whose lease expired.
+    "reconcile-jobs": {"task": "api.tasks.reconcile_jobs", "schedule": 10.0},
+    "expire-jobs": {"task": "api.tasks.expire_jobs", "schedule": 60.0},
+}
+app.autodiscover_tasks()

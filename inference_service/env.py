@@ -1,0 +1,71 @@
+"""Typed readers for settings from the environment.
+
+Each helper returns the default when the variable is unset or empty and raises
+``ImproperlyConfigured`` (naming the variable) when it is set to something unusable, so a typo in a
+deployment fails at start-up instead of running with a silently wrong value.
+"""
+
+from __future__ import annotations
+
+import os
+
+from django.core.exceptions import ImproperlyConfigured
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+def _raw(name: str) -> str | None:
+    value = os.environ.get(name)
+    if value is None or value.strip() == "":
+        return None
+    return value.strip()
+
+
+def env_str(name: str, default: str) -> str:
+    value = _raw(name)
+    return default if value is None else value
+
+
+def env_bool(name: str, default: bool) -> bool:
+    value = _raw(name)
+    if value is None:
+        return default
+    if value.lower() in _TRUE:
+        return True
+    if value.lower() in _FALSE:
+        return False
+    raise ImproperlyConfigured(f"{name}={value!r} is not a boolean (use one of {sorted(_TRUE | _FALSE)})")
+
+
+def env_int(name: str, default: int, *, minimum: int | None = None) -> int:
+    value = _raw(name)
+    if value is None:
+        return default
+    try:
+        number = int(value)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name}={value!r} is not an integer") from None
+    if minimum is not None and number < minimum:
+        raise ImproperlyConfigured(f"{name}={number} must be >= {minimum}")
+    return number
+
+
+def env_float(name: str, default: float, *, minimum: float | None = None) -> float:
+    value = _raw(name)
+    if value is None:
+        return default
+    try:
+        number = float(value)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name}={value!r} is not a number") from None
+    if minimum is not None and number < minimum:
+        raise ImproperlyConfigured(f"{name}={number} must be >= {minimum}")
+    return number
+
+
+def env_list(name: str, default: list[str]) -> list[str]:
+    value = _raw(name)
+    if value is None:
+        return list(default)
+    return [item.strip() for item in value.split(",") if item.strip()]

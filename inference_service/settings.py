@@ -1,0 +1,154 @@
+"""Django settings, read from the environment through :mod:`inference_service.env`.
+
+Embedded defaults (no variables set): SQLite under ``var/``, Redis on localhost DB 0, the locally
+built model under ``var/models/tiny``. ``DATABASE_URL``/``REDIS_URL``/``MODEL_PATH`` switch to real
+deployments.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import dj_database_url
+
+from inference_service.env import env_bool, env_float, env_int, env_list, env_str
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR_DIR = BASE_DIR / "var"
+
+DEBUG = env_bool("DEBUG", False)
+# The embedded default is for a developer machine; production sets SECRET_KEY.
+SECRET_KEY = env_str("SECRET_KEY", "insecure-dev-key-set-SECRET_KEY-in-production")
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"])
+CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "drf_spectacular",
+    "channels",
+    "api",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "inference_service.urls"
+WSGI_APPLICATION = None
+ASGI_APPLICATION = "inference_service.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+DATABASES = {
+    "default": dj_database_url.parse(
+        env_str("DATABASE_URL", f"sqlite:///{VAR_DIR / 'db.sqlite3'}"),
+        # Persistent connections and ASGI threads do not mix well; 0 closes per request.
+        conn_max_age=env_int("DB_CONN_MAX_AGE", 0, minimum=0),
+    )
+}
+# Lets concurrent test runs against one server use separate test databases.
+if env_str("TEST_DATABASE_NAME", ""):
+    DATABASES["default"]["TEST"] = {"NAME": env_str("TEST_DATABASE_NAME", "")}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+REDIS_URL = env_str("REDIS_URL", "redis://127.0.0.1:6379/0")
+
+CHANNEL_LAYERS = {
+    "default": {
+        "BACKEND": "channels_redis.core.RedisChannelLayer",
+        "CONFIG": {"hosts": [REDIS_URL]},
+    }
+}
+
+CELERY_BROKER_URL = REDIS_URL
+CELERY_RESULT_BACKEND = None
+CELERY_TASK_IGNORE_RESULT = True
+# A job message is acknowledged after the task ran, so a worker killed mid-job leaves it in the
+# broker; the DB row + reconciler still make the final call on whether it runs again.
+CELERY_TASK_ACKS_LATE = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = VAR_DIR / "static"
+# daphne has no static file handling; asgi.py serves them when this is on (embedded default).
+SERVE_STATIC = env_bool("SERVE_STATIC", True)
+
+LOGIN_URL = "/admin/login/"
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": ["api.authentication.ApiKeyAuthentication"],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "EXCEPTION_HANDLER": "api.errors.exception_handler",
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "UNAUTHENTICATED_USER": None,
+}
+
+SPECTACULAR_SETTINGS = {
+    "TITLE": "MLX inference service",
+    "DESCRIPTION": "Text-generation jobs over REST and WebSocket, authenticated with API keys.",
+    "VERSION": "1.0.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "COMPONENT_SPLIT_REQUEST": True,
+}
+
+# The model the web side tokenizes for (the engine worker loads the same folder).
+MODEL_PATH = env_str("MODEL_PATH", str(VAR_DIR / "models" / "tiny"))
+
+# Request limits. MAX_TOKENS_CAP bounds every job; a key's max_tokens_per_job may lower it.
+MAX_TOKENS_CAP = env_int("MAX_TOKENS_CAP", 4096, minimum=1)
+DEFAULT_MAX_TOKENS = env_int("DEFAULT_MAX_TOKENS", 256, minimum=1)
+MAX_PROMPT_CHARS = env_int("MAX_PROMPT_CHARS", 200_000, minimum=1)
+JOBS_PAGE_SIZE = env_int("JOBS_PAGE_SIZE", 20, minimum=1)
+
+# Quotas given to new API keys (each key can be edited in the admin).
+DEFAULT_KEY_REQUESTS_PER_MINUTE = env_int("DEFAULT_KEY_REQUESTS_PER_MINUTE", 600, minimum=0)
+DEFAULT_KEY_TOKENS_PER_DAY = env_int("DEFAULT_KEY_TOKENS_PER_DAY", 10_000_000, minimum=0)
+DEFAULT_KEY_MAX_CONCURRENT_JOBS = env_int("DEFAULT_KEY_MAX_CONCURRENT_JOBS", 64, minimum=0)
+DEFAULT_KEY_MAX_TOKENS_PER_JOB = env_int("DEFAULT_KEY_MAX_TOKENS_PER_JOB", MAX_TOKENS_CAP, minimum=1)
+
+# Jobs queued longer than this are expired by the expiry task; running jobs' worker leases last
+# this long without a heartbeat before the reconciler re-dispatches them.
+JOB_QUEUE_TIMEOUT_S = env_int("JOB_QUEUE_TIMEOUT_S", 3600, minimum=1)
+JOB_LEASE_S = env_float("JOB_LEASE_S", 30.0, minimum=1.0)
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
+}

@@ -1,0 +1,17 @@
+from __future__ import annotations
+
+from django.contrib import admin
+from django.urls import include, path
+
+from api.views.dashboard import engine_dashboard, engine_dashboard_data
+
+urlpatterns = [
+    # Before admin.site.urls, whose catch-all would otherwise answer these paths.
+    path("admin/engine/", admin.site.admin_view(engine_dashboard), name="engine-dashboard"),
+    path("admin/engine/data.json", admin.site.admin_view(engine_dashboard_data), name="engine-dashboard-data"),
+    path("admin/", admin.site.urls),
+    path("api/v1/", include("api.urls")),
+]
+
+handler404 = "api.errors.json_not_found"
+handler500 = "api.errors.json_server_error"

@@ -1,0 +1,68 @@
+"""Fixtures for the web side: API clients authenticated with real keys, a clean Redis DB, and
+the Celery dispatch replaced by a recorder (unit tests never talk to a broker)."""
+
+from __future__ import annotations
+
+from unittest import mock
+
+import pytest
+from django.conf import settings
+from rest_framework.test import APIClient
+
+from api.redis_client import get_redis
+from tests.api.factories import make_api_key, make_user
+
+
+@pytest.fixture(autouse=True)
+def _model_path(settings, tiny_model_path):
+    settings.MODEL_PATH = str(tiny_model_path)
+
+
+@pytest.fixture
+def redis_client():
+    """The real Redis, flushed before and after the test. Refuses DB 0 (a developer's data)."""
+    if settings.REDIS_URL.rstrip("/").endswith("/0") or settings.REDIS_URL.count("/") < 3:
+        pytest.fail(f"REDIS_URL={settings.REDIS_URL} looks like a real database; run tests via `make test`")
+    client = get_redis()
+    client.flushdb()
+    yield client
+    client.flushdb()
+
+
+@pytest.fixture
+def dispatched():
+    """Records job ids handed to ``api.tasks.run_job.delay`` (the task module may not exist yet)."""
+    calls: list[str] = []
+    fake_task = mock.Mock()
+    fake_task.delay.side_effect = calls.append
+    fake_module = mock.Mock(run_job=fake_task)
+    with mock.patch.dict("sys.modules", {"api.tasks": fake_module}):
+        yield calls
+
+
+@pytest.fixture
+def user(db):
+    return make_user()
+
+
+@pytest.fixture
+def key_and_secret(user):
+    return make_api_key(owner=user)
+
+
+@pytest.fixture
+def api_key(key_and_secret):
+    return key_and_secret[0]
+
+
+@pytest.fixture
+def api_client(key_and_secret, redis_client, dispatched) -> APIClient:
+    """An API client sending the user's key as a Bearer token."""
+    api = APIClient()
+    api.credentials(HTTP_AUTHORIZATION=f"Bearer {key_and_secret[1]}")
+    return api
+
+
+@pytest.fixture
+def anon_client() -> APIClient:
+    return APIClient()

@@ -1,0 +1,45 @@
+"""Model factories: plain functions with sensible defaults, overridable by keyword."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+from django.contrib.auth import get_user_model
+
+from api.models import ApiKey, Job, JobStatus
+from api.services.api_keys import api_key_create
+
+_counter = itertools.count(1)
+
+
+def make_user(**overrides: Any):
+    n = next(_counter)
+    fields = {"username": f"user{n}", "email": f"user{n}@example.com", **overrides}
+    password = fields.pop("password", None)
+    user = get_user_model().objects.create(**fields)
+    if password:
+        user.set_password(password)
+        user.save()
+    return user
+
+
+def make_api_key(*, owner=None, **quotas: Any) -> tuple[ApiKey, str]:
+    """A key and its secret (the secret is only available at creation)."""
+    return api_key_create(owner=owner or make_user(), name=quotas.pop("name", "test"), **quotas)
+
+
+def make_job(*, owner=None, api_key: ApiKey | None = None, **overrides: Any) -> Job:
+    if owner is None:
+        owner = api_key.owner if api_key is not None else make_user()
+    fields: dict[str, Any] = {
+        "owner": owner,
+        "api_key": api_key,
+        "status": JobStatus.QUEUED,
+        "prompt": "Once upon a time",
+        "prompt_token_ids": [1, 2, 3],
+        "params": {"max_tokens": 16, "temperature": 0.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0,
+                   "repetition_penalty": 1.0, "seed": None, "stop": []},
+        **overrides,
+    }
+    return Job.objects.create(**fields)

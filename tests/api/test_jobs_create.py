@@ -1,0 +1,138 @@
+from __future__ import annotations
+
+from unittest import mock
+
+import pytest
+
+from api.models import Job, JobStatus
+from api.tokenization import get_tokenizer
+from tests.api.factories import make_api_key, make_job
+
+pytestmark = pytest.mark.django_db
+
+
+def test_post_prompt_returns_202_with_id_status_and_queue_position(api_client):
+    response = api_client.post("/api/v1/jobs", {"prompt": "Hello there", "max_tokens": 8}, format="json")
+
+    assert response.status_code == 202
+    body = response.json()
+    job = Job.objects.get(id=body["id"])
+    assert body["status"] == "queued" == job.status
+    assert body["queue_position"] == 0
+    assert job.prompt_token_ids == get_tokenizer().encode_prompt("Hello there")
+    assert job.params["max_tokens"] == 8
+
+
+def test_queue_position_counts_queued_jobs_ahead_in_priority_then_arrival_order(api_client, api_key):
+    make_job(api_key=api_key, priority=api_key.priority)
+    make_job(api_key=api_key, priority=api_key.priority, status=JobStatus.IN_PROGRESS)
+
+    response = api_client.post("/api/v1/jobs", {"prompt": "x", "max_tokens": 4}, format="json")
+
+    assert response.json()["queue_position"] == 1
+
+
+def test_messages_are_rendered_with_the_chat_template_with_a_single_bos(api_client):
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+
+    response = api_client.post("/api/v1/jobs", {"messages": messages, "max_tokens": 4}, format="json")
+
+    job = Job.objects.get(id=response.json()["id"])
+    tokenizer = get_tokenizer()
+    assert job.prompt_token_ids == tokenizer.encode_messages(messages)
+    bos = tokenizer._tokenizer.bos_token_id
+    assert job.prompt_token_ids[0] == bos and job.prompt_token_ids.count(bos) == 1
+    assert job.messages == messages and job.prompt == ""
+
+
+def test_job_is_dispatched_to_celery_with_its_id_only_after_commit(
+    api_client, dispatched, django_capture_on_commit_callbacks
+):
+    with django_capture_on_commit_callbacks(execute=False) as callbacks:
+        response = api_client.post("/api/v1/jobs", {"prompt": "Hi", "max_tokens": 4}, format="json")
+        assert dispatched == []  # nothing sent while the transaction is open
+
+    for callback in callbacks:
+        callback()
+    job_id = response.json()["id"]
+    assert dispatched == [job_id]
+    assert Job.objects.get(id=job_id).dispatch_count == 1
+
+
+def test_broker_outage_at_dispatch_keeps_the_job_queued(api_client, dispatched, django_capture_on_commit_callbacks):
+    broken = mock.Mock()
+    broken.delay.side_effect = ConnectionError("broker down")
+    with mock.patch.dict("sys.modules", {"api.tasks": mock.Mock(run_job=broken)}):
+        with django_capture_on_commit_callbacks(execute=True):
+            response = api_client.post("/api/v1/jobs", {"prompt": "Hi", "max_tokens": 4}, format="json")
+
+    assert response.status_code == 202
+    job = Job.objects.get(id=response.json()["id"])
+    assert job.status == JobStatus.QUEUED and job.dispatch_count == 0
+
+
+def test_same_idempotency_key_and_body_returns_the_same_job(api_client, dispatched, django_capture_on_commit_callbacks):
+    body = {"prompt": "Hi", "max_tokens": 4, "stop": "\n"}
+    with django_capture_on_commit_callbacks(execute=True):
+        first = api_client.post("/api/v1/jobs", body, format="json", HTTP_IDEMPOTENCY_KEY="abc-1")
+        second = api_client.post("/api/v1/jobs", body, format="json", HTTP_IDEMPOTENCY_KEY="abc-1")
+
+    assert first.status_code == 202 and second.status_code == 200
+    assert first.json()["id"] == second.json()["id"]
+    assert Job.objects.count() == 1
+    assert dispatched == [first.json()["id"]]
+
+
+def test_same_idempotency_key_with_another_body_is_422(api_client):
+    api_client.post("/api/v1/jobs", {"prompt": "Hi", "max_tokens": 4}, format="json", HTTP_IDEMPOTENCY_KEY="k")
+
+    response = api_client.post("/api/v1/jobs", {"prompt": "Bye", "max_tokens": 4}, format="json",
+                               HTTP_IDEMPOTENCY_KEY="k")
+
+    assert response.status_code == 422
+    assert response.json()["error"]["code"] == "idempotency_key_reused"
+    assert Job.objects.count() == 1
+
+
+def test_idempotency_keys_are_scoped_per_user(api_client):
+    api_client.post("/api/v1/jobs", {"prompt": "Hi", "max_tokens": 4}, format="json", HTTP_IDEMPOTENCY_KEY="k")
+    _, other_secret = make_api_key()
+    api_client.credentials(HTTP_AUTHORIZATION=f"Bearer {other_secret}")
+
+    response = api_client.post("/api/v1/jobs", {"prompt": "Other", "max_tokens": 4}, format="json",
+                               HTTP_IDEMPOTENCY_KEY="k")
+
+    assert response.status_code == 202
+    assert Job.objects.count() == 2
+
+
+def test_request_priority_cannot_be_more_urgent_than_the_keys_class(api_client, api_key):
+    api_key.priority = 5
+    api_key.save()
+
+    urgent = api_client.post("/api/v1/jobs", {"prompt": "a", "max_tokens": 2, "priority": 0}, format="json")
+    relaxed = api_client.post("/api/v1/jobs", {"prompt": "a", "max_tokens": 2, "priority": 9}, format="json")
+
+    assert Job.objects.get(id=urgent.json()["id"]).priority == 5
+    assert Job.objects.get(id=relaxed.json()["id"]).priority == 9
+
+
+def test_sampling_parameters_are_stored_and_stop_string_becomes_a_list(api_client):
+    body = {"prompt": "a", "max_tokens": 3, "temperature": 0.7, "top_p": 0.9, "top_k": 40, "min_p": 0.05,
+            "repetition_penalty": 1.1, "seed": 42, "stop": "END"}
+
+    response = api_client.post("/api/v1/jobs", body, format="json")
+
+    params = Job.objects.get(id=response.json()["id"]).params
+    assert params == {"max_tokens": 3, "temperature": 0.7, "top_p": 0.9, "top_k": 40, "min_p": 0.05,
+                      "repetition_penalty": 1.1, "seed": 42, "stop": ["END"]}
+
+
+def test_max_tokens_defaults_within_the_context_left_by_the_prompt(api_client, settings):
+    settings.DEFAULT_MAX_TOKENS = 100_000
+    settings.MAX_TOKENS_CAP = 100_000
+
+    response = api_client.post("/api/v1/jobs", {"prompt": "word " * 50}, format="json")
+
+    job = Job.objects.get(id=response.json()["id"])
+    assert len(job.prompt_token_ids) + job.params["max_tokens"] == get_tokenizer().info.context_length
