@@ -1,0 +1,82 @@
+"""Sampling settings are per request: they never leak, greedy stays greedy, seeds reproduce."""
+
+from __future__ import annotations
+
+from engine_worker.request import Request, SamplingParams
+from engine_worker.sampling import SamplingFactory
+from engine_worker.scheduler import Scheduler
+from tests.engine_worker.engine_helpers import final, greedy, prompt_ids, run_scheduler, solo_tokens
+
+N = 24
+
+
+def _run(model, tokenizer, requests):
+    scheduler = Scheduler(model, tokenizer)
+    outputs = run_scheduler(scheduler, {0: requests})
+    return {rid: final(outs).output_token_ids for rid, outs in outputs.items()}
+
+
+def test_greedy_request_is_identical_to_its_solo_run_beside_sampled_ones(tiny_model):
+    model, tokenizer = tiny_model
+    p = prompt_ids(tokenizer, 20)
+    hot = dict(max_tokens=N, temperature=1.5, ignore_eos=True)
+    got = _run(model, tokenizer, [
+        Request("hot1", prompt_ids(tokenizer, 9), SamplingParams(top_p=0.95, **hot)),
+        Request("greedy", p, greedy(N)),
+        Request("hot2", prompt_ids(tokenizer, 14), SamplingParams(top_k=50, min_p=0.01, repetition_penalty=1.3, **hot)),
+    ])
+    assert got["greedy"] == solo_tokens(model, tokenizer, p, N)
+
+
+def test_seeded_request_is_reproducible_whatever_runs_beside_it(tiny_model):
+    model, tokenizer = tiny_model
+    p = prompt_ids(tokenizer, 15)
+    seeded = dict(max_tokens=N, temperature=1.0, top_p=1.0, seed=1234, ignore_eos=True)
+    alone = _run(model, tokenizer, [Request("s", p, SamplingParams(**seeded))])["s"]
+    crowded = _run(model, tokenizer, [
+        Request("noise1", prompt_ids(tokenizer, 8), SamplingParams(max_tokens=N, temperature=1.0, ignore_eos=True)),
+        Request("s", p, SamplingParams(**seeded)),
+        Request("noise2", prompt_ids(tokenizer, 30), greedy(N)),
+    ])["s"]
+    other_seed = _run(model, tokenizer, [Request("s", p, SamplingParams(**{**seeded, "seed": 99}))])["s"]
+    assert alone == crowded
+    assert alone != other_seed  # the seed is really what decides the draws
+    assert alone != solo_tokens(model, tokenizer, p, N)  # and it really sampled
+
+
+def test_top_k_of_one_samples_the_argmax_so_per_request_top_k_reaches_the_sampler(tiny_model):
+    model, tokenizer = tiny_model
+    p = prompt_ids(tokenizer, 12)
+    got = _run(model, tokenizer, [
+        Request("k1", p, SamplingParams(max_tokens=N, temperature=2.0, top_k=1, ignore_eos=True)),
+        Request("free", p, SamplingParams(max_tokens=N, temperature=2.0, ignore_eos=True)),
+    ])
+    assert got["k1"] == solo_tokens(model, tokenizer, p, N)
+    assert got["free"] != got["k1"]
+
+
+def test_repetition_penalty_applies_only_to_its_own_request(tiny_model):
+    model, tokenizer = tiny_model
+    p = prompt_ids(tokenizer, 10)
+    got = _run(model, tokenizer, [
+        Request("plain", p, greedy(N, ignore_eos=True)),
+        Request("penalized", list(p), greedy(N, ignore_eos=True, repetition_penalty=5.0)),
+    ])
+    plain = solo_tokens(model, tokenizer, p, N)
+    assert got["plain"] == plain
+    assert got["penalized"] != plain
+    # A strong penalty stops the random model's habit of repeating one token back to back.
+    repeats = sum(a == b for a, b in zip(got["penalized"], got["penalized"][1:]))
+    assert repeats < sum(a == b for a, b in zip(plain, plain[1:]))
+
+
+def test_identical_settings_share_one_sampler_object_so_batches_sample_in_one_call():
+    factory = SamplingFactory([2])
+    a = factory.sampler(SamplingParams(temperature=0.8, top_p=0.9))
+    b = factory.sampler(SamplingParams(temperature=0.8, top_p=0.9))
+    c = factory.sampler(SamplingParams(temperature=0.8, top_p=0.5))
+    assert a is b and a is not c
+    assert factory.sampler(SamplingParams(temperature=0.0)) is None  # the generator's greedy default
+    s1 = factory.sampler(SamplingParams(temperature=0.8, seed=1))
+    s2 = factory.sampler(SamplingParams(temperature=0.8, seed=1))
+    assert s1 is not s2  # each seeded request owns its key chain
