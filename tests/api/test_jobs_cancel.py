@@ -1,0 +1,72 @@
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from api import keys
+from api.models import Job, JobStatus
+from api.services.jobs import job_cancel
+from tests.api.factories import make_api_key, make_job
+
+pytestmark = pytest.mark.django_db
+
+
+def test_cancel_of_queued_job_cancels_it_at_once_and_it_can_no_longer_be_claimed(api_client, api_key):
+    job = make_job(api_key=api_key)
+
+    response = api_client.post(f"/api/v1/jobs/{job.id}/cancel")
+
+    assert response.status_code == 200 and response.json()["status"] == "cancelled"
+    # The worker claims with a conditional UPDATE on status=queued: it now matches nothing.
+    assert Job.objects.filter(id=job.id, status=JobStatus.QUEUED).update(status=JobStatus.IN_PROGRESS) == 0
+    assert Job.objects.get(id=job.id).finished_at is not None
+
+
+def test_cancel_of_running_job_flags_it_and_tells_the_workers_on_the_cancel_channel(
+    api_client, api_key, redis_client, django_capture_on_commit_callbacks
+):
+    job = make_job(api_key=api_key, status=JobStatus.IN_PROGRESS, worker_id="w-1")
+    pubsub = redis_client.pubsub(ignore_subscribe_messages=True)
+    pubsub.subscribe(keys.CANCEL_CHANNEL)
+    pubsub.get_message(timeout=1)
+
+    with django_capture_on_commit_callbacks(execute=True):
+        response = api_client.post(f"/api/v1/jobs/{job.id}/cancel")
+
+    assert response.status_code == 200
+    body = response.json()
+    assert body["status"] == "in_progress" and body["cancel_requested"] is True
+    message = None
+    deadline = time.monotonic() + 2
+    while message is None and time.monotonic() < deadline:
+        message = pubsub.get_message(timeout=0.2)
+    pubsub.close()
+    assert message is not None and json.loads(message["data"]) == {"job_id": str(job.id)}
+
+
+def test_cancel_of_a_completed_job_is_409(api_client, api_key):
+    job = make_job(api_key=api_key, status=JobStatus.COMPLETED)
+
+    response = api_client.post(f"/api/v1/jobs/{job.id}/cancel")
+
+    assert response.status_code == 409 and response.json()["error"]["code"] == "job_not_cancellable"
+
+
+def test_cancelling_a_cancelled_job_again_is_a_no_op(api_client, api_key):
+    job = make_job(api_key=api_key, status=JobStatus.CANCELLED)
+
+    assert api_client.post(f"/api/v1/jobs/{job.id}/cancel").status_code == 200
+
+
+def test_cancel_of_another_users_job_is_404_and_leaves_it_alone(api_client):
+    job = make_job(api_key=make_api_key()[0])
+
+    assert api_client.post(f"/api/v1/jobs/{job.id}/cancel").status_code == 404
+    assert Job.objects.get(id=job.id).status == JobStatus.QUEUED
+
+
+def test_operator_cancel_without_owner_works_on_any_job():
+    job = make_job()
+    assert job_cancel(job_id=job.id).status == JobStatus.CANCELLED
