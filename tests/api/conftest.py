@@ -3,6 +3,9 @@ the Celery dispatch replaced by a recorder (unit tests never talk to a broker)."
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from unittest import mock
 
 import pytest
@@ -29,14 +32,29 @@ def redis_client():
     client.flushdb()
 
 
+@contextmanager
+def fake_tasks_module(run_job) -> Iterator[None]:
+    """Serve ``api.tasks`` from a stand-in. Only that one sys.modules entry is swapped and
+    restored (patch.dict on sys.modules would also drop every module imported meanwhile, leaving
+    the URLconf pointing at module objects that later patches no longer reach)."""
+    saved = sys.modules.get("api.tasks")
+    sys.modules["api.tasks"] = mock.Mock(run_job=run_job)
+    try:
+        yield
+    finally:
+        if saved is None:
+            sys.modules.pop("api.tasks", None)
+        else:
+            sys.modules["api.tasks"] = saved
+
+
 @pytest.fixture
 def dispatched():
-    """Records job ids handed to ``api.tasks.run_job.delay`` (the task module may not exist yet)."""
+    """Records job ids handed to ``api.tasks.run_job.delay`` (unit tests never reach a broker)."""
     calls: list[str] = []
     fake_task = mock.Mock()
     fake_task.delay.side_effect = calls.append
-    fake_module = mock.Mock(run_job=fake_task)
-    with mock.patch.dict("sys.modules", {"api.tasks": fake_module}):
+    with fake_tasks_module(fake_task):
         yield calls
 
 

@@ -43,3 +43,29 @@ def make_job(*, owner=None, api_key: ApiKey | None = None, **overrides: Any) -> 
         **overrides,
     }
     return Job.objects.create(**fields)
+
+
+def heartbeat(*, worker_id: str = "w-1", model: str = "tiny", requests: tuple = (), cache: dict | None = None,
+              **overrides: Any):
+    """A WorkerHeartbeat as an engine worker would publish it."""
+    import time
+
+    from engine_worker.protocol import MemoryStats, WorkerHeartbeat
+
+    fields: dict[str, Any] = {
+        "worker_id": worker_id, "model": model, "device": "cpu",
+        "memory": MemoryStats(device="cpu", active_bytes=10 << 20, peak_bytes=20 << 20, cache_bytes=5 << 20),
+        "num_running": len(requests), "num_waiting": 0, "sent_at": time.time(), "requests": tuple(requests),
+        "cache": cache, "context_length": 4096, **overrides,
+    }
+    return WorkerHeartbeat(**fields)
+
+
+def publish_heartbeat(redis_client, hb, *, ttl: int | None = None) -> None:
+    import json
+
+    from api import keys
+    from engine_worker.protocol import to_dict
+
+    redis_client.set(keys.worker_heartbeat_key(hb.worker_id), json.dumps(to_dict(hb)),
+                     ex=ttl or keys.WORKER_HEARTBEAT_TTL_S)

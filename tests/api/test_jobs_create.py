@@ -6,6 +6,7 @@ import pytest
 
 from api.models import Job, JobStatus
 from api.tokenization import get_tokenizer
+from tests.api.conftest import fake_tasks_module
 from tests.api.factories import make_api_key, make_job
 
 pytestmark = pytest.mark.django_db
@@ -62,7 +63,7 @@ def test_job_is_dispatched_to_celery_with_its_id_only_after_commit(
 def test_broker_outage_at_dispatch_keeps_the_job_queued(api_client, dispatched, django_capture_on_commit_callbacks):
     broken = mock.Mock()
     broken.delay.side_effect = ConnectionError("broker down")
-    with mock.patch.dict("sys.modules", {"api.tasks": mock.Mock(run_job=broken)}):
+    with fake_tasks_module(broken):
         with django_capture_on_commit_callbacks(execute=True):
             response = api_client.post("/api/v1/jobs", {"prompt": "Hi", "max_tokens": 4}, format="json")
 

@@ -1,0 +1,105 @@
+from __future__ import annotations
+
+import datetime as dt
+from unittest import mock
+
+import pytest
+import redis
+from django.utils import timezone
+
+from api.models import JobStatus, UsageRecord
+from api.services.quotas import api_key_tokens_used_today, usage_rollup
+from tests.api.factories import make_api_key, make_job
+
+pytestmark = pytest.mark.django_db
+
+BODY = {"prompt": "hello", "max_tokens": 4}
+
+
+def assert_429(response, code: str) -> None:
+    assert response.status_code == 429, response.content
+    error = response.json()["error"]
+    assert error["type"] == "rate_limit_error" and error["code"] == code
+    assert int(response["Retry-After"]) >= 1
+    for header in ("x-ratelimit-limit", "x-ratelimit-remaining", "x-ratelimit-reset"):
+        assert header in response
+
+
+def test_requests_per_minute_over_the_limit_is_429_with_retry_after(api_client, api_key):
+    api_key.requests_per_minute = 2
+    api_key.save()
+
+    statuses = [api_client.post("/api/v1/jobs", BODY, format="json").status_code for _ in range(2)]
+    third = api_client.post("/api/v1/jobs", BODY, format="json")
+
+    assert statuses == [202, 202]
+    assert_429(third, "requests_per_minute_exceeded")
+    assert third["x-ratelimit-limit"] == "2" and third["x-ratelimit-remaining"] == "0"
+    assert int(third["Retry-After"]) <= 60
+
+
+def test_request_rate_is_counted_per_key(api_client, api_key):
+    api_key.requests_per_minute = 1
+    api_key.save()
+    api_client.post("/api/v1/jobs", BODY, format="json")
+    _, other_secret = make_api_key(owner=api_key.owner, requests_per_minute=1)
+    api_client.credentials(HTTP_AUTHORIZATION=f"Bearer {other_secret}")
+
+    assert api_client.post("/api/v1/jobs", BODY, format="json").status_code == 202
+
+
+def test_rate_limit_lets_requests_through_when_redis_is_down(api_client, api_key):
+    api_key.requests_per_minute = 0
+    api_key.save()
+
+    with mock.patch("api.services.quotas.get_redis", side_effect=redis.ConnectionError("down")):
+        response = api_client.post("/api/v1/jobs", BODY, format="json")
+
+    assert response.status_code == 202
+
+
+def test_concurrent_jobs_over_the_limit_is_429(api_client, api_key):
+    api_key.max_concurrent_jobs = 2
+    api_key.save()
+    make_job(api_key=api_key)
+    make_job(api_key=api_key, status=JobStatus.IN_PROGRESS)
+    make_job(api_key=api_key, status=JobStatus.COMPLETED)
+
+    assert_429(api_client.post("/api/v1/jobs", BODY, format="json"), "concurrent_jobs_exceeded")
+
+
+def test_tokens_per_day_counts_engine_usage_of_finished_jobs_and_reserves_for_active_ones(api_key):
+    make_job(api_key=api_key, status=JobStatus.COMPLETED, prompt_tokens=10, completion_tokens=20)
+    make_job(api_key=api_key, prompt_token_ids=[1, 2, 3], params={"max_tokens": 7})
+    make_job(api_key=api_key, status=JobStatus.COMPLETED, prompt_tokens=100, completion_tokens=100,
+             created_at=timezone.now() - dt.timedelta(days=2))
+
+    assert api_key_tokens_used_today(api_key=api_key) == 30 + 10
+
+
+def test_tokens_per_day_over_the_quota_is_429_until_midnight(api_client, api_key):
+    api_key.tokens_per_day = 50
+    api_key.save()
+    make_job(api_key=api_key, status=JobStatus.COMPLETED, prompt_tokens=20, completion_tokens=25)
+
+    response = api_client.post("/api/v1/jobs", BODY, format="json")
+
+    assert_429(response, "tokens_per_day_exceeded")
+    assert int(response["Retry-After"]) <= 86400
+    assert response["x-ratelimit-remaining"] == "5"
+
+
+def test_usage_rollup_sums_engine_counts_per_key_and_day_idempotently(api_key):
+    other_key, _ = make_api_key(owner=api_key.owner)
+    make_job(api_key=api_key, status=JobStatus.COMPLETED, prompt_tokens=10, cached_tokens=4, completion_tokens=20)
+    make_job(api_key=api_key, status=JobStatus.FAILED, prompt_tokens=5, completion_tokens=1)
+    make_job(api_key=api_key)  # still queued: counted as a request, no tokens yet
+    make_job(api_key=other_key, status=JobStatus.COMPLETED, prompt_tokens=1, completion_tokens=2)
+    today = timezone.now().date()
+
+    assert usage_rollup(day=today) == 2
+    assert usage_rollup(day=today) == 2
+
+    record = UsageRecord.objects.get(api_key=api_key, day=today)
+    assert (record.requests, record.prompt_tokens, record.cached_tokens, record.completion_tokens) == (3, 15, 4, 21)
+    assert UsageRecord.objects.count() == 2

@@ -1,0 +1,85 @@
+from __future__ import annotations
+
+import re
+from unittest import mock
+
+import pytest
+import redis
+from rest_framework.test import APIClient
+
+from api import keys
+from tests.api.factories import heartbeat, publish_heartbeat
+
+pytestmark = pytest.mark.django_db
+
+
+def test_models_lists_each_model_with_the_live_workers_serving_it(api_client, redis_client):
+    publish_heartbeat(redis_client, heartbeat(worker_id="w-2", model="tiny"))
+    publish_heartbeat(redis_client, heartbeat(worker_id="w-1", model="tiny"))
+    publish_heartbeat(redis_client, heartbeat(worker_id="w-3", model="other"))
+    redis_client.set(keys.worker_heartbeat_key("broken"), "{not json", ex=10)
+
+    body = api_client.get("/api/v1/models").json()
+
+    assert body["object"] == "list"
+    assert [m["id"] for m in body["data"]] == ["other", "tiny"]
+    tiny = body["data"][1]
+    assert [w["worker_id"] for w in tiny["workers"]] == ["w-1", "w-2"]
+    assert tiny["context_length"] == 4096 and tiny["workers"][0]["device"] == "cpu"
+
+
+def test_models_is_empty_when_no_worker_is_alive(api_client, redis_client):
+    assert api_client.get("/api/v1/models").json()["data"] == []
+
+
+def test_models_requires_an_api_key(db):
+    assert APIClient().get("/api/v1/models").status_code == 401
+
+
+def test_health_is_200_when_database_redis_and_a_worker_are_up(db, redis_client):
+    publish_heartbeat(redis_client, heartbeat())
+
+    response = APIClient().get("/api/v1/health")
+
+    assert response.status_code == 200
+    assert response.json() == {
+        "status": "ok",
+        "checks": {"database": {"ok": True}, "redis": {"ok": True}, "workers": {"ok": True, "live": 1}},
+    }
+
+
+def test_health_is_503_without_a_live_worker(db, redis_client):
+    response = APIClient().get("/api/v1/health")
+
+    assert response.status_code == 503
+    assert response.json()["checks"]["workers"] == {"ok": False, "live": 0}
+
+
+def test_health_is_503_when_redis_is_unreachable(db, redis_client):
+    broken = mock.Mock()
+    broken.ping.side_effect = redis.ConnectionError("down")
+    with mock.patch("api.views.service.get_redis", return_value=broken):
+        response = APIClient().get("/api/v1/health")
+
+    assert response.status_code == 503
+    assert response.json()["checks"]["redis"] == {"ok": False, "error": "ConnectionError"}
+
+
+def test_openapi_schema_is_served_as_json_without_authentication(db):
+    response = APIClient().get("/api/v1/schema")
+
+    assert response.status_code == 200
+    schema = response.json()
+    assert schema["openapi"].startswith("3.")
+    assert {"/api/v1/jobs", "/api/v1/jobs/{job_id}", "/api/v1/jobs/{job_id}/cancel", "/api/v1/models",
+            "/api/v1/health"} <= set(schema["paths"])
+    assert "prompt" in schema["components"]["schemas"]["JobCreateRequest"]["properties"]
+
+
+def test_docs_page_renders_every_endpoint_and_loads_nothing_from_the_network(db):
+    response = APIClient().get("/api/v1/docs")
+
+    assert response.status_code == 200 and response["Content-Type"].startswith("text/html")
+    html = response.content.decode()
+    assert "/api/v1/jobs/{job_id}/cancel" in html and "JobCreateRequest" in html
+    assert not re.search(r"""(src|href)=["']?(https?:)?//""", html)
