@@ -4,25 +4,25 @@ builds a real per-layer cache, and greedy generation through mlx_lm (the cold re
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
 from engine_worker.model.builder import ensure_model  # noqa: F401  (BLAS preload before mlx)
 
-CORPUS_TEXT = (
-    "import os\nimport sys\n\ndef main(argv):\n    parser = argparse.ArgumentParser()\n"
-    "    parser.add_argument('--verbose', action='store_true')\n    return parser.parse_args(argv)\n"
-)
+# Real, non-periodic text (the tiny model's own training corpus), so prompts of different
+# variants really diverge.
+CORPUS = Path(__file__).resolve().parents[3] / "engine_worker" / "model" / "corpus.txt"
 
 
 @pytest.fixture(scope="session")
 def prompts(tiny_model) -> Callable[[int, int], list[int]]:
     """``prompts(n, variant)``: an n-token prompt; different variants diverge from token 0."""
     _model, tokenizer = tiny_model
-    base = tokenizer.encode(CORPUS_TEXT * 40)
+    base = tokenizer.encode(CORPUS.read_text(encoding="utf-8")[:40_000])
 
     def make(n: int, variant: int = 0) -> list[int]:
-        start = (variant * 37) % (len(base) - n)
+        start = (variant * 211) % (len(base) - n)
         return list(base[start : start + n])
 
     return make
