@@ -1,0 +1,82 @@
+"""Failures stay local: typed errors, one failed request never disturbs the others."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine_worker.errors import DuplicateRequest, PromptTooLong, RequestError
+from engine_worker.request import Request, RequestStatus
+from engine_worker.scheduler import Scheduler
+from tests.engine_worker.engine_helpers import final, greedy, prompt_ids, run_scheduler, solo_tokens
+
+
+class PickyTokenizer:
+    """Wraps the real tokenizer; fails on one prompt, as a broken tokenizer would."""
+
+    def __init__(self, inner):
+        self._inner = inner
+
+    def encode(self, text, **kw):
+        if "\x00" in text:
+            raise RuntimeError("cannot encode NUL")
+        return self._inner.encode(text, **kw)
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+
+def _with_healthy_neighbour(model, tokenizer, bad: Request, scheduler_tokenizer=None):
+    good_prompt = prompt_ids(tokenizer, 9)
+    scheduler = Scheduler(model, scheduler_tokenizer or tokenizer)
+    outputs = run_scheduler(scheduler, {0: [Request("good", good_prompt, greedy(8))], 1: [bad]})
+    assert final(outputs["good"]).output_token_ids == solo_tokens(model, tokenizer, good_prompt, 8)
+    out = final(outputs[bad.request_id])
+    assert out.finish_reason == "error" and out.output_token_ids == []
+    assert scheduler.get_request(bad.request_id).status == RequestStatus.FINISHED_ERROR
+    return out
+
+
+def test_prompt_longer_than_the_context_fails_alone_with_a_message(tiny_model):
+    model, tokenizer = tiny_model
+    out = _with_healthy_neighbour(model, tokenizer, Request("huge", [5] * 4097, greedy(4)))
+    assert "4097" in out.error and "4096" in out.error
+
+
+def test_tokenizer_error_fails_only_that_request(tiny_model):
+    model, tokenizer = tiny_model
+    out = _with_healthy_neighbour(model, tokenizer, Request("nul", "a\x00b", greedy(4)),
+                                  scheduler_tokenizer=PickyTokenizer(tokenizer))
+    assert "tokenizer" in out.error
+
+
+def test_multimodal_input_is_rejected_clearly(tiny_model):
+    model, tokenizer = tiny_model
+    out = _with_healthy_neighbour(model, tokenizer, Request("img", "describe", greedy(4), images=["cat.png"]))
+    assert "image" in out.error
+
+
+@pytest.mark.parametrize("bad", [
+    Request("empty", [], greedy(4)),
+    Request("zero", [5, 6], greedy(0)),
+    Request("oov", [5, 999_999], greedy(4)),
+])
+def test_invalid_requests_fail_alone(tiny_model, bad):
+    model, tokenizer = tiny_model
+    assert _with_healthy_neighbour(model, tokenizer, bad).error
+
+
+def test_duplicate_request_id_is_refused_without_disturbing_the_first(tiny_model):
+    model, tokenizer = tiny_model
+    p = prompt_ids(tokenizer, 7)
+    scheduler = Scheduler(model, tokenizer)
+    scheduler.add_request(Request("same", p, greedy(6)))
+    scheduler.step()
+    with pytest.raises(DuplicateRequest) as info:
+        scheduler.add_request(Request("same", prompt_ids(tokenizer, 3), greedy(2)))
+    assert isinstance(info.value, RequestError) and info.value.request_id == "same"
+    assert final(run_scheduler(scheduler)["same"]).output_token_ids == solo_tokens(model, tokenizer, p, 6)
+
+
+def test_prompt_too_long_carries_its_numbers():
+    err = PromptTooLong(limit=10, length=12)
+    assert (err.limit, err.length) == (10, 12) and isinstance(err, ValueError)
