@@ -1,9 +1,9 @@
 """Incremental, UTF-8-safe text for one request, with stop-string holdback.
 
 The tokenizer's streaming detokenizer already withholds the bytes of an incomplete multi-byte
-character. On top of that, when the request has stop strings, the last ``len(longest stop) - 1``
-characters are held back until they can no longer start a stop string, so text that is already
-released never has to be taken back. A request without stop strings takes the fast path: one
+character. On top of that, when the request has stop strings, the end of the text that could
+still grow into a stop string is held back until it completes one (cut) or stops matching
+(released), so text that is already released never has to be taken back. A request without stop strings takes the fast path: one
 ``add_token`` and one ``last_segment`` per token.
 """
 
@@ -16,12 +16,11 @@ from typing import Any
 class TextStream:
     """Feeds tokens to a streaming detokenizer and releases text that is final."""
 
-    __slots__ = ("_detok", "_stops", "_hold", "_pending", "stopped")
+    __slots__ = ("_detok", "_stops", "_pending", "stopped")
 
     def __init__(self, detokenizer: Any, stop: Sequence[str] = ()) -> None:
         self._detok = detokenizer
         self._stops = [s for s in stop if s]
-        self._hold = max((len(s) for s in self._stops), default=1) - 1
         self._pending = ""  # decoded but not yet released (only used with stop strings)
         self.stopped = False  # a stop string matched; everything from it on is dropped
 
@@ -56,12 +55,20 @@ class TextStream:
             self.stopped = True
             self._pending = ""
             return text[:cut]
-        if final or len(text) <= self._hold:
-            if final:
-                self._pending = ""
-                return text
-            self._pending = text
-            return ""
-        split = len(text) - self._hold
+        if final:
+            self._pending = ""
+            return text
+        held = self._partial_match(text)
+        split = len(text) - held
         self._pending = text[split:]
         return text[:split]
+
+    def _partial_match(self, text: str) -> int:
+        """Length of the longest end of ``text`` that could still grow into a stop string."""
+        best = 0
+        for stop in self._stops:
+            for k in range(min(len(stop) - 1, len(text)), best, -1):
+                if text.endswith(stop[:k]):
+                    best = k
+                    break
+        return best

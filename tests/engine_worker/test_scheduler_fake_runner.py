@@ -1,0 +1,132 @@
+"""Scheduling policy against a scripted generator: no model needed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine_worker.config import SchedulerConfig
+from engine_worker.request import Request, SamplingParams
+from engine_worker.scheduler import Scheduler
+from tests.engine_worker.engine_helpers import final, run_scheduler
+
+
+@dataclass
+class Resp:
+    uid: int
+    token: int
+    finish_reason: str | None = None
+    prompt_cache: object = None
+    all_tokens: object = None
+
+
+class ScriptedRunner:
+    """Emits token 100+n for the n-th token of every sequence; 'length' at max_tokens."""
+
+    instances: list[ScriptedRunner] = []
+
+    def __init__(self, model, config):
+        self.seqs: dict[int, list[int]] = {}  # uid -> [emitted, max_tokens]
+        self.next_uid = 0
+        self.fail_next = False
+        self.closed = False
+        ScriptedRunner.instances.append(self)
+
+    def insert(self, tokens, *, max_tokens, cache, all_tokens, sampler, logits_processors, stop_sequences):
+        uid = self.next_uid
+        self.next_uid += 1
+        self.seqs[uid] = [0, max_tokens]
+        return uid
+
+    def step(self):
+        if self.fail_next:
+            raise RuntimeError("device lost")
+        out = []
+        for uid, state in list(self.seqs.items()):
+            state[0] += 1
+            done = state[0] >= state[1]
+            out.append(Resp(uid, 100 + state[0], "length" if done else None))
+            if done:
+                del self.seqs[uid]
+        return out
+
+    def remove(self, uids, return_caches=False):
+        for uid in uids:
+            self.seqs.pop(uid, None)
+        return {}
+
+    def close(self):
+        self.closed = True
+
+
+class Tok:
+    eos_token_ids = {2}
+
+    class _Detok:
+        def __init__(self):
+            self.text, self._off = "", 0
+
+        def add_token(self, t):
+            self.text += f"<{t}>"
+
+        def finalize(self):
+            pass
+
+        @property
+        def last_segment(self):
+            seg, self._off = self.text[self._off:], len(self.text)
+            return seg
+
+    @property
+    def detokenizer(self):
+        return self._Detok()
+
+    def encode(self, text):
+        return [ord(c) % 50 for c in text]
+
+
+def _scheduler(**config):
+    ScriptedRunner.instances.clear()
+    return Scheduler(object(), Tok(), SchedulerConfig(**config), runner_factory=ScriptedRunner,
+                     max_model_len=100)
+
+
+def sp(n):
+    return SamplingParams(max_tokens=n, temperature=0.0)
+
+
+def test_scripted_tokens_flow_into_outputs_text_and_usage():
+    scheduler = _scheduler()
+    out = final(run_scheduler(scheduler, {0: [Request("a", "hello", sp(3))]})["a"])
+    assert out.output_token_ids == [101, 102, 103]
+    assert out.output_text == "<101><102><103>"
+    assert out.usage == {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8, "cached_tokens": 0}
+    assert scheduler.get_stats()["num_requests_processed"] == 1
+
+
+def test_a_failed_generator_step_fails_the_batch_with_errors_and_the_queue_keeps_going():
+    scheduler = _scheduler(max_num_seqs=2)
+    for rid in ("a", "b", "c"):
+        scheduler.add_request(Request(rid, "xyz", sp(5)))
+    scheduler.step()
+    first = ScriptedRunner.instances[0]
+    first.fail_next = True
+    out = scheduler.step()
+    errors = {o.request_id: o for o in out.outputs if o.finish_reason == "error"}
+    assert set(errors) == {"a", "b"} and all(o.error for o in errors.values())
+    assert first.closed and scheduler.counters.num_step_errors == 1
+    rest = run_scheduler(scheduler)
+    assert final(rest["c"]).finish_reason == "length"  # served by a fresh generator
+    assert len(ScriptedRunner.instances) == 2
+
+
+def test_phase_and_rows_follow_requests_through_their_life():
+    scheduler = _scheduler(max_num_seqs=1)
+    scheduler.add_request(Request("a", "abc", sp(3)))
+    scheduler.add_request(Request("b", "de", sp(3)))
+    rows = scheduler.get_running_requests_info()
+    assert [(r["request_id"], r["status"], r["phase"]) for r in rows] == [
+        ("a", "waiting", "queued"), ("b", "waiting", "queued")]
+    scheduler.step()
+    rows = {r["request_id"]: r for r in scheduler.get_running_requests_info()}
+    assert rows["a"]["status"] == "running" and rows["a"]["phase"] == "generation"
+    assert rows["b"]["status"] == "waiting"
