@@ -1,0 +1,117 @@
+from __future__ import annotations
+
+import pytest
+from django.test import Client
+
+from api import keys
+from api.authentication import authenticate_api_key
+from api.models import ApiKey, Job, JobStatus
+from tests.api.factories import heartbeat, make_api_key, make_job, make_user, publish_heartbeat
+
+pytestmark = pytest.mark.django_db
+
+RUNNING = {
+    "request_id": "job-1", "status": "running", "phase": "decode", "elapsed_s": 1.5, "prompt_tokens": 12,
+    "completion_tokens": 30, "max_tokens": 64, "progress": 0.47, "tokens_per_second": 21.5, "ttft_s": 0.08,
+    "cache_hit_type": "prefix", "cached_tokens": 8,
+}
+
+
+@pytest.fixture
+def staff():
+    client = Client()
+    client.force_login(make_user(is_staff=True, is_superuser=True))
+    return client
+
+
+def test_engine_dashboard_is_staff_only(redis_client):
+    client = Client()
+    client.force_login(make_user())
+
+    page = client.get("/admin/engine/")
+    data = client.get("/admin/engine/data.json")
+
+    assert page.status_code == 302 and "/admin/login/" in page["Location"]
+    assert data.status_code == 302
+
+
+def test_engine_dashboard_page_shows_workers_memory_and_running_requests(staff, redis_client):
+    publish_heartbeat(redis_client, heartbeat(worker_id="mac-1", requests=(RUNNING,),
+                                              cache={"entries": [{"tokens": 128, "hits": 3}], "hit_rate": 0.5}))
+
+    html = staff.get("/admin/engine/").content.decode()
+
+    for text in ("Engine dashboard", "mac-1", "request_id", "cache_hit_type", "tokens_per_second", "job-1"):
+        assert text in html
+    assert "src=\"http" not in html and "href=\"http" not in html
+
+
+def test_engine_dashboard_data_has_the_running_request_fields_memory_cache_and_throughput(staff, redis_client):
+    publish_heartbeat(redis_client, heartbeat(worker_id="mac-1", requests=(RUNNING,), cache={"hit_rate": 0.5}))
+    make_job(status=JobStatus.IN_PROGRESS)
+
+    data = staff.get("/admin/engine/data.json").json()
+
+    assert [w["worker_id"] for w in data["workers"]] == ["mac-1"]
+    assert data["workers"][0]["memory"] == {"device": "cpu", "active_bytes": 10 << 20, "peak_bytes": 20 << 20,
+                                            "cache_bytes": 5 << 20}
+    assert data["workers"][0]["cache"] == {"hit_rate": 0.5}
+    assert data["requests"] == [{"worker_id": "mac-1", **RUNNING}]
+    assert data["jobs"]["in_progress"] == 1
+    assert data["throughput"]["engine_tokens_per_second"] == 21.5
+
+
+def test_admin_pages_for_keys_jobs_usage_and_users_load(staff):
+    api_key, _ = make_api_key()
+    job = make_job(api_key=api_key, status=JobStatus.COMPLETED)
+    for url in ("/admin/", "/admin/api/apikey/", f"/admin/api/apikey/{api_key.id}/change/", "/admin/api/job/",
+                f"/admin/api/job/{job.id}/change/", "/admin/api/usagerecord/", "/admin/auth/user/"):
+        assert staff.get(url).status_code == 200, url
+    assert b"Engine dashboard" in staff.get("/admin/").content
+
+
+def test_adding_a_key_in_the_admin_shows_the_secret_once_and_stores_its_hash(staff):
+    owner = make_user()
+    response = staff.post("/admin/api/apikey/add/", {
+        "owner": owner.id, "name": "ops", "requests_per_minute": 60, "tokens_per_day": 1000,
+        "max_concurrent_jobs": 2, "max_tokens_per_job": 100, "priority": 3,
+    }, follow=True)
+
+    message = next(str(m) for m in response.context["messages"] if "sk-" in str(m))
+    secret = message.rsplit(" ", 1)[-1]
+    assert authenticate_api_key(secret).owner == owner
+    assert ApiKey.objects.get(owner=owner).max_concurrent_jobs == 2
+
+
+def test_revoke_action_revokes_the_selected_keys(staff):
+    api_key, _ = make_api_key()
+    staff.post("/admin/api/apikey/", {"action": "revoke_keys", "_selected_action": [api_key.id]})
+    assert ApiKey.objects.get(id=api_key.id).revoked_at is not None
+
+
+def test_cancel_action_cancels_a_queued_job(staff, redis_client):
+    job = make_job()
+    staff.post("/admin/api/job/", {"action": "cancel_jobs", "_selected_action": [job.id]})
+    assert Job.objects.get(id=job.id).status == JobStatus.CANCELLED
+
+
+def test_requeue_action_resets_a_failed_job_and_dispatches_it_after_commit(
+    staff, redis_client, dispatched, django_capture_on_commit_callbacks
+):
+    job = make_job(status=JobStatus.FAILED, error="boom", output_text="par", completion_tokens=3, worker_id="w")
+    redis_client.xadd(keys.job_stream_key(str(job.id)), {"seq": 1, "text": "par"})
+
+    with django_capture_on_commit_callbacks(execute=True):
+        staff.post("/admin/api/job/", {"action": "requeue_jobs", "_selected_action": [job.id]})
+
+    job.refresh_from_db()
+    assert (job.status, job.error, job.output_text, job.completion_tokens, job.worker_id) == ("queued", None, "", 0, None)
+    assert dispatched == [str(job.id)]
+    assert redis_client.exists(keys.job_stream_key(str(job.id))) == 0
+
+
+def test_requeue_action_leaves_running_jobs_alone(staff, dispatched):
+    job = make_job(status=JobStatus.IN_PROGRESS)
+    response = staff.post("/admin/api/job/", {"action": "requeue_jobs", "_selected_action": [job.id]}, follow=True)
+    assert Job.objects.get(id=job.id).status == JobStatus.IN_PROGRESS
+    assert any("cannot be requeued" in str(m) for m in response.context["messages"])

@@ -1,0 +1,88 @@
+"""The Django project's wiring: env-driven settings, ASGI routing, the Celery app."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+
+from inference_service import env
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize(
+    ("reader", "raw", "expected"),
+    [(env.env_int, "12", 12), (env.env_bool, "yes", True), (env.env_bool, "0", False), (env.env_float, "1.5", 1.5),
+     (env.env_list, "a, b,,c", ["a", "b", "c"]), (env.env_str, "x", "x")],
+)
+def test_env_readers_parse_values(monkeypatch, reader, raw, expected):
+    monkeypatch.setenv("SOME_SETTING", raw)
+    assert reader("SOME_SETTING", type(expected)() if not isinstance(expected, list) else []) == expected
+
+
+def test_env_readers_fall_back_to_the_default_when_unset_or_empty(monkeypatch):
+    monkeypatch.setenv("EMPTY_SETTING", "")
+    assert env.env_int("EMPTY_SETTING", 7) == 7 and env.env_int("UNSET_SETTING_XYZ", 8) == 8
+
+
+@pytest.mark.parametrize(("reader", "raw"), [(env.env_int, "ten"), (env.env_bool, "maybe"), (env.env_float, "x")])
+def test_env_readers_fail_loudly_on_bad_values_naming_the_variable(monkeypatch, reader, raw):
+    monkeypatch.setenv("BAD_SETTING", raw)
+    with pytest.raises(ImproperlyConfigured, match="BAD_SETTING"):
+        reader("BAD_SETTING", 0)
+
+
+def test_env_int_enforces_its_minimum(monkeypatch):
+    monkeypatch.setenv("BAD_SETTING", "0")
+    with pytest.raises(ImproperlyConfigured):
+        env.env_int("BAD_SETTING", 5, minimum=1)
+
+
+def _settings_in_subprocess(extra_env: dict[str, str], expression: str) -> subprocess.CompletedProcess:
+    environment = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "MODEL_PATH")}
+    environment.update(extra_env, DJANGO_SETTINGS_MODULE="inference_service.settings")
+    code = f"import django; django.setup(); from django.conf import settings as s; print({expression})"
+    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=environment, capture_output=True, text=True)
+
+
+def test_embedded_defaults_are_sqlite_under_var_and_local_redis():
+    result = _settings_in_subprocess({}, "s.DATABASES['default']['ENGINE'], s.DATABASES['default']['NAME'], s.REDIS_URL")
+    assert result.returncode == 0, result.stderr
+    assert "sqlite3" in result.stdout and "var/db.sqlite3" in result.stdout
+    assert "redis://127.0.0.1:6379/0" in result.stdout
+
+
+def test_database_url_and_redis_url_switch_backends():
+    result = _settings_in_subprocess(
+        {"DATABASE_URL": "postgres://u@db:5432/prod", "REDIS_URL": "redis://cache:6379/2"},
+        "s.DATABASES['default']['ENGINE'], s.CHANNEL_LAYERS['default']['CONFIG']['hosts'], s.CELERY_BROKER_URL",
+    )
+    assert "postgresql" in result.stdout and "redis://cache:6379/2" in result.stdout
+
+
+def test_a_bad_setting_stops_start_up():
+    result = _settings_in_subprocess({"MAX_TOKENS_CAP": "lots"}, "1")
+    assert result.returncode != 0 and "MAX_TOKENS_CAP" in result.stderr
+
+
+def test_asgi_routes_http_to_django_and_websockets_to_the_api_routes():
+    from channels.routing import ProtocolTypeRouter
+
+    from inference_service.asgi import application
+
+    assert isinstance(application, ProtocolTypeRouter)
+    assert set(application.application_mapping) == {"http", "websocket"}
+
+
+def test_celery_routes_jobs_to_the_engine_queue_and_schedules_reconciliation():
+    from inference_service.celery import app
+
+    assert app.main == "inference_service"
+    assert app.conf.task_routes["api.tasks.run_job"] == {"queue": "engine"}
+    schedule = {entry["task"]: entry["schedule"] for entry in app.conf.beat_schedule.values()}
+    assert schedule == {"api.tasks.reconcile_jobs": 10.0, "api.tasks.expire_jobs": 60.0}
