@@ -1,0 +1,175 @@
+"""WebSocket consumers.
+
+* ``/ws/v1/jobs/<id>/?after=<seq>``: a job's deltas ``{"type": "delta", "seq", "text", ...}``
+  (every chunk after ``after`` exactly once, in order), then one ``{"type": "final", ...}``.
+* ``/ws/v1/generate``: the client sends one JSON job body (as ``POST /api/v1/jobs``); the server
+  answers ``{"type": "job", "id", "status"}`` and then streams that job the same way.
+
+Authentication: ``Authorization: Bearer <key>`` or ``?api_key=<key>``. Close codes: 4401 missing,
+bad or revoked key; 4404 a job that does not exist or belongs to someone else; 4400 bad input.
+Both close after the final message.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+from urllib.parse import parse_qs
+
+import redis.asyncio as aioredis
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncWebsocketConsumer
+from django.conf import settings
+
+from api.authentication import authenticate_api_key, bearer_token
+from api.errors import AuthenticationFailed, ServiceError, error_body, exception_handler
+from api.keys import job_group_name
+from api.models import ApiKey, Job
+from api.streaming.relay import JobStreamRelay
+
+logger = logging.getLogger(__name__)
+
+CLOSE_BAD_REQUEST = 4400
+CLOSE_UNAUTHORIZED = 4401
+CLOSE_NOT_FOUND = 4404
+
+
+class JobStreamConsumer(AsyncWebsocketConsumer):
+    """Streams one existing job."""
+
+    relay: JobStreamRelay | None = None
+    group: str | None = None
+    api_key: ApiKey | None = None
+    _redis: aioredis.Redis | None = None
+
+    async def connect(self) -> None:
+        await self.accept()  # custom close codes need an accepted socket
+        if not await self._authenticate():
+            return
+        query = parse_qs(self.scope.get("query_string", b"").decode())
+        try:
+            after = int(query.get("after", ["0"])[0])
+            if after < 0:
+                raise ValueError(after)
+        except ValueError:
+            await self._error("'after' must be a non-negative integer.", code="invalid_after", param="after")
+            return
+        job_id = str(self.scope["url_route"]["kwargs"]["job_id"])
+        if not await _owns_job(self.api_key, job_id):
+            await self._error("No such job.", code="not_found", close_code=CLOSE_NOT_FOUND)
+            return
+        await self.stream_job(job_id, after)
+
+    async def stream_job(self, job_id: str, after: int) -> None:
+        """Join the job's group, then replay the stream (the order matters, see relay.py)."""
+        self._redis = aioredis.Redis.from_url(settings.REDIS_URL, decode_responses=True)
+        self.relay = JobStreamRelay(job_id=job_id, after=after, redis_client=self._redis, send=self._send_message)
+        self.group = job_group_name(job_id)
+        await self.channel_layer.group_add(self.group, self.channel_name)
+        await self.relay.replay()
+
+    async def disconnect(self, code: int) -> None:
+        if self.group is not None:
+            await self.channel_layer.group_discard(self.group, self.channel_name)
+        if self.relay is not None:
+            self.relay.close()
+        if self._redis is not None:
+            await self._redis.aclose()
+
+    # Channel-layer events (sent by the engine worker's sink).
+    async def job_delta(self, event: dict[str, Any]) -> None:
+        if self.relay is not None:
+            await self.relay.on_delta(int(event["seq"]), event["text"], event.get("completion_tokens"))
+
+    async def job_final(self, event: dict[str, Any]) -> None:
+        if self.relay is not None:
+            await self.relay.on_final(event["message"])
+
+    async def job_reset(self, event: dict[str, Any]) -> None:
+        if self.relay is not None:
+            await self.relay.on_reset()
+
+    # -- helpers ------------------------------------------------------------------------------
+
+    async def _send_message(self, message: dict[str, Any]) -> None:
+        await self.send(text_data=json.dumps(message))
+        if message["type"] == "final":
+            await self.close()
+
+    async def _authenticate(self) -> bool:
+        try:
+            self.api_key = await database_sync_to_async(authenticate_api_key)(_raw_key(self.scope))
+        except AuthenticationFailed as exc:
+            await self._error(exc.message, code=exc.code, close_code=CLOSE_UNAUTHORIZED,
+                              error_type=exc.error_type)
+            return False
+        return True
+
+    async def _error(self, message: str, *, code: str, param: str | None = None,
+                     close_code: int = CLOSE_BAD_REQUEST, error_type: str = "invalid_request_error") -> None:
+        body = error_body(message, error_type=error_type, code=code, param=param)
+        await self.send(text_data=json.dumps({"type": "error", **body}))
+        await self.close(code=close_code)
+
+
+class GenerateConsumer(JobStreamConsumer):
+    """Submits a job from the first message and streams it on the same socket."""
+
+    async def connect(self) -> None:
+        await self.accept()
+        await self._authenticate()
+
+    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
+        if self.api_key is None or self.relay is not None:
+            return  # unauthenticated (closing) or already streaming: extra messages are ignored
+        try:
+            body = json.loads(text_data or "")
+        except ValueError:
+            await self._error("The message is not valid JSON.", code="invalid_json")
+            return
+        try:
+            job = await _create_job(self.api_key, body)
+        except Exception as exc:  # mapped exactly like the REST API maps it
+            response = exception_handler(exc, {"view": self})
+            if response is None or response.status_code >= 500:
+                logger.exception("job creation over WebSocket failed")
+            data = response.data if response is not None else {}
+            await self.send(text_data=json.dumps({"type": "error", **data}))
+            await self.close(code=CLOSE_BAD_REQUEST)
+            return
+        await self.send(text_data=json.dumps({"type": "job", "id": str(job.id), "status": job.status}))
+        await self.stream_job(str(job.id), 0)
+
+
+def _raw_key(scope: dict[str, Any]) -> str | None:
+    for name, value in scope.get("headers", []):
+        if name == b"authorization":
+            token = bearer_token(value.decode("latin-1"))
+            if token:
+                return token
+    query = parse_qs(scope.get("query_string", b"").decode())
+    return query.get("api_key", [None])[0]
+
+
+@database_sync_to_async
+def _owns_job(api_key: ApiKey | None, job_id: str) -> bool:
+    try:
+        return api_key is not None and Job.objects.filter(id=job_id, owner_id=api_key.owner_id).exists()
+    except ValueError:  # not a UUID; the URL pattern normally prevents this
+        return False
+
+
+@database_sync_to_async
+def _create_job(api_key: ApiKey, body: Any) -> Job:
+    from api.serializers import JobCreateSerializer
+    from api.services.jobs import JobRequest, job_create
+
+    if not isinstance(body, dict):
+        raise ServiceError("The message must be a JSON object (a job body).", code="invalid_request")
+    serializer = JobCreateSerializer(data=body)
+    serializer.is_valid(raise_exception=True)
+    job, _created = job_create(
+        owner=api_key.owner, api_key=api_key, request=JobRequest.from_validated(serializer.validated_data)
+    )
+    return job

@@ -1,0 +1,95 @@
+"""``python manage.py run_engine_worker``: one engine worker process.
+
+It loads the model itself (never in a process that forks later, mlx-notes.md section 6), runs
+EngineCore on its engine thread, and consumes only the ``engine`` Celery queue with a
+non-forking pool in this process. ``run_job`` admits jobs and returns at once, so one Celery
+consumer feeds any number of jobs into the engine's continuous batch.
+
+SIGTERM (or Ctrl-C): Celery stops consuming, running jobs get ``WORKER_DRAIN_S`` seconds to
+finish, the rest are handed back to the queue, and the engine thread is stopped before the
+interpreter exits (mlx can abort at exit otherwise).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from django.core.management.base import BaseCommand
+
+from api.streaming import worker
+from api.streaming.config import WorkerConfig
+
+logger = logging.getLogger(__name__)
+
+
+class Command(BaseCommand):
+    help = "Run an engine worker: load the model, consume the 'engine' queue, stream job outputs."
+
+    def add_arguments(self, parser: Any) -> None:
+        parser.add_argument("--worker-id", default=None, help="Identity in heartbeats and job rows.")
+        parser.add_argument("--pool", choices=["solo", "threads"], default="solo",
+                            help="Celery pool; never a forking one (mlx does not survive fork).")
+        parser.add_argument("--concurrency", type=int, default=1, help="Threads for --pool threads.")
+        parser.add_argument("--loglevel", default="INFO")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        from dataclasses import replace
+
+        config = WorkerConfig.from_env()
+        if options["worker_id"]:
+            config = replace(config, worker_id=options["worker_id"])
+        service, engine = _build(config)
+        worker.install(service)
+        service.start()
+        logger.info("engine worker %s ready (model %s)", config.worker_id, config.model_path)
+        try:
+            _consume(config.worker_id, options["pool"], options["concurrency"], options["loglevel"])
+        finally:
+            handed_back = service.shutdown()
+            worker.install(None)
+            engine.stop()
+            engine.close()
+            logger.info("engine worker %s stopped; %s jobs handed back", config.worker_id, len(handed_back))
+
+
+def _build(config: WorkerConfig) -> tuple[worker.EngineWorkerService, Any]:
+    """Load the model in this process, start the engine thread, wire the runtime to Redis."""
+    from pathlib import Path
+
+    from api.redis_client import get_redis
+    from api.streaming.fanout import GroupSender
+    from api.streaming.sink import RedisJobSink
+    from api.tasks import dispatch_job
+    from engine_worker.engine_core import EngineConfig, EngineCore
+    from engine_worker.loader import context_length, load_model
+    from engine_worker.runtime import JobHost
+
+    model, tokenizer = load_model(config.model_path)
+    engine = EngineCore(model, tokenizer, EngineConfig.from_env())
+    engine.start()
+    redis_client = get_redis()
+    sender = GroupSender()
+    sink = RedisJobSink(worker_id=config.worker_id, redis_client=redis_client, sender=sender)
+    host = JobHost(engine, sink, model_name=Path(config.model_path).name, context_length=context_length(model))
+    service = worker.EngineWorkerService(
+        config=config, host=host, redis_client=redis_client, sender=sender, dispatch=dispatch_job
+    )
+    return service, engine
+
+
+def _consume(worker_id: str, pool: str, concurrency: int, loglevel: str) -> None:
+    """Run a Celery worker in this process on the ``engine`` queue until it is told to stop."""
+    from inference_service.celery import app
+
+    celery_worker = app.Worker(
+        hostname=f"engine@{worker_id}",
+        queues=["engine"],
+        pool_cls=pool,
+        concurrency=concurrency if pool == "threads" else 1,
+        loglevel=loglevel,
+        without_gossip=True,
+        without_mingle=True,
+        without_heartbeat=True,
+    )
+    celery_worker.start()

@@ -1,0 +1,197 @@
+"""Job state transitions made by engine workers and the reconciler.
+
+Every transition is one conditional UPDATE (``filter(id=..., status=...).update(...)``): a job
+runs at most once at a time, and a duplicate Celery delivery, a late worker or a second
+reconciler does nothing. Each function returns whether it changed the row.
+
+Leases: an ``in_progress`` job's ``lease_expires_at`` is renewed by its worker's heartbeat; when it
+passes, the reconciler hands the job back to the queue. A ``queued`` job's ``lease_expires_at`` is
+the time by which a worker should have claimed it (set when it is dispatched); when it passes, the
+reconciler dispatches the job again (its broker message was lost, e.g. Redis was flushed).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+
+from django.db.models import F, Q
+from django.utils import timezone
+
+from api.models import Job, JobStatus
+from engine_worker.protocol import FinalResult, JobSpec
+
+logger = logging.getLogger(__name__)
+
+_STATUS_BY_FINISH_REASON = {
+    "stop": JobStatus.COMPLETED,
+    "length": JobStatus.COMPLETED,
+    "abort": JobStatus.CANCELLED,
+    "error": JobStatus.FAILED,
+}
+
+
+def _from_unix(ts: float | None) -> dt.datetime | None:
+    return None if ts is None else dt.datetime.fromtimestamp(ts, tz=dt.UTC)
+
+
+def job_claim(*, job_id: str, worker_id: str, lease_s: float) -> Job | None:
+    """queued → in_progress for ``worker_id``, unless cancellation was requested. Clears the
+    output of any earlier attempt. Returns the claimed job, or None if someone else has it, it was
+    cancelled, or it is finished."""
+    now = timezone.now()
+    claimed = Job.objects.filter(id=job_id, status=JobStatus.QUEUED, cancel_requested=False).update(
+        status=JobStatus.IN_PROGRESS,
+        worker_id=worker_id,
+        lease_expires_at=now + dt.timedelta(seconds=lease_s),
+        started_at=now,
+        first_token_at=None,
+        output_text="",
+        last_seq=0,
+        completion_tokens=0,
+    )
+    return Job.objects.filter(id=job_id).first() if claimed else None
+
+
+def job_spec(job: Job) -> JobSpec:
+    """The wire form of a claimed job, for the engine."""
+    params = job.params or {}
+    stop = params.get("stop") or ()
+    return JobSpec(
+        job_id=str(job.id),
+        prompt_token_ids=tuple(int(t) for t in job.prompt_token_ids),
+        max_tokens=int(params.get("max_tokens", 256)),
+        temperature=_param(params, "temperature", 0.0),
+        top_p=_param(params, "top_p", 1.0),
+        top_k=int(_param(params, "top_k", 0)),
+        min_p=_param(params, "min_p", 0.0),
+        repetition_penalty=_param(params, "repetition_penalty", 1.0),
+        seed=None if params.get("seed") is None else int(params["seed"]),
+        stop=(stop,) if isinstance(stop, str) else tuple(stop),
+        priority=int(job.priority),
+        ignore_eos=bool(params.get("ignore_eos", False)),
+    )
+
+
+def _param(params: dict, name: str, default: float) -> float:
+    value = params.get(name)
+    return default if value is None else float(value)
+
+
+def job_record_first_token(*, job_id: str, worker_id: str, at: float) -> bool:
+    return bool(
+        Job.objects.filter(
+            id=job_id, status=JobStatus.IN_PROGRESS, worker_id=worker_id, first_token_at__isnull=True
+        ).update(first_token_at=_from_unix(at))
+    )
+
+
+def job_record_progress(*, job_id: str, worker_id: str, text: str, last_seq: int, completion_tokens: int) -> bool:
+    """The text so far of a running job (throttled by the caller), for polling clients."""
+    return bool(
+        Job.objects.filter(id=job_id, status=JobStatus.IN_PROGRESS, worker_id=worker_id).update(
+            output_text=text, last_seq=last_seq, completion_tokens=completion_tokens
+        )
+    )
+
+
+def job_finish(*, result: FinalResult, worker_id: str) -> bool:
+    """in_progress → completed / failed / cancelled with the engine's text and token counts.
+
+    A job whose cancellation already moved it to ``cancelled`` still gets its partial text and
+    usage. A worker that no longer holds the job (its lease expired and it was handed on) changes
+    nothing."""
+    status = _STATUS_BY_FINISH_REASON.get(result.finish_reason, JobStatus.FAILED)
+    fields = dict(
+        output_text=result.text,
+        finish_reason=result.finish_reason,
+        error=result.error,
+        prompt_tokens=result.prompt_tokens,
+        cached_tokens=result.cached_tokens,
+        completion_tokens=result.completion_tokens,
+        finished_at=_from_unix(result.finished_at) or timezone.now(),
+        last_seq=result.last_seq,
+        lease_expires_at=None,
+    )
+    held = Job.objects.filter(id=result.job_id, worker_id=worker_id)
+    if held.filter(status=JobStatus.IN_PROGRESS).update(status=status, **fields):
+        return True
+    if result.finish_reason == "abort":
+        return bool(held.filter(status=JobStatus.CANCELLED).update(**fields))
+    return False
+
+
+def job_fail(*, job_id: str, worker_id: str, error: str) -> bool:
+    return bool(
+        Job.objects.filter(id=job_id, status=JobStatus.IN_PROGRESS, worker_id=worker_id).update(
+            status=JobStatus.FAILED, finish_reason="error", error=error,
+            finished_at=timezone.now(), lease_expires_at=None,
+        )
+    )
+
+
+def job_requeue(*, job_id: str, worker_id: str | None, redispatch_after_s: float) -> bool:
+    """in_progress → queued (handed back on shutdown, or its lease expired). With ``worker_id``,
+    only if that worker still holds it; without, only if its lease has expired."""
+    now = timezone.now()
+    rows = Job.objects.filter(id=job_id, status=JobStatus.IN_PROGRESS)
+    rows = rows.filter(worker_id=worker_id) if worker_id else rows.filter(lease_expires_at__lt=now)
+    return bool(
+        rows.update(
+            status=JobStatus.QUEUED, worker_id=None, first_token_at=None,
+            lease_expires_at=now + dt.timedelta(seconds=redispatch_after_s),
+        )
+    )
+
+
+def job_mark_dispatched(*, job_id: str, redispatch_after_s: float) -> bool:
+    """A queued job was (re)sent to the broker: count it and set the claim deadline."""
+    return bool(
+        Job.objects.filter(id=job_id, status=JobStatus.QUEUED).update(
+            dispatch_count=F("dispatch_count") + 1,
+            lease_expires_at=timezone.now() + dt.timedelta(seconds=redispatch_after_s),
+        )
+    )
+
+
+def job_renew_leases(*, worker_id: str, job_ids: list[str], lease_s: float) -> int:
+    """Extend the leases of the jobs this worker still holds (one UPDATE for all)."""
+    if not job_ids:
+        return 0
+    return Job.objects.filter(id__in=job_ids, worker_id=worker_id, status=JobStatus.IN_PROGRESS).update(
+        lease_expires_at=timezone.now() + dt.timedelta(seconds=lease_s)
+    )
+
+
+def jobs_cancel_requested(*, worker_id: str, job_ids: list[str]) -> list[str]:
+    """Held jobs whose cancellation was requested (fallback when the pub/sub message is lost)."""
+    if not job_ids:
+        return []
+    rows = Job.objects.filter(id__in=job_ids, worker_id=worker_id).filter(
+        Q(cancel_requested=True) | Q(status=JobStatus.CANCELLED)
+    )
+    return [str(pk) for pk in rows.values_list("id", flat=True)]
+
+
+def jobs_needing_dispatch(*, queued_grace_s: float, limit: int = 500) -> list[str]:
+    """Queued jobs whose claim deadline passed (or, never dispatched by us, queued longer than
+    ``queued_grace_s``)."""
+    now = timezone.now()
+    stale = Q(lease_expires_at__lt=now) | Q(
+        lease_expires_at__isnull=True, queued_at__lt=now - dt.timedelta(seconds=queued_grace_s)
+    )
+    rows = Job.objects.filter(status=JobStatus.QUEUED, cancel_requested=False).filter(stale)
+    return [str(pk) for pk in rows.order_by("priority", "queued_at").values_list("id", flat=True)[:limit]]
+
+
+def jobs_with_expired_lease(*, limit: int = 500) -> list[str]:
+    rows = Job.objects.filter(status=JobStatus.IN_PROGRESS, lease_expires_at__lt=timezone.now())
+    return [str(pk) for pk in rows.values_list("id", flat=True)[:limit]]
+
+
+def jobs_expire_queued(*, older_than_s: float) -> int:
+    """queued → expired for jobs waiting longer than ``older_than_s``."""
+    cutoff = timezone.now() - dt.timedelta(seconds=older_than_s)
+    return Job.objects.filter(status=JobStatus.QUEUED, queued_at__lt=cutoff).update(
+        status=JobStatus.EXPIRED, finish_reason=None, finished_at=timezone.now(), lease_expires_at=None,
+    )

@@ -1,0 +1,44 @@
+"""Live fan-out to the channel layer from plain threads.
+
+channels_redis keeps its connection pools per event loop, so calling ``async_to_sync`` from a
+thread would open new connections on every call. This keeps one event loop on its own thread for
+the process's lifetime and runs the group sends there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Coroutine
+from typing import Any
+
+from channels.layers import get_channel_layer
+
+logger = logging.getLogger(__name__)
+
+
+class GroupSender:
+    """Sends channel-layer group messages from sync code, in the order given."""
+
+    def __init__(self) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="group-sender", daemon=True)
+        self._thread.start()
+        self._layer = get_channel_layer()
+
+    def send(self, messages: list[tuple[str, dict[str, Any]]], timeout: float = 10.0) -> None:
+        """Send ``(group, message)`` pairs and wait for them (so batches stay in order)."""
+        if messages and self._layer is not None:
+            self._run(self._send_all(messages), timeout)
+
+    async def _send_all(self, messages: list[tuple[str, dict[str, Any]]]) -> None:
+        await asyncio.gather(*(self._layer.group_send(group, message) for group, message in messages))
+
+    def _run(self, coro: Coroutine[Any, Any, None], timeout: float) -> None:
+        asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+
+    def close(self) -> None:
+        """Stop the loop (at process shutdown; open connections die with the process)."""
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(5.0)

@@ -1,0 +1,88 @@
+"""The messages of a job's stream, in their three forms: Redis stream entry, channel-layer event
+and WebSocket JSON.
+
+Stream entries (``job:<id>:chunks``) have the fields ``seq`` and ``text`` (api.keys), plus
+``type`` (``delta`` or ``final``) and, for a final, ``data`` (JSON of the final message).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.conf import settings
+
+from api.keys import JOB_STREAM_FIELD_SEQ, JOB_STREAM_FIELD_TEXT
+from engine_worker.protocol import FinalResult, OutputChunk
+
+# Channel-layer event types (Channels maps "job.delta" to the consumer method job_delta).
+EVENT_DELTA = "job.delta"
+EVENT_FINAL = "job.final"
+EVENT_RESET = "job.reset"
+
+_STATUS_BY_REASON = {"stop": "completed", "length": "completed", "abort": "cancelled", "error": "failed"}
+
+
+def delta_message(job_id: str, seq: int, text: str, completion_tokens: int | None = None) -> dict[str, Any]:
+    message: dict[str, Any] = {"type": "delta", "job_id": job_id, "seq": seq, "text": text}
+    if completion_tokens is not None:
+        message["completion_tokens"] = completion_tokens
+    return message
+
+
+def final_message(
+    *, job_id: str, seq: int, status: str, finish_reason: str | None, prompt_tokens: int,
+    completion_tokens: int, cached_tokens: int, error: str | None,
+) -> dict[str, Any]:
+    return {
+        "type": "final",
+        "job_id": job_id,
+        "seq": seq,
+        "status": status,
+        "finish_reason": finish_reason,
+        "usage": {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+            "cached_tokens": cached_tokens,
+        },
+        "error": error,
+    }
+
+
+def final_from_result(result: FinalResult) -> dict[str, Any]:
+    return final_message(
+        job_id=result.job_id, seq=result.last_seq,
+        status=_STATUS_BY_REASON.get(result.finish_reason, "failed"),
+        finish_reason=result.finish_reason, prompt_tokens=result.prompt_tokens,
+        completion_tokens=result.completion_tokens, cached_tokens=result.cached_tokens, error=result.error,
+    )
+
+
+def chunk_entry(chunk: OutputChunk) -> dict[str, str]:
+    return {"type": "delta", JOB_STREAM_FIELD_SEQ: str(chunk.seq), JOB_STREAM_FIELD_TEXT: chunk.text,
+            "completion_tokens": str(chunk.completion_tokens)}
+
+
+def final_entry(result: FinalResult) -> dict[str, str]:
+    return {"type": "final", JOB_STREAM_FIELD_SEQ: str(result.last_seq), JOB_STREAM_FIELD_TEXT: "",
+            "data": json.dumps(final_from_result(result))}
+
+
+def entry_to_message(job_id: str, fields: dict[str, str]) -> dict[str, Any]:
+    """A stream entry (decoded strings) as the WebSocket message it stands for."""
+    if fields.get("type") == "final":
+        return json.loads(fields["data"])
+    tokens = fields.get("completion_tokens")
+    return delta_message(job_id, int(fields[JOB_STREAM_FIELD_SEQ]), fields.get(JOB_STREAM_FIELD_TEXT, ""),
+                         int(tokens) if tokens else None)
+
+
+def stream_ttl_s() -> int:
+    """How long a job's stream stays replayable after its last write."""
+    return int(getattr(settings, "JOB_STREAM_TTL_S", 6 * 3600))
+
+
+# Bounds a stream's length (approximately); one entry per engine step per job, so a job under the
+# 4096-token cap writes at most ~4097 entries.
+STREAM_MAXLEN = 10_000

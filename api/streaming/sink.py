@@ -1,0 +1,133 @@
+"""The engine worker's output sink: database, per-job Redis stream, channel-layer group.
+
+For each :class:`StepBatch` (one or more engine steps, at most one chunk per job), in this order:
+
+1. database: first-token times, finals (the job's status, text and usage), and the text so far of
+   running jobs at most every ``progress_interval_s`` (for polling clients);
+2. one Redis pipeline: XADD every chunk and final to its job's stream, refresh the streams' TTL;
+3. the channel layer: one group message per chunk and final (live fan-out, at most once).
+
+The database comes first so a client that sees ``final`` and then reads the job finds it
+finished; the stream before the group so a consumer that notices a gap can fill it by reading
+the stream. Runs on the worker's I/O thread, never on the engine thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import redis
+from django.db import DatabaseError, close_old_connections
+
+from api.keys import job_group_name, job_stream_key
+from api.services import job_lifecycle
+from api.streaming import messages
+from api.streaming.fanout import GroupSender
+from engine_worker.protocol import StepBatch
+
+logger = logging.getLogger(__name__)
+
+
+class RedisJobSink:
+    def __init__(
+        self, *, worker_id: str, redis_client: redis.Redis, sender: GroupSender | None,
+        progress_interval_s: float = 1.0,
+    ) -> None:
+        self.worker_id = worker_id
+        self._redis = redis_client
+        self._sender = sender
+        self._progress_interval_s = progress_interval_s
+        self._texts: dict[str, list[str]] = {}
+        self._progress_at: dict[str, float] = {}
+        self._tokens: dict[str, tuple[int, int]] = {}  # job id -> (last seq, completion tokens)
+
+    def publish(self, batch: StepBatch) -> None:
+        self._write_database(batch)
+        self._write_streams(batch)
+        self._fan_out(batch)
+
+    # -- 1. database ------------------------------------------------------------------------
+
+    def _write_database(self, batch: StepBatch) -> None:
+        for chunk in batch.chunks:
+            self._texts.setdefault(chunk.job_id, []).append(chunk.text)
+            self._tokens[chunk.job_id] = (chunk.seq, chunk.completion_tokens)
+        try:
+            for first in batch.first_tokens:
+                job_lifecycle.job_record_first_token(job_id=first.job_id, worker_id=self.worker_id, at=first.at)
+            for result in batch.finals:
+                self._forget(result.job_id)
+                if not job_lifecycle.job_finish(result=result, worker_id=self.worker_id):
+                    logger.warning("job %s finished here but is no longer held by %s", result.job_id, self.worker_id)
+            self._write_progress()
+        except DatabaseError:
+            logger.exception("database write of a batch failed; the jobs' leases decide what happens next")
+            close_old_connections()
+
+    def _write_progress(self) -> None:
+        now = time.monotonic()
+        for job_id, parts in self._texts.items():
+            if now - self._progress_at.get(job_id, 0.0) < self._progress_interval_s:
+                continue
+            self._progress_at[job_id] = now
+            seq, tokens = self._tokens[job_id]
+            job_lifecycle.job_record_progress(
+                job_id=job_id, worker_id=self.worker_id, text="".join(parts), last_seq=seq, completion_tokens=tokens
+            )
+
+    def _forget(self, job_id: str) -> None:
+        self._texts.pop(job_id, None)
+        self._progress_at.pop(job_id, None)
+        self._tokens.pop(job_id, None)
+
+    # -- 2. Redis streams ---------------------------------------------------------------------
+
+    def _write_streams(self, batch: StepBatch) -> None:
+        if not (batch.chunks or batch.finals):
+            return
+        ttl = messages.stream_ttl_s()
+        pipe = self._redis.pipeline(transaction=False)
+        keys = set()
+        for chunk in batch.chunks:
+            key = job_stream_key(chunk.job_id)
+            pipe.xadd(key, messages.chunk_entry(chunk), maxlen=messages.STREAM_MAXLEN, approximate=True)
+            keys.add(key)
+        for result in batch.finals:
+            key = job_stream_key(result.job_id)
+            pipe.xadd(key, messages.final_entry(result), maxlen=messages.STREAM_MAXLEN, approximate=True)
+            keys.add(key)
+        for key in keys:
+            pipe.expire(key, ttl)
+        try:
+            pipe.execute()
+        except redis.RedisError:
+            logger.exception("stream write failed for %s jobs; polling and the final in the DB still work", len(keys))
+
+    # -- 3. channel layer ---------------------------------------------------------------------
+
+    def _fan_out(self, batch: StepBatch) -> None:
+        if self._sender is None:
+            return
+        events: list[tuple[str, dict[str, Any]]] = [
+            (job_group_name(c.job_id), {"type": messages.EVENT_DELTA, "seq": c.seq, "text": c.text,
+                                        "completion_tokens": c.completion_tokens})
+            for c in batch.chunks
+        ]
+        events += [
+            (job_group_name(r.job_id), {"type": messages.EVENT_FINAL, "message": messages.final_from_result(r)})
+            for r in batch.finals
+        ]
+        try:
+            self._sender.send(events)
+        except (redis.RedisError, OSError, TimeoutError):
+            logger.exception("live fan-out of %s events failed; clients fill gaps from the stream", len(events))
+
+
+def stream_reset(*, redis_client: redis.Redis, sender: GroupSender | None, job_id: str) -> None:
+    """Start a job's stream afresh for a new attempt (the previous worker died or handed it
+    back): delete the old entries and tell live clients to discard what they have."""
+    redis_client.delete(job_stream_key(job_id))
+    if sender is not None:
+        sender.send([(job_group_name(job_id), {"type": messages.EVENT_RESET})])

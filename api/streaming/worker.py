@@ -1,0 +1,172 @@
+"""The engine worker's service object: one per worker process, shared by the Celery task.
+
+It owns the :class:`JobHost` (engine thread + I/O thread), and two threads of its own:
+
+* heartbeat: every ``heartbeat_s``, publish the worker's heartbeat to Redis (with a TTL), renew
+  the leases of the jobs it holds (one UPDATE), and cancel held jobs whose cancellation is in the
+  database (a fallback for a lost pub/sub message);
+* cancel listener: the ``engine:cancel`` pub/sub channel, so a cancel reaches the engine within
+  a second.
+
+``run_job`` calls :meth:`admit`, which claims the job with a conditional UPDATE and hands it to
+the engine without waiting for it to run: one Celery consumer admits any number of jobs into the
+engine's continuous batch.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Callable
+
+import redis
+from django.db import DatabaseError, close_old_connections
+
+from api.keys import CANCEL_CHANNEL, WORKER_HEARTBEAT_TTL_S, worker_heartbeat_key
+from api.services import job_lifecycle
+from api.streaming.config import WorkerConfig
+from api.streaming.fanout import GroupSender
+from api.streaming.sink import stream_reset
+from engine_worker.protocol import to_dict
+from engine_worker.runtime import JobHost
+
+logger = logging.getLogger(__name__)
+
+_current: EngineWorkerService | None = None
+
+
+def install(service: EngineWorkerService | None) -> None:
+    global _current
+    _current = service
+
+
+def current() -> EngineWorkerService | None:
+    """The service of this process, if it is an engine worker."""
+    return _current
+
+
+class EngineWorkerService:
+    def __init__(
+        self, *, config: WorkerConfig, host: JobHost, redis_client: redis.Redis, sender: GroupSender | None,
+        dispatch: Callable[[str], None],
+    ) -> None:
+        self.config = config
+        self.host = host
+        self._redis = redis_client
+        self._sender = sender
+        self._dispatch = dispatch
+        self._stop = threading.Event()
+        self._threads = [
+            threading.Thread(target=self._heartbeat_loop, name="worker-heartbeat", daemon=True),
+            threading.Thread(target=self._cancel_loop, name="worker-cancel", daemon=True),
+        ]
+
+    @property
+    def worker_id(self) -> str:
+        return self.config.worker_id
+
+    def start(self) -> None:
+        self.host.start()
+        self._beat()  # visible to /health and the dashboard before the first job arrives
+        for thread in self._threads:
+            thread.start()
+
+    # -- jobs ---------------------------------------------------------------------------------
+
+    def admit(self, job_id: str) -> bool:
+        """Claim ``job_id`` and start it in the engine. False when the job is not claimable
+        (a duplicate delivery, already running elsewhere, cancelled, finished)."""
+        job = job_lifecycle.job_claim(job_id=job_id, worker_id=self.worker_id, lease_s=self.config.lease_s)
+        if job is None:
+            logger.info("job %s not claimable by %s; delivery ignored", job_id, self.worker_id)
+            return False
+        try:
+            stream_reset(redis_client=self._redis, sender=self._sender, job_id=job_id)
+        except redis.RedisError:
+            logger.warning("could not reset the stream of job %s", job_id, exc_info=True)
+        if not self.host.submit(job_lifecycle.job_spec(job)):
+            # Draining: give it straight back so another worker takes it.
+            self._hand_back([job_id])
+            return False
+        return True
+
+    def cancel(self, job_id: str) -> bool:
+        return self.host.cancel(job_id)
+
+    # -- shutdown -----------------------------------------------------------------------------
+
+    def shutdown(self) -> list[str]:
+        """Let running jobs finish for up to ``drain_s`` seconds, hand the rest back to the queue
+        (and re-dispatch them), flush outputs and stop the threads. Returns the handed-back ids.
+        The engine itself is stopped by the caller."""
+        remaining = self.host.drain(self.config.drain_s)
+        if remaining:
+            logger.info("handing back %s unfinished jobs", len(remaining))
+        handed_back = self._hand_back(remaining)
+        self.host.stop()
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(self.config.heartbeat_s + 2.0)
+        try:
+            self._redis.delete(worker_heartbeat_key(self.worker_id))
+        except redis.RedisError:
+            logger.warning("could not delete the heartbeat key", exc_info=True)
+        return handed_back
+
+    def _hand_back(self, job_ids: list[str]) -> list[str]:
+        released = self.host.hand_back(job_ids) if job_ids else []
+        for job_id in set(job_ids):
+            if job_lifecycle.job_requeue(
+                job_id=job_id, worker_id=self.worker_id, redispatch_after_s=self.config.redispatch_after_s
+            ):
+                self._dispatch(job_id)
+        return released
+
+    # -- heartbeat ----------------------------------------------------------------------------
+
+    def _heartbeat_loop(self) -> None:
+        while not self._stop.wait(self.config.heartbeat_s):
+            self._beat()
+
+    def _beat(self) -> None:
+        held = self.host.held_jobs()
+        try:
+            beat = self.host.heartbeat(self.worker_id)
+            self._redis.set(
+                worker_heartbeat_key(self.worker_id), json.dumps(to_dict(beat)), ex=WORKER_HEARTBEAT_TTL_S
+            )
+        except redis.RedisError:
+            logger.warning("heartbeat publish failed", exc_info=True)
+        try:
+            job_lifecycle.job_renew_leases(worker_id=self.worker_id, job_ids=held, lease_s=self.config.lease_s)
+            for job_id in job_lifecycle.jobs_cancel_requested(worker_id=self.worker_id, job_ids=held):
+                self.host.cancel(job_id)
+        except DatabaseError:
+            logger.warning("lease renewal failed", exc_info=True)
+            close_old_connections()
+
+    # -- cancel listener ----------------------------------------------------------------------
+
+    def _cancel_loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
+                pubsub.subscribe(CANCEL_CHANNEL)
+                while not self._stop.is_set():
+                    message = pubsub.get_message(timeout=0.5)
+                    if message is not None:
+                        self._on_cancel_message(message.get("data"))
+                pubsub.close()
+            except redis.RedisError:
+                logger.warning("cancel subscription lost; retrying", exc_info=True)
+                self._stop.wait(1.0)
+
+    def _on_cancel_message(self, data: object) -> None:
+        try:
+            job_id = str(json.loads(data)["job_id"])  # type: ignore[arg-type]
+        except (TypeError, ValueError, KeyError):
+            logger.warning("ignoring malformed cancel message %r", data)
+            return
+        if self.host.cancel(job_id):
+            logger.info("cancelled job %s", job_id)

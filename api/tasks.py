@@ -1,0 +1,80 @@
+"""Celery tasks.
+
+``run_job`` runs on engine workers (queue ``engine``, a non-forking pool). It claims the job and
+hands it to the in-process engine, then returns: the message is acknowledged (``acks_late``) only
+after the claim is committed, and a duplicate delivery finds the job already claimed and does
+nothing. ``reconcile_jobs`` and ``expire_jobs`` run on the light worker under beat.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from celery import shared_task
+from django.conf import settings
+
+from api.services import job_lifecycle
+from api.streaming import worker
+from api.streaming.config import redispatch_after_s
+
+logger = logging.getLogger(__name__)
+
+ENGINE_QUEUE = "engine"
+
+
+@shared_task(name="api.tasks.run_job", acks_late=True, ignore_result=True)
+def run_job(job_id: str) -> bool:
+    """Admit ``job_id`` into this worker's engine. True if this delivery started it."""
+    service = worker.current()
+    if service is None:
+        # Not an engine worker (misrouted): leave the job queued; the reconciler re-dispatches it.
+        logger.warning("run_job(%s) reached a process without an engine; ignored", job_id)
+        return False
+    return service.admit(str(job_id))
+
+
+def dispatch_job(job_id: str) -> None:
+    """Send ``job_id`` to the engine queue (after the row that says it is queued is committed)."""
+    run_job.apply_async(args=[str(job_id)], queue=ENGINE_QUEUE)
+
+
+def _declare_engine_queue() -> None:
+    """Re-create the engine queue's binding in the broker. With Redis, a FLUSHALL (or a fresh
+    Redis) drops kombu's bindings, and kombu then routes published messages to a dead-letter
+    queue until someone declares the queue again; producers only declare once per process."""
+    from inference_service.celery import app
+
+    with app.connection_for_write() as conn:
+        app.amqp.queues[ENGINE_QUEUE](conn.default_channel).declare()
+
+
+@shared_task(name="api.tasks.reconcile_jobs", ignore_result=True)
+def reconcile_jobs() -> dict[str, int]:
+    """Re-dispatch queued jobs that no worker claimed in time (their message was lost), and hand
+    back running jobs whose worker's lease expired (the worker died) so they run again."""
+    after_s = redispatch_after_s()
+    requeued = 0
+    for job_id in job_lifecycle.jobs_with_expired_lease():
+        if job_lifecycle.job_requeue(job_id=job_id, worker_id=None, redispatch_after_s=0.0):
+            requeued += 1
+            logger.warning("job %s: worker lease expired; back in the queue", job_id)
+    stale = job_lifecycle.jobs_needing_dispatch(queued_grace_s=after_s)
+    if stale:
+        _declare_engine_queue()
+    dispatched = 0
+    for job_id in stale:
+        if job_lifecycle.job_mark_dispatched(job_id=job_id, redispatch_after_s=after_s):
+            dispatch_job(job_id)
+            dispatched += 1
+    if requeued or dispatched:
+        logger.info("reconciler: %s jobs requeued, %s dispatched", requeued, dispatched)
+    return {"requeued": requeued, "dispatched": dispatched}
+
+
+@shared_task(name="api.tasks.expire_jobs", ignore_result=True)
+def expire_jobs() -> int:
+    """Expire jobs that waited in the queue longer than JOB_QUEUE_TIMEOUT_S."""
+    expired = job_lifecycle.jobs_expire_queued(older_than_s=float(settings.JOB_QUEUE_TIMEOUT_S))
+    if expired:
+        logger.info("expired %s queued jobs", expired)
+    return expired

@@ -1,0 +1,180 @@
+"""JobHost on the real tiny model: streaming, coalescing, cancel, drain, heartbeat."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from engine_worker.config import EngineConfig, SchedulerConfig
+from engine_worker.engine_core import EngineCore
+from engine_worker.protocol import JobSpec, StepBatch
+from engine_worker.request import SamplingParams
+from engine_worker.runtime import JobHost, MemorySink
+
+PROMPTS = ["The quick brown fox", "Once upon a time", "def main():", "In the beginning"]
+
+
+@pytest.fixture
+def engine(tiny_model):
+    model, tokenizer = tiny_model
+    core = EngineCore(model, tokenizer, EngineConfig(scheduler_config=SchedulerConfig(enable_prefix_cache=False)))
+    core.start()
+    yield core
+    core.stop()
+    core.close()
+
+
+def make_host(engine, sink) -> JobHost:
+    host = JobHost(engine, sink, model_name="tiny", context_length=4096)
+    host.start()
+    return host
+
+
+def spec(tokenizer, job_id: str, prompt: str, max_tokens: int = 24, **kw) -> JobSpec:
+    return JobSpec(job_id=job_id, prompt_token_ids=tuple(tokenizer.encode(prompt)), max_tokens=max_tokens,
+                   ignore_eos=True, **kw)
+
+
+def test_concurrent_jobs_stream_numbered_chunks_whose_text_is_the_final_text(engine, tiny_model):
+    _, tokenizer = tiny_model
+    sink = MemorySink()
+    host = make_host(engine, sink)
+    for i, prompt in enumerate(PROMPTS):
+        assert host.submit(spec(tokenizer, f"job-{i}", prompt))
+    finals = [sink.wait_final(f"job-{i}", 60) for i in range(len(PROMPTS))]
+    host.stop()
+    alone = engine.generate_batch_sync(
+        [tokenizer.encode(p) for p in PROMPTS], SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    )
+    for i, final in enumerate(finals):
+        chunks = sink.chunks(f"job-{i}")
+        assert [c.seq for c in chunks] == list(range(1, len(chunks) + 1))
+        assert "".join(c.text for c in chunks) == final.text == alone[i].output_text
+        assert (final.finish_reason, final.completion_tokens, final.last_seq) == ("length", 24, len(chunks))
+        assert final.prompt_tokens == len(tokenizer.encode(PROMPTS[i]))
+        assert final.first_token_at is not None and final.finished_at >= final.first_token_at
+    assert not host.held_jobs()
+
+
+class SlowSink(MemorySink):
+    """A sink that takes 40 ms per write, like a slow network."""
+
+    def publish(self, batch: StepBatch) -> None:
+        time.sleep(0.04)
+        super().publish(batch)
+
+
+def test_a_slow_sink_gets_one_chunk_per_job_per_batch_and_never_one_per_token(engine, tiny_model):
+    _, tokenizer = tiny_model
+    sink = SlowSink()
+    host = make_host(engine, sink)
+    for i, prompt in enumerate(PROMPTS):
+        host.submit(spec(tokenizer, f"s-{i}", prompt, max_tokens=64))
+    finals = [sink.wait_final(f"s-{i}", 60) for i in range(len(PROMPTS))]
+    host.stop()
+    for batch in sink.batches:
+        ids = [c.job_id for c in batch.chunks]
+        assert len(ids) == len(set(ids)), "two chunks of one job in one batch"
+    for i, final in enumerate(finals):
+        chunks = sink.chunks(f"s-{i}")
+        assert "".join(c.text for c in chunks) == final.text
+        # The engine ran ahead of the 40 ms sink, so steps were folded: fewer writes than tokens.
+        assert len(chunks) < final.completion_tokens
+
+
+def test_cancel_of_a_running_job_ends_it_within_a_second_with_the_streamed_text(engine, tiny_model):
+    _, tokenizer = tiny_model
+    sink = MemorySink()
+    host = make_host(engine, sink)
+    host.submit(spec(tokenizer, "long", "Once upon a time", max_tokens=3000))
+    deadline = time.monotonic() + 30
+    while not sink.chunks("long"):
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    started = time.monotonic()
+    assert host.cancel("long")
+    final = sink.wait_final("long", 1.0)
+    assert final is not None and time.monotonic() - started < 1.0
+    assert final.finish_reason == "abort"
+    assert final.text == "".join(c.text for c in sink.chunks("long"))
+    assert final.completion_tokens < 3000
+    deadline = time.monotonic() + 5
+    while engine.get_stats()["num_running"]:  # the engine dropped it too
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    assert not host.cancel("long")
+    host.stop()
+
+
+def test_a_duplicate_submit_is_ignored_and_the_first_run_is_untouched(engine, tiny_model):
+    _, tokenizer = tiny_model
+    sink = MemorySink()
+    host = make_host(engine, sink)
+    assert host.submit(spec(tokenizer, "dup", "Once upon a time"))
+    assert not host.submit(spec(tokenizer, "dup", "Once upon a time"))
+    final = sink.wait_final("dup", 60)
+    assert final.completion_tokens == 24
+    assert sum(1 for b in sink.batches for f in b.finals if f.job_id == "dup") == 1
+    host.stop()
+
+
+def test_drain_waits_for_short_jobs_and_hands_back_long_ones_without_a_final(engine, tiny_model):
+    _, tokenizer = tiny_model
+    sink = MemorySink()
+    host = make_host(engine, sink)
+    host.submit(spec(tokenizer, "short", "The quick brown fox", max_tokens=8))
+    host.submit(spec(tokenizer, "endless", "Once upon a time", max_tokens=3000))
+    remaining = host.drain(timeout=3.0)
+    assert remaining == ["endless"]
+    assert sink.final("short") is not None
+    assert not host.submit(spec(tokenizer, "late", "def main():"))  # draining admits nothing
+    assert host.hand_back(remaining) == ["endless"]
+    host.stop()
+    assert sink.final("endless") is None
+    assert host.held_jobs() == []
+
+
+def test_heartbeat_reports_identity_memory_and_running_requests(engine, tiny_model):
+    _, tokenizer = tiny_model
+    sink = MemorySink()
+    host = make_host(engine, sink)
+    host.submit(spec(tokenizer, "hb", "Once upon a time", max_tokens=3000))
+    deadline = time.monotonic() + 30
+    while not sink.chunks("hb"):
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    beat = host.heartbeat("worker-1")
+    assert (beat.worker_id, beat.model, beat.device, beat.context_length) == ("worker-1", "tiny", "cpu", 4096)
+    assert beat.num_running == 1
+    assert beat.memory.active_bytes > 0 and beat.memory.peak_bytes >= beat.memory.active_bytes
+    assert [row["request_id"] for row in beat.requests] == ["hb"]
+    host.cancel("hb")
+    assert sink.wait_final("hb", 5) is not None
+    host.stop()
+
+
+def test_outputs_keep_flowing_while_another_thread_submits_and_cancels(engine, tiny_model):
+    _, tokenizer = tiny_model
+    sink = MemorySink()
+    host = make_host(engine, sink)
+    errors: list[BaseException] = []
+
+    def churn() -> None:
+        try:
+            for i in range(6):
+                host.submit(spec(tokenizer, f"c-{i}", PROMPTS[i % 4], max_tokens=16))
+                if i % 2:
+                    host.cancel(f"c-{i}")
+        except BaseException as exc:  # surfaced by the assert below
+            errors.append(exc)
+
+    thread = threading.Thread(target=churn)
+    thread.start()
+    thread.join()
+    assert not errors
+    assert host.wait_idle(60)
+    reasons = {f"c-{i}": sink.final(f"c-{i}").finish_reason for i in range(6)}
+    assert all(reasons[f"c-{i}"] == "length" for i in (0, 2, 4))
+    host.stop()

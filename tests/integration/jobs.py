@@ -1,0 +1,46 @@
+"""Creating and watching jobs from an integration test."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from api.models import Job, JobStatus
+from api.services.jobs import job_dispatch
+from api.tokenization import get_tokenizer
+from tests.api.factories import make_api_key
+from tests.integration.procs import wait_for
+
+JOB_TIMEOUT_S = 240.0
+
+
+def queue_job(prompt: str, *, max_tokens: int, ignore_eos: bool = True, dispatch: bool = True, **params: Any) -> str:
+    """Insert a queued job (as ``job_create`` would, without quotas) and send it to the broker.
+    ``ignore_eos`` makes its length exact, so a test knows it is still running."""
+    api_key, _secret = make_api_key()
+    job = Job.objects.create(
+        owner=api_key.owner,
+        api_key=api_key,
+        prompt=prompt,
+        prompt_token_ids=get_tokenizer().encode_prompt(prompt),
+        params={"max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": ignore_eos, **params},
+    )
+    if dispatch:
+        assert job_dispatch(job_id=str(job.id))
+    return str(job.id)
+
+
+def job(job_id: str) -> Job:
+    return Job.objects.get(id=job_id)
+
+
+def wait_status(job_id: str, statuses: tuple[str, ...], timeout: float = JOB_TIMEOUT_S, tick=None) -> Job:
+    def reached() -> Job | None:
+        if tick is not None:
+            tick()
+        row = job(job_id)
+        return row if row.status in statuses else None
+
+    return wait_for(reached, timeout, f"job {job_id} to reach {statuses}", interval=0.2)
+
+
+FINISHED = (JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED, JobStatus.EXPIRED)

@@ -1,0 +1,86 @@
+"""Subprocesses of the integration tests: engine workers and daphne, with logs in files."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# Generous: the suite shares 2 CPU cores with other work, and a worker loads a model at start.
+START_TIMEOUT_S = 180.0
+
+
+def wait_for(condition: Callable[[], Any], timeout: float, what: str, interval: float = 0.1) -> Any:
+    """Poll ``condition`` until it returns something truthy; fail with ``what`` on timeout."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(interval)
+
+
+class Proc:
+    def __init__(self, name: str, argv: list[str], env: dict[str, str], log_dir: Path) -> None:
+        self.name = name
+        self.log_path = log_dir / f"{name}.log"
+        self._log = self.log_path.open("wb")
+        self.popen = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT)
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def log_tail(self, n: int = 4000) -> str:
+        return self.log_path.read_bytes()[-n:].decode(errors="replace")
+
+    def kill9(self) -> None:
+        os.kill(self.pid, signal.SIGKILL)
+        self.popen.wait(30)
+
+    def stop(self, timeout: float = 60.0) -> int | None:
+        """SIGTERM, then SIGKILL if it does not exit in ``timeout`` seconds."""
+        if self.alive():
+            self.popen.send_signal(signal.SIGTERM)
+            try:
+                self.popen.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait(30)
+        self._log.close()
+        return self.popen.returncode
+
+
+def start_worker(env: dict[str, str], worker_id: str, log_dir: Path) -> Proc:
+    argv = [sys.executable, "manage.py", "run_engine_worker", "--worker-id", worker_id, "--loglevel", "INFO"]
+    return Proc(f"worker-{worker_id}", argv, env, log_dir)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_daphne(env: dict[str, str], port: int, log_dir: Path) -> Proc:
+    argv = [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "inference_service.asgi:application"]
+    return Proc("daphne", argv, env, log_dir)
+
+
+def port_open(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex(("127.0.0.1", port)) == 0

@@ -1,0 +1,70 @@
+"""Durability with real parts: the DB row is the truth, the broker only delivers.
+
+Workers are subprocesses on the Postgres test DB and the Redis test DB; leases and re-dispatch
+delays are shortened through the environment (see conftest.FAST_ENV). The reconciler runs in
+the test process (what celery beat would run every 10 s), called in the polling loop."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from api.keys import job_stream_key
+from api.models import JobStatus
+from api.tasks import reconcile_jobs
+from tests.integration.jobs import job, queue_job, wait_status
+from tests.integration.procs import wait_for
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+
+def test_job_of_a_worker_killed_with_sigkill_completes_on_a_new_worker(workers, redis_db):
+    first = workers.start("w-killed")
+    job_id = queue_job("Once upon a time", max_tokens=1500)
+    wait_for(lambda: redis_db.xlen(job_stream_key(job_id)) >= 3, 120, "the job to stream")
+    assert job(job_id).worker_id == "w-killed"
+    first.kill9()
+
+    # Nothing finishes it while no worker holds the lease: it stays in_progress until the lease
+    # expires and the reconciler hands it on.
+    assert job(job_id).status == JobStatus.IN_PROGRESS
+    workers.start("w-new")
+    done = wait_status(job_id, (JobStatus.COMPLETED,), tick=reconcile_jobs)
+    assert done.worker_id == "w-new"
+    assert done.completion_tokens == 1500
+    assert done.finish_reason == "length"
+    assert done.dispatch_count >= 2
+    # The stream holds exactly the new attempt: seq 1..last_seq, and its text is the stored text.
+    entries = redis_db.xrange(job_stream_key(job_id))
+    deltas = [f for _, f in entries if f["type"] == "delta"]
+    assert [int(f["seq"]) for f in deltas] == list(range(1, done.last_seq + 1))
+    assert "".join(f["text"] for f in deltas) == done.output_text
+
+
+def test_jobs_queued_when_redis_is_flushed_still_complete(workers, redis_db):
+    job_ids = [queue_job(f"Story number {i}:", max_tokens=32) for i in range(3)]
+    redis_db.flushdb()  # the broker messages (and everything else in Redis) are gone
+    workers.start("w-after-flush")
+    time.sleep(2.0)
+    assert {job(j).status for j in job_ids} == {JobStatus.QUEUED}, "the lost messages cannot have run"
+    for job_id in job_ids:
+        done = wait_status(job_id, (JobStatus.COMPLETED,), tick=reconcile_jobs)
+        assert done.completion_tokens == 32
+        assert done.worker_id == "w-after-flush"
+
+
+def test_duplicate_delivery_of_a_running_job_does_nothing(workers, redis_db):
+    workers.start("w-dup")
+    job_id = queue_job("Once upon a time", max_tokens=200)
+    wait_status(job_id, (JobStatus.IN_PROGRESS, JobStatus.COMPLETED))
+    from api.services.jobs import job_dispatch
+
+    job_dispatch(job_id=job_id)  # a second delivery while (or after) it runs
+    done = wait_status(job_id, (JobStatus.COMPLETED,))
+    time.sleep(1.0)
+    again = job(job_id)
+    assert (again.status, again.output_text, again.completion_tokens) == (
+        JobStatus.COMPLETED, done.output_text, 200)
+    deltas = [f for _, f in redis_db.xrange(job_stream_key(job_id)) if f["type"] == "delta"]
+    assert "".join(f["text"] for f in deltas) == done.output_text
