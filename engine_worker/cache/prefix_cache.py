@@ -58,6 +58,10 @@ class PrefixCacheManager:
     def __len__(self) -> int:
         return len(self._store)
 
+    def __bool__(self) -> bool:
+        # An empty cache is still a cache: without this, ``cache or default`` would drop it.
+        return True
+
     # protocol ------------------------------------------------------------------------------------
     def fetch(self, tokens: Sequence[int]) -> tuple[list[Any] | None, list[int], str]:
         hit: CacheHit = self._store.lookup(as_token_array(tokens))
