@@ -94,6 +94,7 @@ class EngineCore:
         self._fatal: BaseException | None = None
         self._start_time: float | None = None
         self._steps_executed = 0
+        self.loop_iterations = 0  # engine-loop passes; flat while idle (no polling)
         _live_engines.add(self)
 
     @property
@@ -164,6 +165,7 @@ class EngineCore:
                 with self._cond:
                     while not (self._commands or self._stop_requested or self.scheduler.has_requests()):
                         self._cond.wait()
+                    self.loop_iterations += 1
                     if self._stop_requested:
                         break
                     commands = self._commands
