@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from api.models import Job, JobStatus
+from api.models import ApiKey, Job, JobStatus
 from api.services.jobs import job_dispatch
 from api.tokenization import get_tokenizer
 from tests.api.factories import make_api_key
@@ -13,10 +13,12 @@ from tests.integration.procs import wait_for
 JOB_TIMEOUT_S = 240.0
 
 
-def queue_job(prompt: str, *, max_tokens: int, ignore_eos: bool = True, dispatch: bool = True, **params: Any) -> str:
+def queue_job(prompt: str, *, max_tokens: int, ignore_eos: bool = True, dispatch: bool = True,
+              api_key: ApiKey | None = None, **params: Any) -> str:
     """Insert a queued job (as ``job_create`` would, without quotas) and send it to the broker.
     ``ignore_eos`` makes its length exact, so a test knows it is still running."""
-    api_key, _secret = make_api_key()
+    if api_key is None:
+        api_key, _secret = make_api_key()
     job = Job.objects.create(
         owner=api_key.owner,
         api_key=api_key,
