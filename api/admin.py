@@ -4,6 +4,8 @@ separate staff view (api.views.dashboard), linked from every admin page."""
 from __future__ import annotations
 
 from django.contrib import admin, messages
+from django.contrib.auth import get_user_model
+from django.contrib.auth.admin import UserAdmin
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils import timezone
@@ -14,7 +16,30 @@ from api.services.api_keys import api_key_generate_secret, api_key_revoke, api_k
 from api.services.jobs import job_cancel, job_requeue
 from api.services.quotas import usage_rollup
 
+User = get_user_model()
 QUOTA_FIELDS = ("requests_per_minute", "tokens_per_day", "max_concurrent_jobs", "max_tokens_per_job", "priority")
+
+
+class ApiKeyInline(admin.TabularInline):
+    """A user's keys, read-only (new keys are made in the key admin, which shows the secret once)."""
+
+    model = ApiKey
+    extra = 0
+    can_delete = False
+    show_change_link = True
+    fields = ("prefix", "name", "created_at", "last_used_at", "revoked_at", *QUOTA_FIELDS)
+    readonly_fields = fields
+
+    def has_add_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
+
+
+class UserWithKeysAdmin(UserAdmin):
+    inlines = [*UserAdmin.inlines, ApiKeyInline]
+
+
+admin.site.unregister(User)
+admin.site.register(User, UserWithKeysAdmin)
 
 
 @admin.register(ApiKey)

@@ -6,6 +6,7 @@ import math
 from typing import Any
 
 from django.conf import settings
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from api.models import JobStatus
@@ -58,6 +59,9 @@ class StrictFloatField(serializers.FloatField):
             self.fail("invalid")
 
 
+@extend_schema_field(
+    {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}, "maxItems": MAX_STOP_SEQUENCES}]}
+)
 class StopField(serializers.Field):
     """``stop``: one string or a list of up to 4; always stored as a list."""
 

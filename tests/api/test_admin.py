@@ -115,3 +115,9 @@ def test_requeue_action_leaves_running_jobs_alone(staff, dispatched):
     response = staff.post("/admin/api/job/", {"action": "requeue_jobs", "_selected_action": [job.id]}, follow=True)
     assert Job.objects.get(id=job.id).status == JobStatus.IN_PROGRESS
     assert any("cannot be requeued" in str(m) for m in response.context["messages"])
+
+
+def test_user_admin_lists_the_users_keys(staff):
+    api_key, _ = make_api_key()
+    html = staff.get(f"/admin/auth/user/{api_key.owner.id}/change/").content.decode()
+    assert api_key.prefix in html
