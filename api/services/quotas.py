@@ -29,10 +29,11 @@ class RateLimitState:
     reset_s: float
 
     def headers(self) -> dict[str, str]:
+        """The same x-ratelimit-* headers a 429 carries (QuotaExceeded.headers)."""
         return {
-            "x-ratelimit-limit-requests": str(self.limit),
-            "x-ratelimit-remaining-requests": str(max(0, self.remaining)),
-            "x-ratelimit-reset-requests": f"{self.reset_s:.0f}s",
+            "x-ratelimit-limit": str(self.limit),
+            "x-ratelimit-remaining": str(max(0, self.remaining)),
+            "x-ratelimit-reset": f"{self.reset_s:.0f}s",
         }
 
 
@@ -62,6 +63,19 @@ def quota_consume_request(*, api_key: ApiKey, now: float | None = None) -> RateL
             reset_s=reset_s,
         )
     return RateLimitState(limit=limit, remaining=limit - count, reset_s=reset_s)
+
+
+def quota_request_rate_state(*, api_key: ApiKey, now: float | None = None) -> RateLimitState | None:
+    """Where the key stands in the current one-minute window, without counting a request
+    (None if Redis is unreachable)."""
+    now = time.time() if now is None else now
+    window = int(now // RATE_WINDOW_S)
+    try:
+        count = int(get_redis().get(keys.rate_limit_key(api_key.id, window)) or 0)
+    except redis.RedisError:
+        return None
+    limit = api_key.requests_per_minute
+    return RateLimitState(limit=limit, remaining=limit - count, reset_s=(window + 1) * RATE_WINDOW_S - now)
 
 
 def _day_bounds(now: dt.datetime) -> tuple[dt.datetime, dt.datetime]:

@@ -19,6 +19,7 @@ from api.serializers import (
     JobSerializer,
 )
 from api.services.jobs import JobRequest, job_cancel, job_create
+from api.services.quotas import quota_request_rate_state
 
 ERRORS = {
     400: OpenApiResponse(ErrorSerializer, description="Invalid request"),
@@ -74,10 +75,14 @@ class JobListCreateView(APIView):
             "queue_position": job_queue_position(job=job),
             "created_at": job.created_at,
         }
+        headers = {"Location": f"/api/v1/jobs/{job.id}"}
+        rate = quota_request_rate_state(api_key=request.auth)
+        if rate is not None:
+            headers.update(rate.headers())
         return Response(
             JobCreatedSerializer(body).data,
             status=status.HTTP_202_ACCEPTED if created else status.HTTP_200_OK,
-            headers={"Location": f"/api/v1/jobs/{job.id}"},
+            headers=headers,
         )
 
     @extend_schema(

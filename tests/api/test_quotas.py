@@ -38,6 +38,17 @@ def test_requests_per_minute_over_the_limit_is_429_with_retry_after(api_client, 
     assert int(third["Retry-After"]) <= 60
 
 
+def test_accepted_requests_report_the_remaining_request_rate(api_client, api_key):
+    api_key.requests_per_minute = 5
+    api_key.save()
+
+    response = api_client.post("/api/v1/jobs", BODY, format="json")
+
+    assert response.status_code == 202
+    assert (response["x-ratelimit-limit"], response["x-ratelimit-remaining"]) == ("5", "4")
+    assert 0 <= int(response["x-ratelimit-reset"].rstrip("s")) <= 60
+
+
 def test_request_rate_is_counted_per_key(api_client, api_key):
     api_key.requests_per_minute = 1
     api_key.save()
