@@ -1,0 +1,112 @@
+"""What the Scheduler calls around the prefix cache, beyond the fetch/store seam.
+
+Each function is small and engine-thread safe (no disk I/O):
+
+* :func:`default_prefix_cache` builds the back end the config asks for (the seed builds it inside
+  ``Scheduler.__init__``), or :class:`NoPrefixCache`.
+* :func:`store_removed_prefix` keeps what an aborted (or stop-string-removed) request had already
+  prefilled: ``BatchGenerator.remove(uids, return_prompt_caches=True)`` returns the cache even in
+  the middle of a prefill, with ``offset`` = tokens processed so far, and the memory-aware store
+  cuts the key to that offset. So a long prompt aborted halfway leaves its prefix reusable.
+* :func:`prefill_segments` cuts a prompt at multiples of ``mid_prefill_save_interval`` for
+  ``BatchGenerator.insert_segments``; at each ``end_of_segment`` prompt response the scheduler
+  calls ``extract_cache([uid])`` and :func:`store_removed_prefix` (mid-prefill saves).
+* :class:`SSDWaitPolicy` lets a request whose lookup said ``ssd_pending`` wait a bounded number
+  of steps for the background read, instead of prefilling cold.
+* :func:`close_prefix_cache` flushes the SSD tier's writer on shutdown.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from engine_worker.cache.factory import build_prefix_cache
+from engine_worker.cache_protocol import NoPrefixCache, PrefixCacheBackend
+
+logger = logging.getLogger(__name__)
+
+
+def default_prefix_cache(model: Any, config: Any) -> PrefixCacheBackend:
+    """The configured back end, or :class:`NoPrefixCache` when ``enable_prefix_cache`` is off."""
+    cache = build_prefix_cache(model, config)
+    return cache if cache is not None else NoPrefixCache()
+
+
+def store_removed_prefix(
+    backend: PrefixCacheBackend,
+    prompt_tokens: Sequence[int],
+    output_tokens: Sequence[int],
+    removed: tuple[list[Any], Sequence[int]] | None,
+) -> bool:
+    """Store the cache of a request taken out of the batch (abort, stop string, segment end).
+
+    ``removed`` is the ``(cache_layers, tokens)`` pair from ``remove(..., return_prompt_caches=True)``
+    or ``extract_cache``. The entry's key is the prompt + output cut to the cache's offset, so
+    a half-prefilled prompt stores exactly its processed prefix. Returns whether anything was
+    offered to the back end.
+    """
+    if removed is None or not backend.active:
+        return False
+    cache_layers, _tokens = removed
+    if not cache_layers:
+        return False
+    backend.store(list(prompt_tokens) + list(output_tokens), cache_layers)
+    return True
+
+
+def prefill_segments(tokens: Sequence[int], cached_tokens: int, interval: int) -> list[list[int]]:
+    """Split the tokens still to prefill so that segment ends fall on multiples of ``interval``
+    counted from the prompt start (``cached_tokens`` are already covered). ``interval <= 0`` or a
+    short prompt gives one segment. The last segment is never empty."""
+    tokens = list(tokens)
+    if interval <= 0 or len(tokens) <= 1:
+        return [tokens]
+    segments: list[list[int]] = []
+    start = 0
+    boundary = (cached_tokens // interval + 1) * interval - cached_tokens
+    # Keep at least one token in the last segment: it is what produces the first new token.
+    while boundary < len(tokens):
+        segments.append(tokens[start:boundary])
+        start = boundary
+        boundary += interval
+    segments.append(tokens[start:])
+    return segments
+
+
+class SSDWaitPolicy:
+    """Hold a request at most ``max_wait_s`` while its SSD entry is read in the background.
+
+    The scheduler re-runs its lookup for a held request at the next step; the request is admitted
+    as soon as the lookup stops saying ``ssd_pending`` (the entry was promoted, or the read
+    failed) or the wait expires (then it prefills cold). Nothing blocks: other requests keep
+    being admitted and decoded meanwhile.
+    """
+
+    def __init__(self, max_wait_s: float = 0.5) -> None:
+        self.max_wait_s = max_wait_s
+        self._since: dict[str, float] = {}
+
+    def should_wait(self, request_id: str, hit_type: str) -> bool:
+        if hit_type != "ssd_pending":
+            self._since.pop(request_id, None)
+            return False
+        first = self._since.setdefault(request_id, time.monotonic())
+        if time.monotonic() - first < self.max_wait_s:
+            return True
+        logger.info("request %s: SSD promotion slower than %.2fs, prefilling cold", request_id,
+                    self.max_wait_s)
+        self._since.pop(request_id, None)
+        return False
+
+    def forget(self, request_id: str) -> None:
+        self._since.pop(request_id, None)
+
+
+def close_prefix_cache(backend: PrefixCacheBackend) -> None:
+    """Flush and stop the SSD tier's I/O thread, if the back end has one (shutdown only)."""
+    tier = getattr(backend, "ssd_tier", None)
+    if tier is not None:
+        tier.close()

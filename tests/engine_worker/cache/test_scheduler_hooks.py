@@ -1,0 +1,70 @@
+"""The scheduler-side hooks: abort keeps the processed prefix, segment cuts, SSD wait policy."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine_worker.cache import MemoryAwarePrefixCache, MemoryCacheConfig
+from engine_worker.cache.scheduler_hooks import (
+    SSDWaitPolicy,
+    default_prefix_cache,
+    prefill_segments,
+    store_removed_prefix,
+)
+from engine_worker.cache_protocol import NoPrefixCache
+from engine_worker.config import SchedulerConfig
+
+
+def test_a_long_prompt_aborted_halfway_leaves_its_processed_prefix_reusable(tiny_model, prompts, greedy):
+    import mlx.core as mx
+    from mlx_lm.generate import BatchGenerator
+
+    model, _ = tiny_model
+    cache = MemoryAwarePrefixCache(model, MemoryCacheConfig(max_memory_mb=64))
+    prompt = prompts(300)
+    generator = BatchGenerator(model, prefill_step_size=64, stream=mx.default_stream(mx.default_device()))
+    try:
+        (uid,) = generator.insert([prompt], max_tokens=[4])
+        generator.next()
+        generator.next()  # two 64-token chunks prefilled, the prompt is far from done
+        removed = generator.remove([uid], return_prompt_caches=True)[uid]
+    finally:
+        generator.close()
+
+    assert store_removed_prefix(cache, prompt, [], removed) is True
+    [row] = cache.list_entries()
+    assert row["tokens"] == removed[0][0].offset and 0 < row["tokens"] < len(prompt)
+    layers, remaining, hit_type = cache.fetch(prompt)
+    assert hit_type == "prefix" and len(remaining) == len(prompt) - row["tokens"]
+    assert greedy(remaining, layers) == greedy(prompt)
+
+
+@pytest.mark.parametrize(
+    "n, cached, interval, expected",
+    [
+        (10, 0, 0, [10]),
+        (10, 0, 4, [4, 4, 2]),
+        (8, 0, 4, [4, 4]),
+        (9, 0, 4, [4, 4, 1]),
+        (10, 3, 4, [1, 4, 4, 1]),  # boundaries at absolute positions 4, 8, 12
+        (3, 0, 4, [3]),
+    ],
+)
+def test_prefill_segments_end_on_interval_multiples(n, cached, interval, expected):
+    segments = prefill_segments(list(range(n)), cached, interval)
+    assert [len(s) for s in segments] == expected
+    assert sum(segments, []) == list(range(n))
+
+
+def test_ssd_wait_policy_holds_pending_requests_only_within_its_bound():
+    patient = SSDWaitPolicy(max_wait_s=3600)
+    assert patient.should_wait("a", "ssd_pending") is True
+    assert patient.should_wait("a", "ssd_hit") is False
+    impatient = SSDWaitPolicy(max_wait_s=0.0)
+    assert impatient.should_wait("b", "ssd_pending") is False
+
+
+def test_default_prefix_cache_is_a_no_op_backend_when_disabled(tiny_model):
+    assert isinstance(default_prefix_cache(tiny_model[0], SchedulerConfig(enable_prefix_cache=False)),
+                      NoPrefixCache)
+    assert default_prefix_cache(tiny_model[0], SchedulerConfig(cache_memory_mb=8)).active is True
