@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from django.core.exceptions import PermissionDenied
+from django.core.exceptions import PermissionDenied, RequestDataTooBig, SuspiciousOperation
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.views.defaults import page_not_found
 from rest_framework import exceptions as drf
@@ -188,6 +188,11 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         exc = drf.NotFound()
     elif isinstance(exc, PermissionDenied):
         exc = drf.PermissionDenied()
+    elif isinstance(exc, RequestDataTooBig):
+        return Response(error_body("Request body too large.", error_type="invalid_request_error",
+                                   code="request_too_large"), status=413)
+    elif isinstance(exc, SuspiciousOperation):  # e.g. too many fields / malformed headers
+        return Response(error_body("Bad request.", error_type="invalid_request_error", code="bad_request"), status=400)
     if isinstance(exc, drf.ValidationError):
         message, param, code = _flatten_validation(exc.detail)
         return Response(error_body(message, error_type="invalid_request_error", code=code, param=param), status=400)

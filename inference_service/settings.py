@@ -111,7 +111,7 @@ REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": ["api.authentication.ApiKeyAuthentication"],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
-    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "DEFAULT_PARSER_CLASSES": ["api.parsers.StrictJSONParser"],
     "EXCEPTION_HANDLER": "api.errors.exception_handler",
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "UNAUTHENTICATED_USER": None,
@@ -132,6 +132,7 @@ MODEL_PATH = env_str("MODEL_PATH", str(VAR_DIR / "models" / "tiny"))
 MAX_TOKENS_CAP = env_int("MAX_TOKENS_CAP", 4096, minimum=1)
 DEFAULT_MAX_TOKENS = env_int("DEFAULT_MAX_TOKENS", 256, minimum=1)
 MAX_PROMPT_CHARS = env_int("MAX_PROMPT_CHARS", 200_000, minimum=1)
+MAX_REQUEST_BYTES = env_int("MAX_REQUEST_BYTES", 4 * 1024 * 1024, minimum=1024)
 JOBS_PAGE_SIZE = env_int("JOBS_PAGE_SIZE", 20, minimum=1)
 
 # Quotas given to new API keys (each key can be edited in the admin).

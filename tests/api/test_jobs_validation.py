@@ -146,7 +146,30 @@ FIELDS = ["prompt", "messages", "max_tokens", "temperature", "top_p", "top_k", "
           "seed", "stop", "priority", "extra"]
 RAW_BODIES = [b"", b"null", b"1", b'"s"', b"[]", b"{", b'{"prompt": NaN}', b'{"prompt": "a", "temperature": NaN}',
               b'{"prompt": "a", "temperature": Infinity}', b'{"prompt": "a", "max_tokens": 1e400}',
-              b"\xff\xfe", b'{"prompt": "\\ud800"}', b'{"prompt": "a\\u0000b"}', b'{"prompt": "a"' * 100]
+              b"\xff\xfe", b'{"prompt": "\\ud800"}', b'{"prompt": "a\\u0000b"}', b'{"prompt": "a"' * 100,
+              b"[" * 50_000, b'{"prompt": ' * 20_000, b'{"messages": [' + b'{"role": "user", "content": "x"},' * 2000 + b"]}"]
+
+
+def test_deeply_nested_json_is_400_not_a_crash(api_client):
+    assert_error(post_raw(api_client, b"[" * 100_000), 400, code="invalid_json")
+
+
+def test_body_over_the_size_limit_is_413(api_client, settings):
+    settings.MAX_REQUEST_BYTES = 10_000
+
+    assert_error(post_raw(api_client, json.dumps({"prompt": "a" * 20_000})), 413, code="request_too_large")
+
+
+def test_body_over_djangos_upload_limit_is_413(api_client, settings):
+    settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 5_000
+
+    assert_error(post_raw(api_client, json.dumps({"prompt": "a" * 6_000})), 413, code="request_too_large")
+
+
+def test_prompt_over_the_character_limit_is_400(api_client, settings):
+    settings.MAX_PROMPT_CHARS = 100
+
+    assert_error(api_client.post("/api/v1/jobs", {"prompt": "a" * 101}, format="json"), 400, param="prompt")
 
 
 def test_fuzzed_bad_bodies_never_produce_a_500(api_client, api_key):
