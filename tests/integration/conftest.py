@@ -98,9 +98,9 @@ class WorkerFactory:
         self.log_dir = log_dir
         self.procs: list[Proc] = []
 
-    def start(self, worker_id: str) -> Proc:
+    def start(self, worker_id: str, **env: str) -> Proc:
         """Start a worker and wait until its heartbeat is in Redis (the model is loaded)."""
-        proc = start_worker(self.env, worker_id, self.log_dir)
+        proc = start_worker({**self.env, **env}, worker_id, self.log_dir)
         self.procs.append(proc)
         redis = get_redis()
 
