@@ -58,8 +58,10 @@ class SchedulerOutput:
 class Scheduler:
     """Continuous-batching request manager (seed API: ``Scheduler(model, tokenizer, config)``).
 
-    ``prefix_cache`` plugs a cache back end in (see :mod:`engine_worker.cache_protocol`);
-    ``runner_factory`` replaces the mlx generator (tests with scripted tokens).
+    ``prefix_cache`` plugs a cache back end in (see :mod:`engine_worker.cache_protocol`); by
+    default the one the config's cache fields ask for is built (none when
+    ``enable_prefix_cache`` is False). ``runner_factory`` replaces the mlx generator (tests with
+    scripted tokens).
     """
 
     def __init__(
@@ -75,7 +77,7 @@ class Scheduler:
         self.model = model
         self.tokenizer = tokenizer
         self.config = config or SchedulerConfig()
-        self.prefix_cache: PrefixCacheBackend = prefix_cache or NoPrefixCache()
+        self.prefix_cache: PrefixCacheBackend = prefix_cache or _default_prefix_cache(model, self.config)
         self._runner_factory = runner_factory or MlxBatchRunner
         self.runner: BatchRunner | None = None
         self.max_model_len = max_model_len or context_length(model)
@@ -489,8 +491,12 @@ class Scheduler:
         self.clear_runtime_caches()
 
     def deep_reset(self) -> None:
-        """``reset()`` plus dropping every cache reference the model may hold."""
+        """``reset()`` plus dropping every cache reference the model may hold, and closing the
+        prefix cache's disk tier (it flushes pending writes)."""
         self.reset()
+        tier = getattr(self.prefix_cache, "ssd_tier", None)
+        if tier is not None:
+            tier.close()
         for obj in [self.model, *getattr(self.model, "layers", [])]:
             for holder in (obj, getattr(obj, "self_attn", None)):
                 if holder is not None and hasattr(holder, "cache"):
@@ -502,6 +508,14 @@ class Scheduler:
         runner, self.runner = self.runner, None
         if runner is not None:
             runner.close()
+
+
+def _default_prefix_cache(model: Any, config: SchedulerConfig) -> PrefixCacheBackend:
+    if not config.enable_prefix_cache:
+        return NoPrefixCache()
+    from engine_worker.cache import build_prefix_cache  # the cache tiers load only when asked for
+
+    return build_prefix_cache(model, config) or NoPrefixCache()
 
 
 def _eos_ids(tokenizer: Any) -> set[int]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from engine_worker import memory
+from engine_worker.config import SchedulerConfig
 from engine_worker.request import Request
 from engine_worker.scheduler import Scheduler
 from engine_worker.stats import running_row
@@ -60,4 +61,12 @@ def test_scheduler_stats_count_tokens_and_report_memory_in_bytes_with_the_device
     assert mem["device"] == memory.device_label()
     assert isinstance(mem["active_bytes"], int) and mem["active_bytes"] > 1_000_000  # the weights
     assert mem["peak_bytes"] >= mem["active_bytes"]
-    assert "memory_aware_cache" not in stats and "prefix_cache" not in stats  # no back end plugged in
+    assert isinstance(stats["memory_aware_cache"], dict)  # the seed's default back end
+
+
+def test_stats_carry_no_cache_section_when_prefix_caching_is_off(tiny_model):
+    model, tokenizer = tiny_model
+    scheduler = Scheduler(model, tokenizer, SchedulerConfig(enable_prefix_cache=False))
+    stats = scheduler.get_stats()
+    assert not {"memory_aware_cache", "paged_cache", "prefix_cache"} & set(stats)
+    assert scheduler.get_cache_stats() is None
