@@ -56,10 +56,12 @@ def job_streamed_text(*, job_id: str) -> str | None:
         return None
     chunks: dict[int, str] = {}
     for _entry_id, fields in entries:
+        if fields.get("type", "delta") != "delta":
+            continue  # the final entry repeats the last seq with no text
         try:
             chunks[int(fields[keys.JOB_STREAM_FIELD_SEQ])] = fields.get(keys.JOB_STREAM_FIELD_TEXT, "")
         except (KeyError, ValueError):
-            continue  # not a text chunk (e.g. a final marker)
+            continue
     return "".join(chunks[seq] for seq in sorted(chunks))
 
 
