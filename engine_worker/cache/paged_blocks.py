@@ -136,6 +136,10 @@ class PagedCacheManager:
                 self._remove(block)
             return len(idle)
 
+    def blocks(self) -> list[Block]:
+        with self.lock:
+            return list(self._blocks.values())
+
     def get_stats(self) -> dict[str, Any]:
         with self.lock:
             blocks = list(self._blocks.values())

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -23,7 +24,7 @@ from mlx_lm.models.cache import KVCache
 from engine_worker.cache import kv
 from engine_worker.cache.index import as_token_array, chain_hashes
 from engine_worker.cache.paged_blocks import BlockTable, PagedCacheManager
-from engine_worker.cache.types import CacheCounters, MatchType
+from engine_worker.cache.types import CacheCounters, EntryInfo, MatchType, Tier
 
 logger = logging.getLogger(__name__)
 
@@ -143,6 +144,20 @@ class BlockAwarePrefixCache:
 
     def clear(self) -> None:
         self.manager.clear()
+
+    def list_entries(self) -> list[dict[str, Any]]:
+        """One row per block (the paged cache's unit of storage); ``hit_count`` is the number of
+        stored sequences sharing the block, ``key_hash`` its id for :meth:`evict`."""
+        now_wall, now_mono = time.time(), time.monotonic()
+        return [
+            EntryInfo(str(b.block_id), self.block_size, b.nbytes, Tier.RAM, b.users,
+                      now_wall - (now_mono - b.last_used), False).as_dict()
+            for b in self.manager.blocks()
+        ]
+
+    def evict(self, key: str) -> bool:
+        """Drop one block by id, unless a running request holds it."""
+        return key.isdigit() and self.manager.evict(int(key))
 
     def get_stats(self) -> dict[str, Any]:
         with self.manager.lock:

@@ -84,3 +84,16 @@ def test_legacy_cache_keeps_at_most_prefix_cache_size_entries(tiny_model, prompt
     layers, remaining = legacy.fetch_cache(prompt)
     assert len(remaining) == 5
     assert greedy(remaining, layers) == greedy(prompt)
+
+
+def test_paged_operator_view_lists_blocks_and_never_evicts_one_in_use(tiny_model, prompts, prefill):
+    paged = _paged(tiny_model[0])
+    tokens = prompts(40)
+    paged.store(tokens, prefill(tokens))
+    rows = paged.list_entries()
+    assert len(rows) == 2 and {r["tokens"] for r in rows} == {16}
+    table, _ = paged.fetch_cache("running", tokens)
+    assert paged.evict(str(table.block_ids[0])) is False
+    paged.release("running")
+    assert paged.evict(str(table.block_ids[0])) is True
+    assert len(paged.list_entries()) == 1
