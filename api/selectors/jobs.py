@@ -16,7 +16,6 @@ from api import keys
 from api.errors import JobNotFound
 from api.models import Job, JobStatus
 from api.redis_client import get_redis
-from engine_worker.protocol import JobSpec
 
 logger = logging.getLogger(__name__)
 
@@ -104,24 +103,6 @@ def job_detail(*, job: Job) -> dict[str, Any]:
         "worker_id": job.worker_id,
         "error": job.error,
     }
-
-
-def job_spec(*, job: Job) -> JobSpec:
-    """The engine's view of a job (for the worker side)."""
-    params = job.params
-    return JobSpec(
-        job_id=str(job.id),
-        prompt_token_ids=tuple(int(t) for t in job.prompt_token_ids),
-        max_tokens=int(params["max_tokens"]),
-        temperature=float(params.get("temperature", 0.0)),
-        top_p=float(params.get("top_p", 1.0)),
-        top_k=int(params.get("top_k", 0)),
-        min_p=float(params.get("min_p", 0.0)),
-        repetition_penalty=float(params.get("repetition_penalty", 1.0)),
-        seed=params.get("seed"),
-        stop=tuple(params.get("stop") or ()),
-        priority=job.priority,
-    )
 
 
 def job_status_counts() -> dict[str, int]:
