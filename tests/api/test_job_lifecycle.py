@@ -1,0 +1,126 @@
+"""Worker-side job transitions: conditional UPDATEs that make duplicates and late workers no-ops."""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+
+import pytest
+from django.utils import timezone
+
+from api.models import JobStatus
+from api.services import job_lifecycle as lc
+from engine_worker.protocol import FinalResult
+from tests.api.factories import make_job
+
+pytestmark = pytest.mark.django_db
+
+
+def final(job, reason="length", text="hello", **kw) -> FinalResult:
+    return FinalResult(job_id=str(job.id), text=text, finish_reason=reason, prompt_tokens=3,
+                       completion_tokens=5, finished_at=time.time(), last_seq=2, **kw)
+
+
+def test_a_job_is_claimed_once_and_a_duplicate_claim_gets_nothing():
+    job = make_job()
+    claimed = lc.job_claim(job_id=str(job.id), worker_id="w1", lease_s=30)
+    assert claimed.status == JobStatus.IN_PROGRESS and claimed.worker_id == "w1"
+    assert claimed.lease_expires_at > timezone.now() and claimed.started_at is not None
+    assert lc.job_claim(job_id=str(job.id), worker_id="w2", lease_s=30) is None
+    job.refresh_from_db()
+    assert job.worker_id == "w1"
+
+
+def test_a_cancelled_job_is_never_claimed():
+    job = make_job(cancel_requested=True)
+    assert lc.job_claim(job_id=str(job.id), worker_id="w1", lease_s=30) is None
+    assert lc.job_claim(job_id=str(make_job(status=JobStatus.CANCELLED).id), worker_id="w1", lease_s=30) is None
+
+
+def test_spec_carries_the_tokens_and_sampling_of_the_job():
+    job = make_job(params={"max_tokens": 7, "temperature": 0.5, "top_p": 0.9, "top_k": 4, "min_p": 0.1,
+                           "repetition_penalty": 1.1, "seed": 3, "stop": ["\n\n"]}, priority=2)
+    spec = lc.job_spec(job)
+    assert (spec.job_id, spec.prompt_token_ids, spec.max_tokens) == (str(job.id), (1, 2, 3), 7)
+    assert (spec.temperature, spec.top_p, spec.top_k, spec.min_p) == (0.5, 0.9, 4, 0.1)
+    assert (spec.repetition_penalty, spec.seed, spec.stop, spec.priority) == (1.1, 3, ("\n\n",), 2)
+
+
+def test_finish_records_text_and_usage_only_for_the_worker_that_holds_the_job():
+    job = make_job()
+    lc.job_claim(job_id=str(job.id), worker_id="w1", lease_s=30)
+    assert not lc.job_finish(result=final(job), worker_id="w-late")
+    assert lc.job_finish(result=final(job), worker_id="w1")
+    job.refresh_from_db()
+    assert (job.status, job.output_text, job.completion_tokens, job.last_seq) == (JobStatus.COMPLETED, "hello", 5, 2)
+    assert job.lease_expires_at is None and job.finished_at is not None
+    assert not lc.job_finish(result=final(job, text="again"), worker_id="w1")  # duplicate final
+
+
+@pytest.mark.parametrize(("reason", "status"), [("stop", JobStatus.COMPLETED), ("error", JobStatus.FAILED),
+                                                ("abort", JobStatus.CANCELLED)])
+def test_finish_reason_decides_the_status(reason, status):
+    job = make_job()
+    lc.job_claim(job_id=str(job.id), worker_id="w1", lease_s=30)
+    lc.job_finish(result=final(job, reason=reason, error="boom" if reason == "error" else None), worker_id="w1")
+    job.refresh_from_db()
+    assert job.status == status and job.finish_reason == reason
+
+
+def test_requeue_by_lease_only_after_the_lease_expired():
+    job = make_job()
+    lc.job_claim(job_id=str(job.id), worker_id="w1", lease_s=30)
+    assert not lc.job_requeue(job_id=str(job.id), worker_id=None, redispatch_after_s=0)
+    assert lc.job_renew_leases(worker_id="w1", job_ids=[str(job.id)], lease_s=30) == 1
+    type(job).objects.filter(id=job.id).update(lease_expires_at=timezone.now() - dt.timedelta(seconds=1))
+    assert lc.jobs_with_expired_lease() == [str(job.id)]
+    assert lc.job_requeue(job_id=str(job.id), worker_id=None, redispatch_after_s=0)
+    job.refresh_from_db()
+    assert job.status == JobStatus.QUEUED and job.worker_id is None
+    # The dead worker's late final changes nothing.
+    assert not lc.job_finish(result=final(job), worker_id="w1")
+
+
+def test_first_token_is_recorded_once():
+    job = make_job()
+    lc.job_claim(job_id=str(job.id), worker_id="w1", lease_s=30)
+    assert lc.job_record_first_token(job_id=str(job.id), worker_id="w1", at=time.time())
+    assert not lc.job_record_first_token(job_id=str(job.id), worker_id="w1", at=time.time() + 5)
+
+
+def test_queued_jobs_need_dispatch_only_after_their_claim_deadline():
+    fresh = make_job()
+    old = make_job(queued_at=timezone.now() - dt.timedelta(seconds=120))
+    assert lc.jobs_needing_dispatch(queued_grace_s=60) == [str(old.id)]
+    assert lc.job_mark_dispatched(job_id=str(old.id), redispatch_after_s=60)
+    assert lc.jobs_needing_dispatch(queued_grace_s=60) == []
+    old.refresh_from_db()
+    assert old.dispatch_count == 1 and fresh.dispatch_count == 0
+
+
+def test_reconciler_requeues_expired_leases_and_redispatches_lost_jobs(monkeypatch):
+    from api import tasks
+
+    sent: list[str] = []
+    monkeypatch.setattr(tasks, "dispatch_job", sent.append)
+    monkeypatch.setattr(tasks, "_declare_engine_queue", lambda: None)
+    dead = make_job()
+    lc.job_claim(job_id=str(dead.id), worker_id="dead", lease_s=30)
+    type(dead).objects.filter(id=dead.id).update(lease_expires_at=timezone.now() - dt.timedelta(seconds=1))
+    lost = make_job(queued_at=timezone.now() - dt.timedelta(seconds=600))
+    make_job()  # just queued: its message is still on its way
+    assert tasks.reconcile_jobs() == {"requeued": 1, "dispatched": 2}
+    assert sorted(sent) == sorted([str(dead.id), str(lost.id)])
+    assert tasks.reconcile_jobs() == {"requeued": 0, "dispatched": 0}  # not again before the deadline
+
+
+def test_expire_jobs_expires_only_long_queued_jobs(settings):
+    from api import tasks
+
+    settings.JOB_QUEUE_TIMEOUT_S = 60
+    stale = make_job(queued_at=timezone.now() - dt.timedelta(seconds=120))
+    fresh = make_job()
+    assert tasks.expire_jobs() == 1
+    stale.refresh_from_db()
+    fresh.refresh_from_db()
+    assert (stale.status, fresh.status) == (JobStatus.EXPIRED, JobStatus.QUEUED)
