@@ -12,7 +12,7 @@ import logging
 import os
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 from engine_worker.cache.types import EntryInfo, Tier
@@ -77,9 +77,18 @@ class SSDIndex:
     def least_recent(self) -> SSDRow:
         return min(self._rows.values(), key=lambda row: row.last_used)
 
-    def save(self) -> None:
+    def document(self) -> dict:
+        """The index as a JSON-ready dict; O(rows), not O(tokens): token lists are shared, not
+        copied (rows never mutate them), so the caller can serialise it outside its lock."""
+        rows = []
+        for row in self._rows.values():
+            fields = {name: getattr(row, name) for name in SSDRow.__slots__}
+            rows.append(fields)
+        return {"version": INDEX_VERSION, "rows": rows}
+
+    def write(self, document: dict) -> None:
+        """Atomically replace the index file (temp file + rename)."""
         tmp = self.path.with_suffix(".json.tmp")
-        document = {"version": INDEX_VERSION, "rows": [asdict(row) for row in self._rows.values()]}
         tmp.write_text(json.dumps(document))
         os.replace(tmp, self.path)
 

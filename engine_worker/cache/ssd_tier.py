@@ -69,6 +69,9 @@ class SSDCacheTier:
         self.directory.mkdir(parents=True, exist_ok=True)
         self.max_bytes = int(config.max_size_gb * GB)
         self._lock = threading.Lock()
+        # Serialises index-file writes, which happen OUTSIDE self._lock: serialising a large index
+        # must never hold up the engine thread's lookups.
+        self._save_lock = threading.Lock()
         self._rows = SSDIndex(self.directory / "index.json")
         self._prefix = PrefixIndex(index_block)
         self._queue: queue.PriorityQueue[tuple[int, int, Any]] = queue.PriorityQueue()
@@ -93,8 +96,7 @@ class SSDCacheTier:
             self._queue.put((_STOP, next(self._seq), None))
             self._thread.join(timeout)
         self._thread = None
-        with self._lock:
-            self._rows.save()
+        self._persist_index()
 
     def flush(self, timeout: float = 30.0) -> bool:
         """Wait until queued work is done (tests and shutdown; never called inside a step)."""
@@ -115,8 +117,8 @@ class SSDCacheTier:
             for row in self._rows.rows():
                 self._prefix.add(row.key, np.asarray(row.tokens, dtype=np.int64))
             self._enforce_cap_locked(0)
-            self._rows.save()
-            return kept
+        self._persist_index()
+        return kept
 
     # ---- engine-thread API (no disk I/O) -------------------------------------------------------
     def spill(self, key: str, host: entry_io.HostEntry, memory_bytes: int, quantized: bool) -> bool:
@@ -168,8 +170,9 @@ class SSDCacheTier:
             self._prefix.remove(key)
             if row is not None:
                 self._unlink(row)
-                self._rows.save()
-            return row is not None
+        if row is not None:
+            self._persist_index()
+        return row is not None
 
     def clear(self) -> int:
         with self._lock:
@@ -178,8 +181,8 @@ class SSDCacheTier:
                 self._rows.pop(row.key)
                 self._unlink(row)
             self._prefix.clear()
-            self._rows.save()
-            return len(rows)
+        self._persist_index()
+        return len(rows)
 
     def entries(self) -> list[EntryInfo]:
         with self._lock:
@@ -238,7 +241,7 @@ class SSDCacheTier:
                 self._prefix.add(key, host.tokens)
                 self._stats["ssd_writes"] += 1
                 self._enforce_cap_locked(0)
-                self._rows.save()
+            self._persist_index()
         finally:
             with self._lock:
                 self._pending_writes.discard(key)
@@ -258,7 +261,7 @@ class SSDCacheTier:
                     if self._rows.pop(key) is not None:
                         self._prefix.remove(key)
                         self._unlink(row)
-                        self._rows.save()
+                self._persist_index()
                 return
             with self._lock:
                 self._rows.touch(key)
@@ -266,6 +269,12 @@ class SSDCacheTier:
         finally:
             with self._lock:
                 self._pending_reads.discard(key)
+
+    def _persist_index(self) -> None:
+        with self._save_lock:
+            with self._lock:
+                document = self._rows.document()
+            self._rows.write(document)
 
     def _enforce_cap_locked(self, incoming: int) -> None:
         while self._rows.total_bytes + incoming > self.max_bytes and len(self._rows):
