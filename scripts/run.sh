@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# `make run`: the whole service on embedded defaults, in the foreground. Ctrl-C stops everything.
+#
+#   database  SQLite under var/ (DATABASE_URL switches to Postgres)
+#   Redis     REDIS_URL, default redis://127.0.0.1:6379/0; a local redis-server is started if none answers
+#   model     MODEL_PATH, default the locally built tiny model under var/models/tiny (built if missing)
+#   processes daphne (HTTP + WebSocket), the engine worker, celery beat, a light celery worker
+#
+# `make setup` (a dependency of `make run`) installs the packages; this script installs nothing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+BIN=.venv/bin
+PORT="${PORT:-8000}"
+HOST="${HOST:-127.0.0.1}"
+LOG_DIR=var/log
+DEMO_USER="${DEMO_USER:-demo}"
+DEMO_PASSWORD="${DEMO_PASSWORD:-demo}"
+export REDIS_URL="${REDIS_URL:-redis://127.0.0.1:6379/0}"
+export DJANGO_SETTINGS_MODULE=inference_service.settings
+export PYTHONUNBUFFERED=1
+mkdir -p "$LOG_DIR"
+
+PIDS=()
+stop_all() {
+  trap - INT TERM EXIT
+  echo
+  echo "stopping..."
+  # Reverse start order; SIGTERM lets the engine worker hand its jobs back.
+  for ((i=${#PIDS[@]}-1; i>=0; i--)); do kill -TERM "${PIDS[i]}" 2>/dev/null || true; done
+  for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
+  echo "stopped."
+}
+trap stop_all INT TERM EXIT
+
+start() {  # name, command...: run in the background with its log under var/log
+  local name=$1; shift
+  "$@" >"$LOG_DIR/$name.log" 2>&1 &
+  PIDS+=($!)
+  echo "  $name (pid $!, log $LOG_DIR/$name.log)"
+}
+
+wait_until() {  # seconds, description, command...
+  local seconds=$1 what=$2; shift 2
+  for _ in $(seq 1 "$((seconds * 2))"); do "$@" >/dev/null 2>&1 && return 0; sleep 0.5; done
+  echo "error: $what did not come up within ${seconds}s (see $LOG_DIR/)" >&2
+  exit 1
+}
+
+redis_answers() { $BIN/python -c "import os, redis; redis.Redis.from_url(os.environ['REDIS_URL'], socket_timeout=1).ping()"; }
+
+echo "starting the mlx inference service"
+if ! redis_answers 2>/dev/null; then
+  command -v redis-server >/dev/null || { echo "error: no Redis at $REDIS_URL and no redis-server to start" >&2; exit 1; }
+  REDIS_PORT=$($BIN/python -c "import os, urllib.parse as u; print(u.urlsplit(os.environ['REDIS_URL']).port or 6379)")
+  start redis redis-server --bind 127.0.0.1 --port "$REDIS_PORT" --save "" --appendonly no
+  wait_until 30 "redis-server" redis_answers
+fi
+
+if [ -z "${MODEL_PATH:-}" ]; then
+  export MODEL_PATH="$PWD/var/models/tiny"
+  echo "  model: building/checking the local model in $MODEL_PATH"
+  $BIN/python -m engine_worker.model.builder "$MODEL_PATH" >"$LOG_DIR/model-build.log" 2>&1
+fi
+
+$BIN/python manage.py migrate --noinput >"$LOG_DIR/migrate.log"
+DEMO_KEY=$($BIN/python manage.py create_api_user "$DEMO_USER" --staff --password "$DEMO_PASSWORD" --key-name "make run" --quiet)
+
+start web $BIN/daphne -b "$HOST" -p "$PORT" inference_service.asgi:application
+start engine-worker $BIN/python manage.py run_engine_worker
+start celery-beat $BIN/celery -A inference_service beat --loglevel INFO -s var/celerybeat-schedule
+start celery-worker $BIN/celery -A inference_service worker -Q celery -P solo --loglevel INFO -n "light@%h"
+
+wait_until 120 "the web server" $BIN/python -c "import socket; socket.create_connection(('$HOST', $PORT), 1)"
+wait_until 300 "the engine worker" $BIN/python -c "
+import os, redis
+r = redis.Redis.from_url(os.environ['REDIS_URL'])
+raise SystemExit(0 if any(True for _ in r.scan_iter('engine:workers:*')) else 1)"
+
+BASE="http://$HOST:$PORT"
+cat <<EOF
+
+ready. Demo API key (user '$DEMO_USER'):
+  $DEMO_KEY
+
+Submit a job and read it back:
+  curl -s -X POST $BASE/api/v1/jobs -H "Authorization: Bearer $DEMO_KEY" -H "Content-Type: application/json" \\
+       -d '{"prompt": "Once upon a time", "max_tokens": 64}'
+  curl -s $BASE/api/v1/jobs/<id> -H "Authorization: Bearer $DEMO_KEY"
+
+Stream over a WebSocket (type the JSON line and press Enter):
+  $BIN/python -m websockets "ws://$HOST:$PORT/ws/v1/generate?api_key=$DEMO_KEY"
+  {"prompt": "Once upon a time", "max_tokens": 64}
+or watch an existing job (resume with ?after=<seq>):
+  $BIN/python -m websockets "ws://$HOST:$PORT/ws/v1/jobs/<id>/?api_key=$DEMO_KEY"
+
+Admin and engine dashboard: $BASE/admin/  (user '$DEMO_USER', password '$DEMO_PASSWORD')
+API docs: $BASE/api/v1/docs
+Logs: $LOG_DIR/   Ctrl-C stops everything.
+EOF
+
+# Exit (and stop the rest) as soon as any process dies.
+wait -n "${PIDS[@]}" || true
+echo "a process exited; see $LOG_DIR/"
