@@ -69,6 +69,11 @@ def to_host(tokens: np.ndarray, snap: kv.KVSnapshot) -> HostEntry:
     return HostEntry(np.ascontiguousarray(tokens, dtype=np.int64), arrays, meta)
 
 
+def is_trimmable(entry: HostEntry) -> bool:
+    """False when a layer is a wrapped sliding window ((max_size, keep, idx) parameters)."""
+    return all(r is None or len(r) == 2 for r in json.loads(entry.meta["rotating"]))
+
+
 def _mx_array(a: np.ndarray, dtype: str, quantized_part: bool) -> mx.array:
     out = mx.array(a)
     if dtype == "bfloat16" and not quantized_part:

@@ -6,11 +6,13 @@ object, and :func:`restore` hands out *new* cache objects whose arrays are slice
 ones: mlx arrays are immutable to us and ``KVCache.update_and_fetch`` reallocates before it
 appends, so a borrower can never write into what the cache keeps.
 
-Supported layer types: ``KVCache`` and a ``RotatingKVCache`` that has not wrapped yet (its first
-``offset`` positions are still in temporal order). Anything else (a wrapped rotating cache,
-``ArraysCache`` state of recurrent layers, an already quantized cache) raises
-:class:`UnsupportedCache`: such a cache cannot be trimmed to an arbitrary prefix, so the back
-ends store nothing for it (the scheduler may store a prompt-only snapshot taken before it wraps).
+Supported layer types: ``KVCache`` and ``RotatingKVCache``. A rotating cache that has not wrapped
+yet keeps its first ``offset`` positions in temporal order, so it is trimmable like a KVCache.
+One that wrapped (a sliding window over a sequence longer than ``max_size``) cannot be cut to a
+shorter prefix: it is stored whole (``trimmable=False``) and can only be restored whole, i.e. it
+only serves prompts that *extend* its tokens (the next turn of a conversation). Anything else
+(``ArraysCache`` state of recurrent layers, an already quantized cache) raises
+:class:`UnsupportedCache` and is not stored.
 """
 
 from __future__ import annotations
@@ -31,7 +33,13 @@ class LayerKV:
 
     keys: tuple[mx.array, ...]
     values: tuple[mx.array, ...]
-    rotating: tuple[int, int] | None = None  # (max_size, keep) for a RotatingKVCache layer
+    # RotatingKVCache layers: (max_size, keep) while unwrapped, (max_size, keep, idx) once wrapped
+    # (then keys/values are its whole rotated buffer). None for a KVCache layer.
+    rotating: tuple[int, ...] | None = None
+
+    @property
+    def wrapped(self) -> bool:
+        return self.rotating is not None and len(self.rotating) == 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,13 +58,22 @@ class KVSnapshot:
     def nbytes(self) -> int:
         return sum(a.nbytes for layer in self.layers for a in (*layer.keys, *layer.values))
 
+    @property
+    def trimmable(self) -> bool:
+        """False when some layer is a wrapped sliding window: restorable only whole."""
+        return not any(layer.wrapped for layer in self.layers)
 
-def _layer_kind(layer: Any, num_tokens: int) -> tuple[int, int] | None:
+
+def _layer_kind(layer: Any, num_tokens: int) -> tuple[int, ...] | None:
     """Validate one live layer and return its rotating parameters (None for a plain KVCache)."""
     if type(layer) is KVCache:
-        rotating = None
-    elif type(layer) is RotatingKVCache and layer.offset < layer.max_size:
+        rotating: tuple[int, ...] | None = None
+    elif type(layer) is RotatingKVCache:
         rotating = (int(layer.max_size), int(layer.keep))
+        if layer.offset >= layer.max_size:
+            if num_tokens != layer.offset:
+                raise UnsupportedCache("a wrapped RotatingKVCache can only be stored whole")
+            rotating = (*rotating, int(layer._idx))  # _idx is part of its public state tuple
     else:
         raise UnsupportedCache(type(layer).__name__)
     if layer.keys is None or layer.offset < num_tokens or layer.keys.shape[0] != 1:
@@ -65,13 +82,20 @@ def _layer_kind(layer: Any, num_tokens: int) -> tuple[int, int] | None:
 
 
 def is_storable(cache_layers: Sequence[Any]) -> bool:
-    """True when :func:`snapshot` accepts these layers (cheap: no array work)."""
+    """True when :func:`snapshot` accepts these layers whole (cheap: no array work)."""
     try:
+        offset = cache_offset(cache_layers)
         for layer in cache_layers:
-            _layer_kind(layer, 1)
+            _layer_kind(layer, offset)
     except UnsupportedCache:
         return False
     return bool(cache_layers)
+
+
+def is_sliceable(cache_layers: Sequence[Any]) -> bool:
+    """True when any prefix of these layers can be cut out (the paged cache needs this)."""
+    return is_storable(cache_layers) and all(
+        type(c) is KVCache or c.offset < c.max_size for c in cache_layers)
 
 
 def cache_offset(cache_layers: Sequence[Any]) -> int:
@@ -90,6 +114,7 @@ def snapshot(cache_layers: Sequence[Any], num_tokens: int) -> KVSnapshot:
     layers = []
     for layer in cache_layers:
         rotating = _layer_kind(layer, num_tokens)
+        # A wrapped window is copied whole (its buffer is shorter than num_tokens anyway).
         keys = mx.contiguous(layer.keys[..., :num_tokens, :])
         values = mx.contiguous(layer.values[..., :num_tokens, :])
         layers.append(LayerKV((keys,), (values,), rotating))
@@ -130,6 +155,8 @@ def restore(snap: KVSnapshot, num_tokens: int) -> list[Any]:
     original dtype: a QuantizedKVCache cannot be merged into a BatchGenerator batch)."""
     if not 0 < num_tokens <= snap.num_tokens:
         raise ValueError(f"cannot restore {num_tokens} of {snap.num_tokens} tokens")
+    if not snap.trimmable and num_tokens != snap.num_tokens:
+        raise ValueError("a wrapped sliding-window snapshot can only be restored whole")
     caches: list[Any] = []
     for layer in snap.layers:
         keys = _plain(layer.keys, snap, num_tokens)
@@ -138,8 +165,9 @@ def restore(snap: KVSnapshot, num_tokens: int) -> list[Any]:
             cache: Any = KVCache()
             cache.state = (keys, values, num_tokens)
         else:
-            max_size, keep = layer.rotating
+            max_size, keep = layer.rotating[:2]
+            idx = layer.rotating[2] if layer.wrapped else num_tokens
             cache = RotatingKVCache(max_size=max_size, keep=keep)
-            cache.state = (keys, values, num_tokens, keep, max_size, num_tokens)
+            cache.state = (keys, values, num_tokens, keep, max_size, idx)
         caches.append(cache)
     return caches

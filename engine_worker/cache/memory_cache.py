@@ -8,9 +8,11 @@ covering at most ``len(tokens) - 1`` tokens, so ``remaining_tokens`` is never em
 entry is refused, never squeezed in, when it alone exceeds the budget, so ``bytes_used`` never
 exceeds ``bytes_limit``.
 
-What is stored on finish is prompt + output (multi-turn reuse). A cache that cannot be trimmed to
-a prefix (a rotating cache that wrapped, recurrent state) is not stored at all: a prompt-only
-snapshot must be taken by the caller before it wraps and passed to :meth:`store` with the prompt.
+What is stored on finish is prompt + output (multi-turn reuse). A cache that cannot be trimmed
+to a shorter prefix (a sliding-window ``RotatingKVCache`` that wrapped, under ``max_kv_size``) is
+stored whole under exactly the tokens it holds and only serves prompts that extend them (the next
+turn); the scheduler may also store a prompt-only snapshot with :meth:`store`. Recurrent
+(``ArraysCache``) state is not stored.
 """
 
 from __future__ import annotations

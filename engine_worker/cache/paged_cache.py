@@ -87,7 +87,7 @@ class BlockAwarePrefixCache:
                 self.release(request_id)
 
     def _store_blocks(self, tokens: Sequence[int], cache_layers: list[Any]) -> int:
-        if not cache_layers or not kv.is_storable(cache_layers):
+        if not cache_layers or not kv.is_sliceable(cache_layers):
             self._counters.rejected += 1
             return 0
         n = min(len(tokens), kv.cache_offset(cache_layers))

@@ -33,6 +33,7 @@ class SSDRow:
     quantized: bool
     last_used: float
     hit_count: int = 0
+    trimmable: bool = True  # False: a wrapped sliding window, served only to extending prompts
 
     def info(self) -> EntryInfo:
         return EntryInfo(self.key, len(self.tokens), self.file_bytes, Tier.SSD, self.hit_count,

@@ -140,7 +140,7 @@ class SSDCacheTier:
                 return None
             key, lcp = found
             row = self._rows.get(key)
-            match_type, covered = classify(len(row.tokens), lcp, len(tokens))
+            match_type, covered = classify(len(row.tokens), lcp, len(tokens), row.trimmable)
             if not match_type.is_hit:
                 return None
             return SSDCandidate(key, covered, row.memory_bytes, str(self.directory / row.file), match_type)
@@ -235,7 +235,7 @@ class SSDCacheTier:
             size, digest = entry_io.write_file(self.directory / file_name, host)
             row = SSDRow(key=key, file=file_name, tokens=host.tokens.tolist(), file_bytes=size,
                          checksum=digest, memory_bytes=memory_bytes, quantized=quantized,
-                         last_used=time.time())
+                         last_used=time.time(), trimmable=entry_io.is_trimmable(host))
             with self._lock:
                 self._rows.put(row)
                 self._prefix.add(key, host.tokens)

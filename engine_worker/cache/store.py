@@ -49,15 +49,15 @@ class Entry:
         )
 
 
-def classify(entry_len: int, lcp: int, prompt_len: int) -> tuple[MatchType, int]:
+def classify(entry_len: int, lcp: int, prompt_len: int, trimmable: bool = True) -> tuple[MatchType, int]:
     """Match type and usable coverage for an entry sharing ``lcp`` tokens with the prompt.
 
     Coverage is capped at ``prompt_len - 1``: the engine must feed at least one prompt token to
     get the logits of the first new token (the seed's defects 10-11 came from getting this wrong
-    in two opposite ways).
+    in two opposite ways). A non-trimmable entry serves only prompts that extend it whole.
     """
     covered = min(lcp, prompt_len - 1)
-    if covered <= 0:
+    if covered <= 0 or (not trimmable and covered != entry_len):
         return MatchType.MISS, 0
     if lcp == entry_len == prompt_len:
         return MatchType.EXACT, covered
@@ -115,7 +115,7 @@ class EntryStore:
                 return CacheHit.miss(tokens.tolist())
             key, lcp = found
             entry = self._entries[key]
-            match_type, covered = classify(len(entry.tokens), lcp, len(tokens))
+            match_type, covered = classify(len(entry.tokens), lcp, len(tokens), entry.snap.trimmable)
             if not match_type.is_hit:
                 return CacheHit.miss(tokens.tolist())
             entry.hit_count += 1

@@ -98,17 +98,48 @@ def test_an_entry_larger_than_the_budget_is_refused(tiny_model, prompts, prefill
     assert (stats["entries"], stats["bytes_used"], stats["rejected"]) == (0, 0, 1)
 
 
-def test_a_wrapped_rotating_cache_is_not_stored(cache, tiny_model, prompts):
+def _wrapped_window(model, tokens):
     import mlx.core as mx
     from mlx_lm.models.cache import RotatingKVCache
 
+    window = [RotatingKVCache(max_size=32, keep=4) for _ in model.layers]
+    model(mx.array([tokens]), cache=window)
+    mx.eval([c.keys for c in window])
+    return window
+
+
+def test_a_wrapped_sliding_window_is_stored_whole_and_serves_only_extending_prompts(
+        cache, tiny_model, prompts, greedy, tmp_path):
+    import copy
+
     model, _ = tiny_model
-    tokens = prompts(40)
-    rotating = [RotatingKVCache(max_size=16, keep=4) for _ in model.layers]
-    model(mx.array([tokens]), cache=rotating)
-    assert not rotating[0].is_trimmable()
-    assert cache.store(tokens, rotating) is False
-    assert cache.get_stats()["entries"] == 0
+    tokens = prompts(48)
+    window = _wrapped_window(model, tokens)
+    assert not window[0].is_trimmable()
+    pristine = copy.deepcopy(window)  # generation advances a cache in place: copy per use
+    assert cache.store(tokens, window) is True
+
+    next_turn = tokens + prompts(6, variant=7)
+    layers, remaining, hit_type = cache.fetch(next_turn)
+    assert (hit_type, remaining) == ("prefix", next_turn[48:])
+    assert type(layers[0]).__name__ == "RotatingKVCache" and layers[0].offset == 48
+    expected = greedy(remaining, copy.deepcopy(pristine))
+    assert greedy(remaining, layers) == expected  # continues the live window exactly
+    for shorter in (tokens, tokens[:40]):  # would need trimming: a miss, never a wrong cache
+        assert cache.fetch(shorter)[2] == "miss"
+
+    cache.save_to_disk(str(tmp_path))  # the window's rotation state survives persistence
+    cache.clear()
+    assert cache.load_from_disk(str(tmp_path)) == 1
+    layers, remaining, _ = cache.fetch(next_turn)
+    assert greedy(remaining, layers) == expected
+
+
+def test_a_wrapped_window_cut_short_is_refused(cache, tiny_model, prompts):
+    model, _ = tiny_model
+    tokens = prompts(48)
+    assert cache.store(tokens[:40], _wrapped_window(model, tokens)) is False  # key shorter than it holds
+    assert cache.get_stats()["rejected"] == 1
 
 
 def test_storing_an_extension_drops_the_dominated_prefix_entry(cache, prompts, prefill):
