@@ -180,3 +180,33 @@ def test_percent_budget_is_a_fraction_of_device_memory(tiny_model):
     total, _label = device_memory_bytes()
     pc = MemoryAwarePrefixCache(tiny_model[0], MemoryCacheConfig(max_memory_percent=0.1))
     assert pc.get_stats()["bytes_limit"] == int(total * 0.1)
+
+
+def test_stats_and_listing_are_safe_to_read_while_the_engine_stores(cache, prompts, prefill):
+    import threading
+
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def operator_view():
+        while not stop.is_set():
+            try:
+                stats = cache.get_stats()
+                assert stats["bytes_used"] <= stats["bytes_limit"]
+                cache.list_entries()
+            except BaseException as exc:  # surfaced below: a failing reader must fail the test
+                errors.append(exc)
+                return
+
+    reader = threading.Thread(target=operator_view)
+    reader.start()
+    try:
+        for v in range(12):
+            tokens = prompts(40, variant=v)
+            cache.store(tokens, prefill(tokens))
+            cache.fetch(tokens + [1])
+    finally:
+        stop.set()
+        reader.join()
+    assert not errors
+    assert cache.get_stats()["entries"] == 12
