@@ -20,6 +20,7 @@ from typing import Any
 from engine_worker import memory
 from engine_worker.cache_protocol import NoPrefixCache, PrefixCacheBackend
 from engine_worker.config import SchedulerConfig, SchedulingPolicy
+from engine_worker.detokenizer import detokenizer_factory
 from engine_worker.errors import (
     DuplicateRequest,
     InvalidRequest,
@@ -92,6 +93,7 @@ class Scheduler:
         self._streams: dict[str, TextStream] = {}
         self._pending_outputs: list[RequestOutput] = []
         self._sampling = SamplingFactory(_eos_ids(tokenizer))
+        self._new_detokenizer = detokenizer_factory(tokenizer)
         self.counters = SchedulerCounters()
         self.mtp_status = self._check_mtp()
 
@@ -241,7 +243,7 @@ class Scheduler:
         self.request_id_to_uid[rid] = uid
         self.uid_to_request_id[uid] = rid
         self.running[rid] = request
-        self._streams[rid] = TextStream(self.tokenizer.detokenizer, sp.stop)
+        self._streams[rid] = TextStream(self._new_detokenizer(), sp.stop)
         c = self.counters
         c.total_prompt_tokens += request.num_prompt_tokens
         c.total_prefilled_tokens += len(request.remaining_tokens)

@@ -1,10 +1,10 @@
 """Incremental, UTF-8-safe text for one request, with stop-string holdback.
 
-The tokenizer's streaming detokenizer already withholds the bytes of an incomplete multi-byte
-character. On top of that, when the request has stop strings, the end of the text that could
+The detokenizer (:mod:`engine_worker.detokenizer`) already withholds the bytes of an incomplete
+multi-byte character. On top of that, when the request has stop strings, the end of the text that could
 still grow into a stop string is held back until it completes one (cut) or stops matching
 (released), so text that is already released never has to be taken back. A request without stop strings takes the fast path: one
-``add_token`` and one ``last_segment`` per token.
+detokenizer call per token.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ class TextStream:
     __slots__ = ("_detok", "_stops", "_pending", "stopped")
 
     def __init__(self, detokenizer: Any, stop: Sequence[str] = ()) -> None:
+        """``detokenizer`` has ``add(token) -> str`` and ``finish() -> str``."""
         self._detok = detokenizer
         self._stops = [s for s in stop if s]
         self._pending = ""  # decoded but not yet released (only used with stop strings)
@@ -26,8 +27,7 @@ class TextStream:
 
     def add(self, token: int) -> str:
         """Add one token; return the text released by it ("" while held back)."""
-        self._detok.add_token(token)
-        segment = self._detok.last_segment
+        segment = self._detok.add(token)
         if not self._stops:
             return segment
         return self._scan(segment, final=False)
@@ -36,8 +36,7 @@ class TextStream:
         """Flush the detokenizer at the end of the request and release what is left."""
         if self.stopped:
             return ""
-        self._detok.finalize()
-        segment = self._detok.last_segment
+        segment = self._detok.finish()
         if not self._stops:
             return segment
         return self._scan(segment, final=True)

@@ -9,18 +9,13 @@ class PieceDetok:
     """Each token id indexes a text piece."""
 
     def __init__(self, pieces):
-        self.pieces, self.text, self._off = pieces, "", 0
+        self.pieces = pieces
 
-    def add_token(self, t):
-        self.text += self.pieces[t]
+    def add(self, t):
+        return self.pieces[t]
 
-    def finalize(self):
-        pass
-
-    @property
-    def last_segment(self):
-        seg, self._off = self.text[self._off:], len(self.text)
-        return seg
+    def finish(self):
+        return ""
 
 
 def _feed(pieces, stops):

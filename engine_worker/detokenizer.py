@@ -1,0 +1,103 @@
+"""Fast incremental detokenization for byte-level BPE tokenizers.
+
+mlx-lm's ``BPEStreamingDetokenizer`` re-decodes its whole pending buffer in Python on every
+token (about 7 us a token, measured on the H200 host: 8 % of a batch-32 decode step of the small
+model). For byte-level vocabularies each token is a fixed byte string, so we precompute those
+bytes once per tokenizer and feed them to the C incremental UTF-8 decoder: an incomplete
+multi-byte character stays inside the decoder until its last byte arrives, so no broken character
+is ever released. Output matches mlx-lm's detokenizer, including trimming one leading space of the
+text. Other tokenizers keep mlx-lm's streaming detokenizer (:class:`MlxDetokenizer`).
+"""
+
+from __future__ import annotations
+
+import codecs
+from collections.abc import Callable
+from typing import Any
+
+from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer
+
+
+def _byte_decoder() -> dict[str, int]:
+    """GPT-2's reversible byte <-> printable-character map, character to byte."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(
+        range(ord("®"), ord("ÿ") + 1))
+    chars = printable[:]
+    n = 0
+    for b in range(256):
+        if b not in printable:
+            printable.append(b)
+            chars.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(printable, chars, strict=True)}
+
+
+def token_byte_table(tokenmap: list[str]) -> list[bytes]:
+    """The bytes of every token; characters outside the byte alphabet (special tokens) are
+    taken as their own UTF-8, as mlx-lm does."""
+    decoder = _byte_decoder()
+    table = []
+    for piece in tokenmap:
+        out = bytearray()
+        for ch in piece:
+            b = decoder.get(ch)
+            if b is None:
+                out.extend(ch.encode("utf-8"))
+            else:
+                out.append(b)
+        table.append(bytes(out))
+    return table
+
+
+class ByteLevelDetokenizer:
+    """One request's text: ``add(token) -> new text``, ``finish() -> remaining text``."""
+
+    __slots__ = ("_table", "_decode", "_trim")
+
+    def __init__(self, table: list[bytes]) -> None:
+        self._table = table
+        self._decode = codecs.getincrementaldecoder("utf-8")("replace").decode
+        self._trim = True  # the first text's leading space is dropped (mlx-lm's convention)
+
+    def add(self, token: int) -> str:
+        table = self._table
+        text = self._decode(table[token] if token < len(table) else b"!")
+        if self._trim and text:
+            self._trim = False
+            if text[0] == " ":
+                return text[1:]
+        return text
+
+    def finish(self) -> str:
+        text = self._decode(b"", True)
+        if self._trim and text:
+            self._trim = False
+            if text[0] == " ":
+                return text[1:]
+        return text
+
+
+class MlxDetokenizer:
+    """Adapter giving any mlx-lm streaming detokenizer the ``add``/``finish`` interface."""
+
+    __slots__ = ("_detok",)
+
+    def __init__(self, detok: Any) -> None:
+        self._detok = detok
+
+    def add(self, token: int) -> str:
+        self._detok.add_token(token)
+        return self._detok.last_segment
+
+    def finish(self) -> str:
+        self._detok.finalize()
+        return self._detok.last_segment
+
+
+def detokenizer_factory(tokenizer: Any) -> Callable[[], ByteLevelDetokenizer | MlxDetokenizer]:
+    """A function making one fresh detokenizer per request for ``tokenizer``."""
+    detok = getattr(tokenizer, "detokenizer", None)
+    if isinstance(detok, BPEStreamingDetokenizer):
+        table = token_byte_table(detok.tokenmap)
+        return lambda: ByteLevelDetokenizer(table)
+    return lambda: MlxDetokenizer(tokenizer.detokenizer)
