@@ -8,9 +8,12 @@ Each function is small and engine-thread safe (no disk I/O):
   prefilled: ``BatchGenerator.remove(uids, return_prompt_caches=True)`` returns the cache even in
   the middle of a prefill, with ``offset`` = tokens processed so far, and the memory-aware store
   cuts the key to that offset. So a long prompt aborted halfway leaves its prefix reusable.
-* :func:`prefill_segments` cuts a prompt at multiples of ``mid_prefill_save_interval`` for
-  ``BatchGenerator.insert_segments``; at each ``end_of_segment`` prompt response the scheduler
-  calls ``extract_cache([uid])`` and :func:`store_removed_prefix` (mid-prefill saves).
+* :class:`MidPrefillSaver` implements ``mid_prefill_save_interval``: after a step, for each
+  request still prefilling, it reads ``BatchGenerator.extract_cache([uid])`` (public; works in
+  every stage) and stores the processed prefix each time it grew by ``interval`` tokens. Each
+  save replaces the previous one (the store drops dominated prefixes).
+* :func:`prefill_segments` cuts a prompt at multiples of ``mid_prefill_save_interval``, for a
+  scheduler that prefers ``insert_segments`` + ``end_of_segment`` to polling.
 * :class:`SSDWaitPolicy` lets a request whose lookup said ``ssd_pending`` wait a bounded number
   of steps for the background read, instead of prefilling cold.
 * :func:`close_prefix_cache` flushes the SSD tier's writer on shutdown.
@@ -20,7 +23,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from engine_worker.cache.factory import build_prefix_cache
@@ -74,6 +77,51 @@ def prefill_segments(tokens: Sequence[int], cached_tokens: int, interval: int) -
         boundary += interval
     segments.append(tokens[start:])
     return segments
+
+
+class MidPrefillSaver:
+    """Store a long prompt's processed prefix every ``interval`` tokens while it prefills.
+
+    Call :meth:`after_step` once per scheduler step with the requests that have produced no
+    token yet. Only prompts longer than ``interval`` are polled, so with the default 8192 the
+    cost is nil for ordinary prompts. Runs on the engine thread; the store does no disk I/O.
+    """
+
+    def __init__(self, backend: PrefixCacheBackend, interval: int) -> None:
+        self.backend = backend
+        self.interval = interval
+        self._saved: dict[str, int] = {}  # request id -> tokens covered by its last save
+
+    @property
+    def enabled(self) -> bool:
+        return self.interval > 0 and self.backend.active
+
+    def after_step(
+        self,
+        prefilling: Iterable[tuple[str, int, Sequence[int]]],
+        extract_cache: Callable[[list[int]], dict[int, tuple[list[Any], Sequence[int]]]],
+    ) -> int:
+        """``prefilling`` yields ``(request_id, generator_uid, prompt_tokens)``; returns the
+        number of saves made."""
+        if not self.enabled:
+            return 0
+        saves = 0
+        for rid, uid, prompt in prefilling:
+            if len(prompt) <= self.interval:
+                continue
+            extracted = extract_cache([uid]).get(uid)
+            if extracted is None or not extracted[0]:
+                continue
+            done = int(getattr(extracted[0][0], "offset", 0))
+            if done - self._saved.get(rid, 0) >= self.interval and done < len(prompt):
+                self.backend.store(list(prompt[:done]), extracted[0])
+                self._saved[rid] = done
+                saves += 1
+        return saves
+
+    def forget(self, request_id: str) -> None:
+        """Drop the bookkeeping of a request that finished, failed or was aborted."""
+        self._saved.pop(request_id, None)
 
 
 class SSDWaitPolicy:

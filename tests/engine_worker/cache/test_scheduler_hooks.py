@@ -68,3 +68,32 @@ def test_default_prefix_cache_is_a_no_op_backend_when_disabled(tiny_model):
     assert isinstance(default_prefix_cache(tiny_model[0], SchedulerConfig(enable_prefix_cache=False)),
                       NoPrefixCache)
     assert default_prefix_cache(tiny_model[0], SchedulerConfig(cache_memory_mb=8)).active is True
+
+
+def test_mid_prefill_saves_store_the_processed_prefix_every_interval(tiny_model, prompts, greedy):
+    import mlx.core as mx
+    from mlx_lm.generate import BatchGenerator
+
+    from engine_worker.cache.scheduler_hooks import MidPrefillSaver
+
+    model, _ = tiny_model
+    cache = MemoryAwarePrefixCache(model, MemoryCacheConfig(max_memory_mb=64))
+    saver = MidPrefillSaver(cache, interval=64)
+    prompt = prompts(300)
+    generator = BatchGenerator(model, prefill_step_size=32, stream=mx.default_stream(mx.default_device()))
+    saves = []
+    try:
+        (uid,) = generator.insert([prompt], max_tokens=[2])
+        for _ in range(5):  # 5 chunks of 32 tokens: saves at 64 and 128
+            generator.next()
+            saves.append(saver.after_step([("r", uid, prompt)], generator.extract_cache))
+        generator.remove([uid])
+    finally:
+        generator.close()
+
+    assert sum(saves) == 2
+    [row] = cache.list_entries()  # the 128-token save replaced the 64-token one
+    assert row["tokens"] == 128
+    layers, remaining, _ = cache.fetch(prompt)
+    assert len(remaining) == len(prompt) - 128
+    assert greedy(remaining, layers) == greedy(prompt)
