@@ -7,8 +7,9 @@
 * **Multi-turn**: a 5-turn conversation (system prompt, then user message + assistant reply per
   turn, each prompt = the whole history) with the memory-aware cache and with prefix caching off:
   total prefill tokens and wall time; ``multiturn_speedup`` = wall without / wall with.
-* **Paged vs memory-aware**: one warm-up request, then 16 requests sharing a ~1,000-token system
-  prompt submitted together: wall time, cached tokens, cache bytes, shared blocks.
+* **Paged vs memory-aware** (and memory-aware with 8-bit KV quantization): one warm-up request,
+  then 16 requests sharing a ~1,000-token system prompt submitted together: wall time, cached
+  tokens, cache bytes, shared blocks.
 
 Greedy decoding, EOS ignored. The LAST printed line is one JSON object with every figure.
 
@@ -129,7 +130,9 @@ def bench_shared_system(model, tokenizer, n_requests: int = 16) -> dict:
     system = token_stream(tokenizer, 1000, offset=120_000)
     users = [token_stream(tokenizer, 40 + 5 * i, offset=150_000 + 3_000 * i) for i in range(n_requests)]
     report = {}
-    for name, fields in (("memory_aware", {}), ("paged", {"use_paged_cache": True})):
+    variants = (("memory_aware", {}), ("memory_aware_kv8", {"kv_cache_quantization": True}),
+                ("paged", {"use_paged_cache": True}))
+    for name, fields in variants:
         scheduler = make_scheduler(model, tokenizer, **fields)
         run_one(scheduler, "warm", system + users[0][:8], 1)
         start = time.perf_counter()
@@ -168,7 +171,7 @@ def main() -> None:
           f"{multi['wall_s_with_cache']:.2f} s (speedup {multi['multiturn_speedup']:.2f}x, "
           f"identical={multi['identical_conversations']})", flush=True)
     shared = bench_shared_system(model, tokenizer)
-    for name in ("memory_aware", "paged"):
+    for name in ("memory_aware", "memory_aware_kv8", "paged"):
         row = shared[name]
         print(f"16 requests, shared system prompt, {name}: wall {row['wall_s']:.2f} s, cached "
               f"{row['cached_tokens']} tokens, cache {row['cache_bytes'] / 2**20:.1f} MiB, "
