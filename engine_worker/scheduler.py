@@ -91,6 +91,7 @@ class Scheduler:
         self.request_id_to_uid: dict[str, int] = {}
         self.uid_to_request_id: dict[int, str] = {}
         self._streams: dict[str, TextStream] = {}
+        self._live_by_uid: dict[int, tuple[Request, TextStream]] = {}  # the hot path's one lookup
         self._pending_outputs: list[RequestOutput] = []
         self._sampling = SamplingFactory(_eos_ids(tokenizer))
         self._new_detokenizer = detokenizer_factory(tokenizer)
@@ -243,7 +244,9 @@ class Scheduler:
         self.request_id_to_uid[rid] = uid
         self.uid_to_request_id[uid] = rid
         self.running[rid] = request
-        self._streams[rid] = TextStream(self._new_detokenizer(), sp.stop)
+        stream = TextStream(self._new_detokenizer(), sp.stop)
+        self._streams[rid] = stream
+        self._live_by_uid[uid] = (request, stream)
         c = self.counters
         c.total_prompt_tokens += request.num_prompt_tokens
         c.total_prefilled_tokens += len(request.remaining_tokens)
@@ -286,24 +289,26 @@ class Scheduler:
         return out
 
     def _process_responses(self, responses: Any, outputs: list[RequestOutput]) -> None:
+        # The per-token hot path: one dict lookup per response, no per-step rebuilds.
         now = time.time()
-        uid_map = self.uid_to_request_id
+        live = self._live_by_uid
+        append = outputs.append
         for r in responses:
-            rid = uid_map.get(r.uid)
-            if rid is None:  # removed earlier in this step
+            entry = live.get(r.uid)
+            if entry is None:  # removed earlier in this step
                 continue
-            request = self.running[rid]
+            request, stream = entry
             if request.first_token_time is None:
                 request.first_token_time = now
-            stream = self._streams[rid]
             reason = r.finish_reason
+            tokens = request.output_token_ids
             if reason == "stop":
                 # The token is the stop token itself: it is neither text nor output.
                 new_ids: list[int] = []
                 text = stream.finish()
             else:
                 token = r.token
-                request.output_token_ids.append(token)
+                tokens.append(token)
                 new_ids = [token]
                 text = stream.add(token)
                 if stream.stopped:
@@ -315,20 +320,10 @@ class Scheduler:
                 request.output_text += text
             if reason is not None:
                 self._finish(request, reason, r.prompt_cache, r.all_tokens)
-            outputs.append(
-                RequestOutput(
-                    request_id=rid,
-                    new_token_ids=new_ids,
-                    new_text=text,
-                    output_token_ids=list(request.output_token_ids),
-                    output_text=request.output_text,
-                    finished=reason is not None,
-                    finish_reason=reason,
-                    prompt_tokens=request.num_prompt_tokens,
-                    completion_tokens=len(request.output_token_ids),
-                    cached_tokens=request.cached_tokens,
-                )
-            )
+            append(RequestOutput(
+                request.request_id, new_ids, text, tokens[:], request.output_text, reason is not None,
+                reason, request.num_prompt_tokens, len(tokens), 0, 0, request.cached_tokens,
+            ))
 
     def _remove_from_batch(self, request: Request, *, stop_string: bool = False) -> None:
         uid = self.request_id_to_uid.get(request.request_id)
@@ -358,6 +353,7 @@ class Scheduler:
         uid = self.request_id_to_uid.pop(rid, None)
         if uid is not None:
             self.uid_to_request_id.pop(uid, None)
+            self._live_by_uid.pop(uid, None)
 
     def _final_output(self, request: Request) -> RequestOutput:
         return RequestOutput(
@@ -488,6 +484,7 @@ class Scheduler:
         self._pending_outputs.clear()
         self.request_id_to_uid.clear()
         self.uid_to_request_id.clear()
+        self._live_by_uid.clear()
         self.finished_req_ids = set()
         self.close()
         self.clear_runtime_caches()
