@@ -125,9 +125,11 @@ class RedisJobSink:
             logger.exception("live fan-out of %s events failed; clients fill gaps from the stream", len(events))
 
 
-def stream_reset(*, redis_client: redis.Redis, sender: GroupSender | None, job_id: str) -> None:
+def stream_reset(*, redis_client: redis.Redis, sender: GroupSender | None, job_id: str) -> bool:
     """Start a job's stream afresh for a new attempt (the previous worker died or handed it
-    back): delete the old entries and tell live clients to discard what they have."""
-    redis_client.delete(job_stream_key(job_id))
-    if sender is not None:
+    back): delete the old entries and tell live clients to discard what they have. A first
+    attempt has no stream, and then this costs one DEL. Returns whether there was one."""
+    existed = bool(redis_client.delete(job_stream_key(job_id)))
+    if existed and sender is not None:
         sender.send([(job_group_name(job_id), {"type": messages.EVENT_RESET})])
+    return existed

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import signal
 import threading
 from collections.abc import Callable
 
@@ -130,6 +132,9 @@ class EngineWorkerService:
             self._beat()
 
     def _beat(self) -> None:
+        if not self.host.engine_running() and not self._stop.is_set():
+            self._engine_died()
+            return
         held = self.host.held_jobs()
         try:
             beat = self.host.heartbeat(self.worker_id)
@@ -145,6 +150,14 @@ class EngineWorkerService:
         except DatabaseError:
             logger.warning("lease renewal failed", exc_info=True)
             close_old_connections()
+
+    def _engine_died(self) -> None:
+        """The engine thread is gone (a fatal error, not one request's failure): stop this
+        worker through the normal SIGTERM path, so it exits, its supervisor restarts it, and
+        jobs it still holds go back to the queue."""
+        logger.critical("engine thread is not running; shutting worker %s down", self.worker_id)
+        self._stop.set()
+        os.kill(os.getpid(), signal.SIGTERM)
 
     # -- cancel listener ----------------------------------------------------------------------
 

@@ -37,6 +37,7 @@ class HostedEngine(Protocol):
     def abort(self, request_id: str) -> Any: ...
     def get_stats(self) -> dict[str, Any]: ...
     def get_cache_stats(self) -> dict[str, Any] | None: ...
+    def is_running(self) -> bool: ...
 
 
 class JobHost:
@@ -133,6 +134,10 @@ class JobHost:
     def flush(self, timeout: float = 10.0) -> bool:
         """Wait until every output so far reached the sink."""
         return self._io.flush(timeout)
+
+    def engine_running(self) -> bool:
+        """False once the engine thread has stopped (shut down, or died of a fatal error)."""
+        return self.engine.is_running()
 
     # -- stats --------------------------------------------------------------------------------
 
