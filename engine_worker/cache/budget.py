@@ -17,9 +17,11 @@ def device_memory_bytes() -> tuple[int, str]:
     """``(bytes, label)`` of the memory KV caches live in: the accelerator's unified/device memory
     when mlx reports it, else physical RAM (the CPU backend allocates from it)."""
     info = mx.device_info()
-    size = info.get("memory_size")
-    if isinstance(size, int) and size > 0:
-        return size, str(mx.default_device())
+    # Metal reports "memory_size", CUDA "total_memory"; the CPU backend reports neither.
+    for key in ("memory_size", "total_memory"):
+        size = info.get(key)
+        if isinstance(size, int) and size > 0:
+            return size, str(mx.default_device())
     try:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "cpu-ram"
     except (ValueError, OSError):

@@ -80,18 +80,21 @@ class SSDCacheTier:
         self._pending_writes: set[str] = set()
         self._loaded: list[LoadedEntry] = []
         self._thread: threading.Thread | None = None
+        self._closed = False
         self._stats = {"ssd_hits": 0, "promotions": 0, "ssd_failures": 0, "ssd_writes": 0,
                        "ssd_evictions": 0, "ssd_dropped_writes": 0}
 
     # ---- lifecycle -------------------------------------------------------------------------
     def start_writer(self) -> None:
-        """Start the background I/O thread (idempotent)."""
+        """Start the background I/O thread (idempotent; reopens a closed tier)."""
+        self._closed = False
         if self._thread is None or not self._thread.is_alive():
             self._thread = threading.Thread(target=self._run, name="ssd-cache-io", daemon=True)
             self._thread.start()
 
     def close(self, timeout: float = 10.0) -> None:
-        """Finish pending writes, persist the index, stop the thread."""
+        """Finish pending writes, persist the index, stop the thread. Later spills are dropped."""
+        self._closed = True
         if self._thread is not None and self._thread.is_alive():
             self._queue.put((_STOP, next(self._seq), None))
             self._thread.join(timeout)
@@ -122,9 +125,10 @@ class SSDCacheTier:
 
     # ---- engine-thread API (no disk I/O) -------------------------------------------------------
     def spill(self, key: str, host: entry_io.HostEntry, memory_bytes: int, quantized: bool) -> bool:
-        """Queue an evicted entry for writing; False when it is already on disk or queued."""
+        """Queue an evicted entry for writing; False when it is already on disk or queued, or
+        the tier is closed."""
         with self._lock:
-            if key in self._pending_writes:
+            if self._closed or key in self._pending_writes:
                 return False
             if key in self._rows:
                 self._rows.touch(key)
@@ -146,9 +150,9 @@ class SSDCacheTier:
             return SSDCandidate(key, covered, row.memory_bytes, str(self.directory / row.file), match_type)
 
     def request_load(self, candidate: SSDCandidate) -> bool:
-        """Queue a background read of ``candidate``; False when already pending."""
+        """Queue a background read of ``candidate``; False when already pending or closed."""
         with self._lock:
-            if candidate.key in self._pending_reads or candidate.key not in self._rows:
+            if self._closed or candidate.key in self._pending_reads or candidate.key not in self._rows:
                 return False
             self._pending_reads.add(candidate.key)
         self._queue.put((_READ, next(self._seq), candidate.key))
