@@ -33,6 +33,7 @@ import asyncio
 import dataclasses
 import gc
 import importlib
+import json
 import sys
 import time
 import traceback
@@ -242,6 +243,7 @@ def main(argv=None):
     ap.add_argument("--prefill-step-size", type=int, default=2048)
     ap.add_argument("--prefix-cache", action="store_true", help="leave the engine's prefix cache on")
     ap.add_argument("--skip-engine", action="store_true", help="raw and sequential only")
+    ap.add_argument("--out", default=None, help="also append the final JSON line to this file")
     args = ap.parse_args(argv)
 
     levels = [int(x) for x in args.concurrency.split(",") if x.strip()]
@@ -324,6 +326,9 @@ def main(argv=None):
             level["engine"]["errors"] = sum(len(e["errors"]) for e in eng_runs)
             ratio = level["engine"]["tok_s_median"] / level["raw"]["tok_s_median"]
             level["engine_over_raw"] = round(ratio, 4)
+            pairs = [e["tok_s"] / r["tok_s"] for r, e in zip(raw_runs, eng_runs, strict=True)]
+            level["engine_over_raw_pairs"] = [round(x, 3) for x in pairs]
+            level["engine_over_raw_paired_median"] = round(median(pairs), 4)
             # greedy parity between the two paths (informational: batch composition may differ)
             same = sum(1 for a, b in zip(raw_runs[-1]["outputs"], eng_runs[-1]["outputs"], strict=True) if a == b)
             level["engine_tokens_equal_raw"] = f"{same}/{c}"
@@ -365,6 +370,9 @@ def main(argv=None):
         result.setdefault(key, None)
     result["peak_memory_bytes"] = mx.get_peak_memory()
     dump_json_line(result)
+    if args.out:
+        with open(args.out, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(result, default=str) + "\n")
 
 
 if __name__ == "__main__":
