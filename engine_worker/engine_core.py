@@ -181,19 +181,26 @@ class EngineCore:
 
     def _step(self, commands: deque[tuple[str, Any]]) -> list[RequestOutput]:
         scheduler = self.scheduler
+        refused: list[RequestOutput] = []
         with self._step_lock:
             for kind, arg in commands:
-                if kind == "add":
-                    scheduler.add_request(arg)
-                else:
+                if kind == "abort":
                     scheduler.abort_request(arg)
+                    continue
+                try:
+                    scheduler.add_request(arg)
+                except DuplicateRequest as exc:
+                    # Only reachable if the scheduler still tracks the id; _register refuses
+                    # live duplicates before they are queued. The caller still gets a final.
+                    refused.append(RequestOutput(arg.request_id, finished=True, finish_reason="error",
+                                                 error=str(exc)))
             if not scheduler.has_requests():
-                return []
+                return refused
             result: SchedulerOutput = scheduler.step()
             self._steps_executed += 1
             for rid in result.finished_request_ids:
                 scheduler.remove_finished_request(rid)
-        return result.outputs
+        return result.outputs + refused if refused else result.outputs
 
     def _dispatch(self, outputs: list[RequestOutput]) -> None:
         for listener in self._listeners:

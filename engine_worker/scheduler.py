@@ -183,7 +183,13 @@ class Scheduler:
     def _lookup(self, request: Request) -> None:
         """Ask the prefix cache once; the result stays on the request until it is admitted."""
         tokens = request.prompt_token_ids
-        cache, remaining, hit_type = self.prefix_cache.fetch(tokens)
+        try:
+            cache, remaining, hit_type = self.prefix_cache.fetch(tokens)
+        # A cache is an optimisation: whatever goes wrong in it, the request runs uncached.
+        except Exception:
+            logger.exception("prefix cache lookup failed for %s; running it uncached", request.request_id)
+            self.counters.num_cache_errors += 1
+            cache, remaining, hit_type = None, tokens, "miss"
         remaining = list(remaining)
         if cache is not None and not remaining:
             # Exact hit: the generator needs at least one token to produce logits from.
@@ -343,7 +349,11 @@ class Scheduler:
         request.prompt_cache = None
         self._release(rid)
         if cache is not None and all_tokens is not None and self.prefix_cache.active:
-            self.prefix_cache.store(all_tokens, cache)
+            try:
+                self.prefix_cache.store(all_tokens, cache)
+            except Exception:  # see _lookup: a failed store only loses a future hit
+                logger.exception("prefix cache store failed for %s", rid)
+                self.counters.num_cache_errors += 1
         self.counters.num_requests_processed += 1
         self.counters.total_completion_tokens += request.num_output_tokens
 

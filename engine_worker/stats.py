@@ -22,6 +22,7 @@ class SchedulerCounters:
     total_completion_tokens: int = 0
     num_steps: int = 0
     num_step_errors: int = 0
+    num_cache_errors: int = 0
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)

@@ -80,3 +80,29 @@ def test_duplicate_request_id_is_refused_without_disturbing_the_first(tiny_model
 def test_prompt_too_long_carries_its_numbers():
     err = PromptTooLong(limit=10, length=12)
     assert (err.limit, err.length) == (10, 12) and isinstance(err, ValueError)
+
+
+class BrokenCache:
+    name = "prefix_cache"
+    active = True
+
+    def fetch(self, tokens):
+        raise OSError("disk gone")
+
+    def store(self, tokens, cache_layers):
+        raise MemoryError("no room")
+
+    def get_stats(self):
+        return {}
+
+    def clear(self):
+        pass
+
+
+def test_a_failing_prefix_cache_never_fails_a_request(tiny_model):
+    model, tokenizer = tiny_model
+    p = prompt_ids(tokenizer, 10)
+    scheduler = Scheduler(model, tokenizer, prefix_cache=BrokenCache())
+    out = final(run_scheduler(scheduler, {0: [Request("r", p, greedy(5))]})["r"])
+    assert out.output_token_ids == solo_tokens(model, tokenizer, p, 5)
+    assert scheduler.counters.num_cache_errors == 2
