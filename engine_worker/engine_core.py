@@ -34,6 +34,7 @@ from typing import Any
 from engine_worker.cache_protocol import PrefixCacheBackend
 from engine_worker.config import EngineConfig, SchedulerConfig, SchedulingPolicy
 from engine_worker.errors import DuplicateRequest, EngineClosed, EngineError, EngineFatalError
+from engine_worker.memory import apply_memory_fraction
 from engine_worker.output_sinks import AsyncCollector, SyncWaiter
 from engine_worker.request import Request, RequestOutput, SamplingParams
 from engine_worker.scheduler import Scheduler, SchedulerOutput
@@ -94,6 +95,7 @@ class EngineCore:
         self._fatal: BaseException | None = None
         self._start_time: float | None = None
         self._steps_executed = 0
+        self.memory_limit_bytes: int | None = None  # set from gpu_memory_utilization at start
         self.loop_iterations = 0  # engine-loop passes; flat while idle (no polling)
         _live_engines.add(self)
 
@@ -161,6 +163,7 @@ class EngineCore:
 
     def _run(self) -> None:
         try:
+            self.memory_limit_bytes = apply_memory_fraction(self.config.gpu_memory_utilization)
             while True:
                 with self._cond:
                     while not (self._commands or self._stop_requested or self.scheduler.has_requests()):

@@ -33,6 +33,38 @@ def memory_stats() -> dict[str, Any]:
     }
 
 
+def device_memory_bytes() -> int | None:
+    """Total memory of the accelerator, or None where mlx does not report it (the CPU build)."""
+    size = mx.device_info().get("memory_size")
+    return int(size) if size else None
+
+
+def apply_memory_fraction(fraction: float) -> int | None:
+    """Cap mlx's memory use at ``fraction`` of the device's memory (``gpu_memory_utilization``).
+
+    Beyond the limit mlx waits for running work to free memory before allocating more. Returns
+    the limit set, or None when the device does not report its size (then mlx's own default,
+    about 85 % of RAM on the CPU build, stays in force).
+    """
+    size = device_memory_bytes()
+    if size is None:
+        return None
+    limit = int(size * fraction)
+    mx.set_memory_limit(limit)
+    return limit
+
+
+def seed_memory_keys(stats: dict[str, Any]) -> dict[str, float]:
+    """The seed's ``metal_*_memory_gb`` keys, which it reported only on Metal."""
+    if stats["device"] != "metal":
+        return {}
+    return {
+        "metal_active_memory_gb": round(stats["active_bytes"] / 1e9, 2),
+        "metal_peak_memory_gb": round(stats["peak_bytes"] / 1e9, 2),
+        "metal_cache_memory_gb": round(stats["cache_bytes"] / 1e9, 2),
+    }
+
+
 def clear_allocator_cache() -> None:
     """Return the allocator's free blocks to the system (does not touch live arrays)."""
     mx.clear_cache()

@@ -433,8 +433,9 @@ class Scheduler:
             "total_prompt_tokens": c.total_prompt_tokens,
             "total_completion_tokens": c.total_completion_tokens,
             "counters": c.as_dict(),
-            "memory": memory.memory_stats(),
         }
+        stats["memory"] = mem = memory.memory_stats()
+        stats.update(memory.seed_memory_keys(mem))
         if self.mtp_status is not None:
             stats["mtp"] = dict(self.mtp_status)
         if self.prefix_cache.active:
