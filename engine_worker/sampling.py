@@ -98,3 +98,16 @@ class SamplingFactory:
             stops = StopSequences([[t] for t in key])
             self._stops[key] = stops
         return stops
+
+
+def eos_token_ids(tokenizer: Any) -> set[int]:
+    """EOS ids from a tokenizer wrapper and from the tokenizer it wraps (int, list or set)."""
+    ids: set[int] = set()
+    for holder in (tokenizer, getattr(tokenizer, "tokenizer", None)):
+        for name in ("eos_token_ids", "eos_token_id"):
+            value = getattr(holder, name, None) if holder is not None else None
+            if isinstance(value, int):
+                ids.add(value)
+            elif isinstance(value, list | set | tuple):
+                ids.update(int(v) for v in value)
+    return ids

@@ -18,22 +18,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine_worker import memory
-from engine_worker.cache_protocol import NoPrefixCache, PrefixCacheBackend
+from engine_worker.admission import RequestValidator
+from engine_worker.cache_protocol import PrefixCacheBackend
 from engine_worker.config import SchedulerConfig, SchedulingPolicy
 from engine_worker.detokenizer import detokenizer_factory
-from engine_worker.errors import (
-    DuplicateRequest,
-    InvalidRequest,
-    PromptTooLong,
-    RequestError,
-    TokenizationError,
-    UnsupportedInput,
-)
+from engine_worker.errors import DuplicateRequest, RequestError
 from engine_worker.generator import BatchRunner, MlxBatchRunner
 from engine_worker.loader import context_length, vocab_size
+from engine_worker.prefix_seam import PrefixSeam, default_backend
 from engine_worker.request import Request, RequestOutput, RequestStatus
-from engine_worker.sampling import SamplingFactory
-from engine_worker.stats import SchedulerCounters, request_rows
+from engine_worker.sampling import SamplingFactory, eos_token_ids
+from engine_worker.stats import SchedulerCounters, mtp_status, request_rows
 from engine_worker.text_stream import TextStream
 from engine_worker.waiting_queue import WaitingQueue
 
@@ -78,11 +73,12 @@ class Scheduler:
         self.model = model
         self.tokenizer = tokenizer
         self.config = config or SchedulerConfig()
-        self.prefix_cache: PrefixCacheBackend = prefix_cache or _default_prefix_cache(model, self.config)
+        self.prefix_cache: PrefixCacheBackend = prefix_cache or default_backend(model, self.config)
+        self._cache = PrefixSeam(self.prefix_cache)
         self._runner_factory = runner_factory or MlxBatchRunner
         self.runner: BatchRunner | None = None
         self.max_model_len = max_model_len or context_length(model)
-        self._vocab_size = vocab_size(model)
+        self._validator = RequestValidator(tokenizer, self.max_model_len, vocab_size(model))
 
         self.waiting = WaitingQueue(self.config.policy)
         self.running: dict[str, Request] = {}
@@ -93,10 +89,10 @@ class Scheduler:
         self._streams: dict[str, TextStream] = {}
         self._live_by_uid: dict[int, tuple[Request, TextStream]] = {}  # the hot path's one lookup
         self._pending_outputs: list[RequestOutput] = []
-        self._sampling = SamplingFactory(_eos_ids(tokenizer))
+        self._sampling = SamplingFactory(eos_token_ids(tokenizer))
         self._new_detokenizer = detokenizer_factory(tokenizer)
         self.counters = SchedulerCounters()
-        self.mtp_status = self._check_mtp()
+        self.mtp_status = mtp_status(model, self.config)
 
     # ----------------------------------------------------------------- seed accessors
 
@@ -138,73 +134,16 @@ class Scheduler:
             raise DuplicateRequest(request.request_id)
         self.requests[request.request_id] = request
         try:
-            self._prepare(request)
+            self._validator.prepare(request)
         except RequestError as exc:
             self._fail(request, str(exc))
             return
         self.waiting.push(request)
 
-    def _prepare(self, request: Request) -> None:
-        rid = request.request_id
-        if request.images or request.videos:
-            raise UnsupportedInput("image" if request.images else "video", request_id=rid)
-        sp = request.sampling_params
-        if sp.max_tokens <= 0:
-            raise InvalidRequest(f"max_tokens must be > 0, got {sp.max_tokens}", request_id=rid)
-        if sp.temperature < 0:
-            raise InvalidRequest("temperature must be >= 0", request_id=rid)
-        if request.prompt_token_ids is None:
-            request.prompt_token_ids = self._tokenize(request)
-        tokens = request.prompt_token_ids
-        request.num_prompt_tokens = len(tokens)
-        if not tokens:
-            raise InvalidRequest("the prompt is empty", request_id=rid)
-        if self.max_model_len is not None and len(tokens) > self.max_model_len:
-            raise PromptTooLong(limit=self.max_model_len, length=len(tokens), request_id=rid)
-        if self._vocab_size is not None and not all(0 <= t < self._vocab_size for t in tokens):
-            raise InvalidRequest(f"prompt token ids must be in [0, {self._vocab_size})", request_id=rid)
-
-    def _tokenize(self, request: Request) -> list[int]:
-        prompt = request.prompt
-        if not isinstance(prompt, str):
-            return [int(t) for t in prompt]
-        encode = getattr(self.tokenizer, "encode", None) or self.tokenizer.tokenizer.encode
-        try:
-            return list(encode(prompt))
-        # A tokenizer is third-party code: whatever it raises concerns this one prompt only.
-        except Exception as exc:
-            raise TokenizationError(f"tokenizer failed: {exc}", request_id=request.request_id) from exc
-
     def _ensure_runner(self) -> BatchRunner:
         if self.runner is None:
             self.runner = self._runner_factory(self.model, self.config)
         return self.runner
-
-    def _lookup(self, request: Request) -> None:
-        """Ask the prefix cache once; the result stays on the request until it is admitted."""
-        tokens = request.prompt_token_ids
-        try:
-            cache, remaining, hit_type = self.prefix_cache.fetch(tokens)
-        # A cache is an optimisation: whatever goes wrong in it, the request runs uncached.
-        except Exception:
-            logger.exception("prefix cache lookup failed for %s; running it uncached", request.request_id)
-            self.counters.num_cache_errors += 1
-            cache, remaining, hit_type = None, tokens, "miss"
-        remaining = list(remaining)
-        if cache is not None and not remaining:
-            # Exact hit: the generator needs at least one token to produce logits from.
-            from mlx_lm.models.cache import can_trim_prompt_cache, trim_prompt_cache
-
-            if can_trim_prompt_cache(cache) and trim_prompt_cache(cache, 1) == 1:
-                remaining = tokens[-1:]
-            else:
-                cache, remaining = None, list(tokens)
-        if cache is None:
-            remaining = list(tokens)
-        request.prompt_cache = cache
-        request.remaining_tokens = remaining
-        request.cached_tokens = len(tokens) - len(remaining)
-        request.cache_hit_type = hit_type if cache is not None else "miss"
 
     def _schedule_waiting(self, out: SchedulerOutput) -> None:
         cap = self.config.max_running
@@ -212,7 +151,7 @@ class Scheduler:
         while self.waiting and len(self.running) < cap:
             request = self.waiting.peek()
             if request.remaining_tokens is None:
-                self._lookup(request)
+                self._cache.lookup(request)
             n = len(request.remaining_tokens)
             # The first request of a step is admitted even above the budget, or a prompt longer
             # than the budget would wait forever.
@@ -335,7 +274,7 @@ class Scheduler:
         uid = self.request_id_to_uid.get(request.request_id)
         if uid is None or self.runner is None:
             return
-        want = stop_string and self.prefix_cache.active
+        want = stop_string and self._cache.active
         removed = self.runner.remove([uid], return_caches=want)
         if want and uid in removed:
             cache, tokens = removed[uid]
@@ -348,12 +287,8 @@ class Scheduler:
             cache, all_tokens = request.prompt_cache
         request.prompt_cache = None
         self._release(rid)
-        if cache is not None and all_tokens is not None and self.prefix_cache.active:
-            try:
-                self.prefix_cache.store(all_tokens, cache)
-            except Exception:  # see _lookup: a failed store only loses a future hit
-                logger.exception("prefix cache store failed for %s", rid)
-                self.counters.num_cache_errors += 1
+        if cache is not None and all_tokens is not None and self._cache.active:
+            self._cache.store(rid, all_tokens, cache)
         self.counters.num_requests_processed += 1
         self.counters.total_completion_tokens += request.num_output_tokens
 
@@ -432,57 +367,38 @@ class Scheduler:
             "num_requests_processed": c.num_requests_processed,
             "total_prompt_tokens": c.total_prompt_tokens,
             "total_completion_tokens": c.total_completion_tokens,
-            "counters": c.as_dict(),
+            "counters": {**c.as_dict(), "num_cache_errors": self._cache.errors},
         }
         stats["memory"] = mem = memory.memory_stats()
         stats.update(memory.seed_memory_keys(mem))
         if self.mtp_status is not None:
             stats["mtp"] = dict(self.mtp_status)
-        if self.prefix_cache.active:
-            stats[self.prefix_cache.name] = self.prefix_cache.get_stats()
+        cache_stats = self._cache.stats()
+        if cache_stats is not None:
+            stats[self.prefix_cache.name] = cache_stats
         return stats
 
     def get_cache_stats(self) -> dict[str, Any] | None:
-        return self.prefix_cache.get_stats() if self.prefix_cache.active else None
-
-    def _check_mtp(self) -> dict[str, Any] | None:
-        if not self.config.enable_mtp:
-            return None
-        if getattr(self.model, "mtp", None) is None:
-            reason = "model has no MTP head (model.mtp is None)"
-        else:
-            reason = "MTP decoding is not available through mlx-lm's public BatchGenerator API"
-        logger.warning("enable_mtp is set but %s; MTP is disabled", reason)
-        return {"enabled": False, "requested": True, "reason": reason,
-                "requested_draft_tokens": self.config.mtp_num_draft_tokens}
+        return self._cache.stats()
 
     # ----------------------------------------------------------------- caches and resets
 
     def clear_runtime_caches(self) -> dict[str, bool]:
         """Clear the prefix cache and the allocator cache; requests are untouched."""
         result = {"paged_cache": False, "memory_aware_cache": False, "prefix_cache": False}
-        if self.prefix_cache.active:
-            self.prefix_cache.clear()
+        if self._cache.clear():
             result[self.prefix_cache.name] = True
         memory.clear_allocator_cache()
         return result
 
     def clear_prefix_cache(self) -> None:
-        self.prefix_cache.clear()
+        self._cache.clear()
 
     def save_cache_to_disk(self, cache_dir: str) -> bool:
-        save = getattr(self.prefix_cache, "save_to_disk", None)
-        if save is None:
-            logger.info("the prefix cache back end cannot be saved to disk")
-            return False
-        return bool(save(cache_dir))
+        return self._cache.save(cache_dir)
 
     def load_cache_from_disk(self, cache_dir: str) -> int:
-        load = getattr(self.prefix_cache, "load_from_disk", None)
-        if load is None:
-            logger.info("the prefix cache back end cannot be loaded from disk")
-            return 0
-        return int(load(cache_dir))
+        return self._cache.load(cache_dir)
 
     def reset(self) -> None:
         """Abort every request, drop the generator, clear the caches and the counters' queues."""
@@ -504,9 +420,7 @@ class Scheduler:
         """``reset()`` plus dropping every cache reference the model may hold, and closing the
         prefix cache's disk tier (it flushes pending writes)."""
         self.reset()
-        tier = getattr(self.prefix_cache, "ssd_tier", None)
-        if tier is not None:
-            tier.close()
+        self._cache.close()
         for obj in [self.model, *getattr(self.model, "layers", [])]:
             for holder in (obj, getattr(obj, "self_attn", None)):
                 if holder is not None and hasattr(holder, "cache"):
@@ -518,23 +432,3 @@ class Scheduler:
         runner, self.runner = self.runner, None
         if runner is not None:
             runner.close()
-
-
-def _default_prefix_cache(model: Any, config: SchedulerConfig) -> PrefixCacheBackend:
-    if not config.enable_prefix_cache:
-        return NoPrefixCache()
-    from engine_worker.cache import build_prefix_cache  # the cache tiers load only when asked for
-
-    return build_prefix_cache(model, config) or NoPrefixCache()
-
-
-def _eos_ids(tokenizer: Any) -> set[int]:
-    ids: set[int] = set()
-    for holder in (tokenizer, getattr(tokenizer, "tokenizer", None)):
-        for name in ("eos_token_ids", "eos_token_id"):
-            value = getattr(holder, name, None) if holder is not None else None
-            if isinstance(value, int):
-                ids.add(value)
-            elif isinstance(value, list | set | tuple):
-                ids.update(int(v) for v in value)
-    return ids

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from engine_worker.config import SchedulerConfig
 from engine_worker.request import Request
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -22,7 +26,6 @@ class SchedulerCounters:
     total_completion_tokens: int = 0
     num_steps: int = 0
     num_step_errors: int = 0
-    num_cache_errors: int = 0
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
@@ -73,3 +76,20 @@ def running_row(req: Request, now: float) -> dict[str, Any]:
 def request_rows(waiting: Iterable[Request], running: Iterable[Request], now: float) -> list[dict[str, Any]]:
     """Waiting requests first (admission order), then running ones (admission order)."""
     return [waiting_row(r, now) for r in waiting] + [running_row(r, now) for r in running]
+
+
+def mtp_status(model: Any, config: SchedulerConfig) -> dict[str, Any] | None:
+    """How ``enable_mtp`` turned out, for ``get_stats()["mtp"]`` (None when not asked for).
+
+    Multi-token prediction would need hooks inside mlx-lm's generator that its public API does
+    not offer, so it is reported as disabled, with the reason, and a warning as in the seed.
+    """
+    if not config.enable_mtp:
+        return None
+    if getattr(model, "mtp", None) is None:
+        reason = "model has no MTP head (model.mtp is None)"
+    else:
+        reason = "MTP decoding is not available through mlx-lm's public BatchGenerator API"
+    logger.warning("enable_mtp is set but %s; MTP is disabled", reason)
+    return {"enabled": False, "requested": True, "reason": reason,
+            "requested_draft_tokens": config.mtp_num_draft_tokens}

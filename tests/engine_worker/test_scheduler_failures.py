@@ -105,4 +105,4 @@ def test_a_failing_prefix_cache_never_fails_a_request(tiny_model):
     scheduler = Scheduler(model, tokenizer, prefix_cache=BrokenCache())
     out = final(run_scheduler(scheduler, {0: [Request("r", p, greedy(5))]})["r"])
     assert out.output_token_ids == solo_tokens(model, tokenizer, p, 5)
-    assert scheduler.counters.num_cache_errors == 2
+    assert scheduler.get_stats()["counters"]["num_cache_errors"] == 2

@@ -1,0 +1,102 @@
+"""The scheduler's side of the prefix-cache seam (see :mod:`engine_worker.cache_protocol`).
+
+A cache is an optimisation: whatever goes wrong inside a back end, the request runs uncached and
+the error is counted; it never fails a request or the engine.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from engine_worker.cache_protocol import NoPrefixCache, PrefixCacheBackend
+from engine_worker.config import SchedulerConfig
+from engine_worker.request import Request
+
+logger = logging.getLogger(__name__)
+
+
+def default_backend(model: Any, config: SchedulerConfig) -> PrefixCacheBackend:
+    """The back end the config's cache fields ask for; :class:`NoPrefixCache` when off."""
+    if not config.enable_prefix_cache:
+        return NoPrefixCache()
+    from engine_worker.cache import build_prefix_cache  # the cache tiers load only when asked for
+
+    return build_prefix_cache(model, config) or NoPrefixCache()
+
+
+class PrefixSeam:
+    """Asks the back end at admission and offers it finished requests' caches."""
+
+    def __init__(self, backend: PrefixCacheBackend) -> None:
+        self.backend = backend
+        self.errors = 0
+
+    @property
+    def active(self) -> bool:
+        return self.backend.active
+
+    def lookup(self, request: Request) -> None:
+        """Set ``prompt_cache``, ``remaining_tokens``, ``cached_tokens``, ``cache_hit_type``."""
+        tokens = request.prompt_token_ids
+        try:
+            cache, remaining, hit_type = self.backend.fetch(tokens)
+        except Exception:
+            logger.exception("prefix cache lookup failed for %s; running it uncached", request.request_id)
+            self.errors += 1
+            cache, remaining, hit_type = None, tokens, "miss"
+        remaining = list(remaining)
+        if cache is not None and not remaining:
+            cache, remaining = _reopen_exact_hit(cache, tokens)
+        if cache is None:
+            remaining = list(tokens)
+        request.prompt_cache = cache
+        request.remaining_tokens = remaining
+        request.cached_tokens = len(tokens) - len(remaining)
+        request.cache_hit_type = hit_type if cache is not None else "miss"
+
+    def store(self, request_id: str, tokens: Sequence[int], cache: list[Any]) -> None:
+        try:
+            self.backend.store(tokens, cache)
+        except Exception:  # a failed store only loses a future hit
+            logger.exception("prefix cache store failed for %s", request_id)
+            self.errors += 1
+
+    def stats(self) -> dict[str, Any] | None:
+        return self.backend.get_stats() if self.backend.active else None
+
+    def clear(self) -> bool:
+        self.backend.clear()
+        return self.backend.active
+
+    def save(self, cache_dir: str) -> bool:
+        save = getattr(self.backend, "save_to_disk", None)
+        if save is None:
+            logger.info("the prefix cache back end cannot be saved to disk")
+            return False
+        return bool(save(cache_dir))
+
+    def load(self, cache_dir: str) -> int:
+        load = getattr(self.backend, "load_from_disk", None)
+        if load is None:
+            logger.info("the prefix cache back end cannot be loaded from disk")
+            return 0
+        return int(load(cache_dir))
+
+    def close(self) -> None:
+        """Close the back end's disk tier, if any (it flushes pending writes)."""
+        tier = getattr(self.backend, "ssd_tier", None)
+        if tier is not None:
+            tier.close()
+
+
+def _reopen_exact_hit(cache: list[Any], tokens: list[int]) -> tuple[list[Any] | None, list[int]]:
+    """An exact hit covers the whole prompt, but the generator needs at least one token to
+    compute the next token's logits from: trim one token off the cache and feed it again, or,
+    when the cache cannot be trimmed (rotating/recurrent), drop the hit."""
+    from mlx_lm.models.cache import can_trim_prompt_cache, trim_prompt_cache
+
+    if can_trim_prompt_cache(cache) and trim_prompt_cache(cache, 1) == 1:
+        return cache, tokens[-1:]
+    return None, list(tokens)
