@@ -133,3 +133,26 @@ def test_websocket_auth_and_ownership_close_codes_and_generate_socket(stack):
     assert generated[0]["type"] == "job" and generated[-1]["type"] == "final"
     stored = job(generated[0]["id"])
     assert text_of(generated) == stored.output_text and stored.status == JobStatus.COMPLETED
+
+
+def test_a_client_waiting_longer_than_the_redis_socket_timeout_still_gets_the_stream(stack):
+    api_key, secret = make_api_key()
+    client = ServiceClient(stack, secret)
+    job_id = queue_job("Once upon a time", max_tokens=16, api_key=api_key, dispatch=False)
+
+    async def scenario() -> list[dict]:
+        task = asyncio.create_task(client.stream(job_id))
+        await asyncio.sleep(7.0)  # the job stays queued: nothing arrives for longer than 5 s
+        assert not task.done(), task.result()
+        await asyncio.to_thread(_dispatch, job_id)
+        return await task
+
+    messages = asyncio.run(scenario())
+    stored = job(job_id)
+    assert messages[-1]["type"] == "final" and text_of(messages) == stored.output_text
+
+
+def _dispatch(job_id: str) -> None:
+    from api.services.jobs import job_dispatch
+
+    assert job_dispatch(job_id=job_id)
