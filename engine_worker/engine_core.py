@@ -31,26 +31,23 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable, Generator
 from typing import Any
 
+from engine_worker.async_engine import AsyncEngineCore  # re-exported: the seed's import path
 from engine_worker.cache_protocol import PrefixCacheBackend
 from engine_worker.config import EngineConfig, SchedulerConfig, SchedulingPolicy
-from engine_worker.errors import DuplicateRequest, EngineClosed, EngineError, EngineFatalError
+from engine_worker.errors import DuplicateRequest, EngineClosed, EngineFatalError
 from engine_worker.memory import apply_memory_fraction
 from engine_worker.output_sinks import AsyncCollector, SyncWaiter
+from engine_worker.ownership import ModelInUse, acquire_model, release_model
 from engine_worker.request import Request, RequestOutput, SamplingParams
 from engine_worker.scheduler import Scheduler, SchedulerOutput
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["AsyncEngineCore", "EngineConfig", "EngineCore", "SchedulerConfig", "SchedulingPolicy"]
+__all__ = ["AsyncEngineCore", "EngineConfig", "EngineCore", "ModelInUse", "SchedulerConfig", "SchedulingPolicy"]
 
 OutputListener = Callable[[list[RequestOutput]], None]
 
 _live_engines: weakref.WeakSet[EngineCore] = weakref.WeakSet()
-_model_owners: dict[int, weakref.ref[EngineCore]] = {}
-
-
-class ModelInUse(EngineError, RuntimeError):
-    """Another open engine owns this model and ``force_model_ownership`` is False."""
 
 
 class _Done:
@@ -79,7 +76,7 @@ class EngineCore:
         self.tokenizer = tokenizer
         self.config = config or EngineConfig()
         self._engine_id = engine_id or str(uuid.uuid4())
-        self._acquire_model(force_model_ownership)
+        acquire_model(model, self, force_model_ownership)
         self.scheduler = Scheduler(model, tokenizer, self.config.scheduler_config or SchedulerConfig(),
                                    prefix_cache=prefix_cache)
         self._cond = threading.Condition()
@@ -102,15 +99,6 @@ class EngineCore:
     @property
     def engine_id(self) -> str:
         return self._engine_id
-
-    def _acquire_model(self, force: bool) -> None:
-        owner_ref = _model_owners.get(id(self.model))
-        owner = owner_ref() if owner_ref else None
-        if owner is not None and owner is not self and not owner._closed:
-            if not force:
-                raise ModelInUse(f"model is owned by engine {owner.engine_id}")
-            logger.warning("engine %s takes the model over from engine %s", self._engine_id, owner.engine_id)
-        _model_owners[id(self.model)] = weakref.ref(self)
 
     # ------------------------------------------------------------------ life cycle
 
@@ -155,9 +143,7 @@ class EngineCore:
             self._collectors.clear()
             self._waiters.clear()
             self._live.clear()
-        owner_ref = _model_owners.get(id(self.model))
-        if owner_ref is not None and owner_ref() is self:
-            del _model_owners[id(self.model)]
+        release_model(self.model, self)
 
     # ------------------------------------------------------------------ the engine thread
 
@@ -449,68 +435,6 @@ def _closing_output(request_id: str, fatal: BaseException | None) -> RequestOutp
         return RequestOutput(request_id=request_id, finished=True, finish_reason="abort")
     return RequestOutput(request_id=request_id, finished=True, finish_reason="error",
                          error=f"engine failed: {fatal!r}")
-
-
-class AsyncEngineCore:
-    """``async with AsyncEngineCore(model, tokenizer, config) as engine:`` starts the engine thread
-    and, on exit, stops it and closes the engine."""
-
-    def __init__(self, model: Any, tokenizer: Any, config: EngineConfig | None = None) -> None:
-        self.engine = EngineCore(model, tokenizer, config)
-
-    async def __aenter__(self) -> AsyncEngineCore:
-        await self.engine.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.engine.stop()
-        self.engine.close()
-
-    def start(self) -> None:
-        self.engine.start()
-
-    async def stop(self) -> None:
-        await self.engine.stop()
-
-    def close(self) -> None:
-        self.engine.close()
-
-    async def add_request(self, prompt: str | list[int], sampling_params: SamplingParams | None = None,
-                          request_id: str | None = None, **kwargs: Any) -> str:
-        return await self.engine.add_request(prompt, sampling_params, request_id, **kwargs)
-
-    async def abort_request(self, request_id: str) -> bool:
-        return await self.engine.abort_request(request_id)
-
-    async def stream_outputs(self, request_id: str, timeout: float | None = None) -> AsyncIterator[RequestOutput]:
-        async for out in self.engine.stream_outputs(request_id, timeout):
-            yield out
-
-    async def generate(self, prompt: str | list[int], sampling_params: SamplingParams | None = None,
-                       request_id: str | None = None, **kwargs: Any) -> RequestOutput:
-        return await self.engine.generate(prompt, sampling_params, request_id, **kwargs)
-
-    def generate_batch_sync(self, prompts: list[str | list[int]],
-                            sampling_params: SamplingParams | None = None) -> list[RequestOutput]:
-        return self.engine.generate_batch_sync(prompts, sampling_params)
-
-    def get_stats(self) -> dict[str, Any]:
-        return self.engine.get_stats()
-
-    def get_cache_stats(self) -> dict[str, Any] | None:
-        return self.engine.get_cache_stats()
-
-    def save_cache_to_disk(self, cache_dir: str) -> bool:
-        return self.engine.save_cache_to_disk(cache_dir)
-
-    def load_cache_from_disk(self, cache_dir: str) -> int:
-        return self.engine.load_cache_from_disk(cache_dir)
-
-    def clear_runtime_caches(self) -> dict[str, bool]:
-        return self.engine.clear_runtime_caches()
-
-    def clear_prefix_cache(self) -> None:
-        self.engine.clear_prefix_cache()
 
 
 @atexit.register

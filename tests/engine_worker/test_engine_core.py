@@ -202,3 +202,13 @@ async def test_async_engine_core_context_manager_starts_stops_and_closes(tiny_mo
     assert not thread.is_alive()
     with pytest.raises(EngineClosed):
         await core.add_request([5, 6], greedy(2))
+
+
+def test_a_model_owned_by_an_open_engine_is_refused_without_force(engine, tiny_model):
+    from engine_worker.engine_core import ModelInUse
+
+    model, tokenizer = tiny_model
+    with pytest.raises(ModelInUse):
+        EngineCore(model, tokenizer, force_model_ownership=False)
+    engine.close()
+    EngineCore(model, tokenizer, force_model_ownership=False).close()
