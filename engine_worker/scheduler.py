@@ -200,8 +200,13 @@ class Scheduler:
 
     # ----------------------------------------------------------------- the step
 
-    def step(self) -> SchedulerOutput:
-        """Admit, run one generator step, and return this step's outputs."""
+    def step(self, max_retries: int = 1) -> SchedulerOutput:
+        """Admit, run one generator step, and return this step's outputs.
+
+        ``max_retries`` is accepted for seed compatibility and unused: a failed generator step
+        fails the requests in that batch (each gets an error output) instead of being retried
+        on state that may be corrupt.
+        """
         out = SchedulerOutput()
         outputs = self._pending_outputs
         self._pending_outputs = []

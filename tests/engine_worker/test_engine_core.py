@@ -212,3 +212,20 @@ def test_a_model_owned_by_an_open_engine_is_refused_without_force(engine, tiny_m
         EngineCore(model, tokenizer, force_model_ownership=False)
     engine.close()
     EngineCore(model, tokenizer, force_model_ownership=False).close()
+
+
+async def test_a_fatal_engine_error_finishes_every_request_with_an_error_and_refuses_new_ones(engine, tiny_model):
+    from engine_worker.errors import EngineFatalError
+
+    _, tokenizer = tiny_model
+
+    def broken_step(*_args):
+        raise RuntimeError("scheduler bug")
+
+    engine.scheduler.step = broken_step
+    rid = await engine.add_request(prompt_ids(tokenizer, 5), greedy(5))
+    outs = [o async for o in engine.stream_outputs(rid, timeout=30)]
+    assert outs[-1].finished and outs[-1].finish_reason == "error" and "scheduler bug" in outs[-1].error
+    assert not engine.is_running()
+    with pytest.raises(EngineFatalError):
+        engine.submit(Request("later", [5, 6], greedy(2)))
