@@ -7,9 +7,12 @@ import datetime as dt
 import logging
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import redis
-from django.db.models import Count, Q, Sum
+from django.db.models import Count, Func, IntegerField, Q, Sum
+from django.db.models.fields.json import KeyTextTransform
+from django.db.models.functions import Cast
 from django.utils import timezone
 
 from api import keys
@@ -83,19 +86,28 @@ def _day_bounds(now: dt.datetime) -> tuple[dt.datetime, dt.datetime]:
     return start, start + dt.timedelta(days=1)
 
 
+class JSONArrayLength(Func):
+    """Length of a JSON array column, computed in the database (no token lists loaded)."""
+
+    function = "json_array_length"
+    output_field = IntegerField()
+
+    def as_postgresql(self, compiler: Any, connection: Any, **extra: Any) -> Any:
+        return self.as_sql(compiler, connection, function="jsonb_array_length", **extra)
+
+
 def api_key_tokens_used_today(*, api_key: ApiKey, now: dt.datetime | None = None) -> int:
     """Tokens charged to the key since UTC midnight: the engine's counts for finished jobs, plus a
-    reservation of prompt + max_tokens for jobs still queued or running."""
+    reservation of prompt + max_tokens for jobs still queued or running. One aggregate query."""
     start, _ = _day_bounds(now or timezone.now())
-    today = Job.objects.filter(api_key=api_key, created_at__gte=start)
-    finished = today.exclude(status__in=ACTIVE_STATUSES).aggregate(
-        total=Sum("prompt_tokens") + Sum("completion_tokens")
-    )["total"] or 0
-    reserved = sum(
-        len(ids) + int(params.get("max_tokens", 0))
-        for ids, params in today.filter(status__in=ACTIVE_STATUSES).values_list("prompt_token_ids", "params")
+    active = Q(status__in=ACTIVE_STATUSES)
+    max_tokens = Cast(KeyTextTransform("max_tokens", "params"), IntegerField())
+    totals = Job.objects.filter(api_key=api_key, created_at__gte=start).aggregate(
+        prompt=Sum("prompt_tokens", filter=~active),
+        completion=Sum("completion_tokens", filter=~active),
+        reserved=Sum(JSONArrayLength("prompt_token_ids") + max_tokens, filter=active),
     )
-    return int(finished) + reserved
+    return sum(int(value or 0) for value in totals.values())
 
 
 def quota_check_job(*, api_key: ApiKey, prompt_tokens: int, max_tokens: int) -> None:
