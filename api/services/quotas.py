@@ -96,25 +96,34 @@ class JSONArrayLength(Func):
         return self.as_sql(compiler, connection, function="jsonb_array_length", **extra)
 
 
-def api_key_tokens_used_today(*, api_key: ApiKey, now: dt.datetime | None = None) -> int:
-    """Tokens charged to the key since UTC midnight: the engine's counts for finished jobs, plus a
-    reservation of prompt + max_tokens for jobs still queued or running. One aggregate query."""
-    start, _ = _day_bounds(now or timezone.now())
-    active = Q(status__in=ACTIVE_STATUSES)
+def _key_usage(*, api_key: ApiKey, now: dt.datetime) -> tuple[int, int]:
+    """(jobs queued or running, tokens charged since UTC midnight) of a key, in one query.
+
+    Tokens are the engine's counts for finished jobs plus a reservation of prompt + max_tokens
+    for jobs still queued or running."""
+    start, _ = _day_bounds(now)
+    active, today = Q(status__in=ACTIVE_STATUSES), Q(created_at__gte=start)
     max_tokens = Cast(KeyTextTransform("max_tokens", "params"), IntegerField())
-    totals = Job.objects.filter(api_key=api_key, created_at__gte=start).aggregate(
-        prompt=Sum("prompt_tokens", filter=~active),
-        completion=Sum("completion_tokens", filter=~active),
-        reserved=Sum(JSONArrayLength("prompt_token_ids") + max_tokens, filter=active),
+    totals = Job.objects.filter(active | today, api_key=api_key).aggregate(
+        active=Count("id", filter=active),
+        prompt=Sum("prompt_tokens", filter=today & ~active),
+        completion=Sum("completion_tokens", filter=today & ~active),
+        reserved=Sum(JSONArrayLength("prompt_token_ids") + max_tokens, filter=today & active),
     )
-    return sum(int(value or 0) for value in totals.values())
+    tokens = sum(int(totals[name] or 0) for name in ("prompt", "completion", "reserved"))
+    return int(totals["active"]), tokens
+
+
+def api_key_tokens_used_today(*, api_key: ApiKey, now: dt.datetime | None = None) -> int:
+    return _key_usage(api_key=api_key, now=now or timezone.now())[1]
 
 
 def quota_check_job(*, api_key: ApiKey, prompt_tokens: int, max_tokens: int) -> None:
     """Raise QuotaExceeded if one more job of this size would break the key's concurrency or daily
     token quota. Call it inside the transaction that inserts the job, with the key row locked, so
     two concurrent submissions cannot both take the last slot."""
-    active = Job.objects.filter(api_key=api_key, status__in=ACTIVE_STATUSES).count()
+    now = timezone.now()
+    active, used = _key_usage(api_key=api_key, now=now)
     if active >= api_key.max_concurrent_jobs:
         raise QuotaExceeded(
             f"Too many concurrent jobs: this API key may have {api_key.max_concurrent_jobs} queued or "
@@ -124,8 +133,6 @@ def quota_check_job(*, api_key: ApiKey, prompt_tokens: int, max_tokens: int) -> 
             remaining=0,
             reset_s=1.0,
         )
-    now = timezone.now()
-    used = api_key_tokens_used_today(api_key=api_key, now=now)
     needed = prompt_tokens + max_tokens
     if used + needed > api_key.tokens_per_day:
         _, end = _day_bounds(now)
