@@ -12,7 +12,7 @@ from typing import Any
 
 from django.core.exceptions import PermissionDenied, RequestDataTooBig, SuspiciousOperation
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
-from django.views.defaults import page_not_found
+from django.views.defaults import page_not_found, server_error
 from rest_framework import exceptions as drf
 from rest_framework.response import Response
 
@@ -221,5 +221,8 @@ def json_not_found(request: HttpRequest, exception: Exception | None = None) -> 
     )
 
 
-def json_server_error(request: HttpRequest) -> JsonResponse:
+def json_server_error(request: HttpRequest) -> HttpResponse:
+    """handler500: the envelope for API paths, Django's page elsewhere (the admin)."""
+    if not request.path.startswith("/api/"):
+        return server_error(request)
     return JsonResponse(error_body("Internal server error.", error_type="server_error", code="internal_error"), status=500)

@@ -186,3 +186,13 @@ def test_fuzzed_bad_bodies_never_produce_a_500(api_client, api_key):
         if response.status_code >= 400:
             assert set(response.json()["error"]) == {"message", "type", "code", "param"}
     assert statuses.count(400) > len(statuses) // 2
+
+
+def test_an_unexpected_error_is_a_500_in_the_envelope_not_an_html_page(api_client):
+    from unittest import mock
+
+    with mock.patch("api.views.jobs.job_list", side_effect=RuntimeError("bug")):
+        response = api_client.get("/api/v1/jobs")
+
+    assert_error(response, 500, code="internal_error")
+    assert "bug" not in response.content.decode()
