@@ -15,7 +15,6 @@ from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.views.defaults import page_not_found, server_error
 from rest_framework import exceptions as drf
 from rest_framework.response import Response
-from rest_framework.views import set_rollback
 
 logger = logging.getLogger(__name__)
 
@@ -182,6 +181,9 @@ _DRF_TYPES: dict[type[drf.APIException], tuple[str, str]] = {
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     """DRF EXCEPTION_HANDLER: every error becomes the envelope. Unexpected exceptions are logged
     and answered with a 500 in the same envelope (so a client never sees an HTML page)."""
+    # Imported here: rest_framework.views imports the authentication classes, which import us.
+    from rest_framework.views import set_rollback
+
     set_rollback()  # as DRF's own handler: an atomic request must not commit half its work
     if isinstance(exc, ServiceError):
         body = error_body(exc.message, error_type=exc.error_type, code=exc.code, param=exc.param)
