@@ -86,3 +86,12 @@ def test_celery_routes_jobs_to_the_engine_queue_and_schedules_reconciliation():
     assert app.conf.task_routes["api.tasks.run_job"] == {"queue": "engine"}
     schedule = {entry["task"]: entry["schedule"] for entry in app.conf.beat_schedule.values()}
     assert schedule == {"api.tasks.reconcile_jobs": 10.0, "api.tasks.expire_jobs": 60.0}
+
+
+@pytest.mark.django_db
+def test_models_and_migrations_are_in_sync():
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    call_command("makemigrations", "--check", "--dry-run", stdout=StringIO())
