@@ -104,17 +104,23 @@ class EngineCore:
 
     def start(self) -> _Done:
         """Start the engine thread (idempotent). Returns an awaitable, for the seed's ``await``."""
-        with self._cond:
-            if self._closed:
-                raise EngineClosed("engine is closed")
-            if self._thread is not None and self._thread.is_alive():
-                return _Done()
-            self._stop_requested = False
-            self._fatal = None
-            self._start_time = time.time()
-            self._thread = threading.Thread(target=self._run, name=f"engine-{self._engine_id[:8]}", daemon=True)
-            self._thread.start()
-        return _Done()
+        while True:
+            with self._cond:
+                if self._closed:
+                    raise EngineClosed("engine is closed")
+                thread = self._thread
+                if thread is None or not thread.is_alive():
+                    self._stop_requested = False
+                    self._fatal = None
+                    self._start_time = time.time()
+                    self._thread = threading.Thread(target=self._run, name=f"engine-{self._engine_id[:8]}",
+                                                    daemon=True)
+                    self._thread.start()
+                    return _Done()
+                if not self._stop_requested or thread is threading.current_thread():
+                    return _Done()
+            # A stopping thread is still finishing its last requests: let it, then start afresh.
+            thread.join()
 
     def stop(self, timeout: float | None = None) -> _Done:
         """Stop the engine thread and wait for it to exit. Requests still in flight finish with
@@ -129,7 +135,8 @@ class EngineCore:
 
     def is_running(self) -> bool:
         thread = self._thread
-        return thread is not None and thread.is_alive() and not self._stop_requested
+        return (thread is not None and thread.is_alive() and not self._stop_requested
+                and self._fatal is None)
 
     def close(self) -> None:
         """Stop, drop every request and cache, and release the model. Idempotent."""

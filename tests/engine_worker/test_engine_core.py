@@ -229,3 +229,13 @@ async def test_a_fatal_engine_error_finishes_every_request_with_an_error_and_ref
     assert not engine.is_running()
     with pytest.raises(EngineFatalError):
         engine.submit(Request("later", [5, 6], greedy(2)))
+
+
+def test_a_request_submitted_right_after_stop_runs_on_a_fresh_engine_thread(engine, tiny_model):
+    _, tokenizer = tiny_model
+    first = engine.generate_batch_sync([prompt_ids(tokenizer, 5)], greedy(2, ignore_eos=True))
+    old = engine._thread
+    engine.stop()
+    again = engine.generate_batch_sync([prompt_ids(tokenizer, 5)], greedy(2, ignore_eos=True))
+    assert first[0].completion_tokens == again[0].completion_tokens == 2
+    assert engine._thread is not old and engine.is_running()
