@@ -246,7 +246,9 @@ class EngineCore:
             else:
                 outputs = [_closing_output(rid, self._fatal) for rid in live]
             try:
-                scheduler.close()
+                # After a failure the scheduler's state is suspect: drop it all, so a restart
+                # begins clean. reset() also closes the generator, which belongs to this thread.
+                scheduler.reset() if self._fatal is not None else scheduler.close()
             except Exception:  # the thread is ending either way; the failure is logged
                 logger.exception("closing the generator failed")
         if outputs:

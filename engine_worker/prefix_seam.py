@@ -47,6 +47,12 @@ class PrefixSeam:
             self.errors += 1
             cache, remaining, hit_type = None, tokens, "miss"
         remaining = list(remaining)
+        if cache is not None and not all(hasattr(layer, "merge") for layer in cache):
+            # The generator batches a cache by merging it; one that cannot merge (e.g. a
+            # QuantizedKVCache) would fail the whole batch's next step, so the hit is dropped.
+            logger.warning("prefix cache hit for %s is not batchable; running it uncached", request.request_id)
+            self.errors += 1
+            cache = None
         if cache is not None and not remaining:
             cache, remaining = _reopen_exact_hit(cache, tokens)
         if cache is None:

@@ -106,3 +106,23 @@ def test_a_failing_prefix_cache_never_fails_a_request(tiny_model):
     out = final(run_scheduler(scheduler, {0: [Request("r", p, greedy(5))]})["r"])
     assert out.output_token_ids == solo_tokens(model, tokenizer, p, 5)
     assert scheduler.get_stats()["counters"]["num_cache_errors"] == 2
+
+
+def test_an_unbatchable_cache_hit_is_dropped_instead_of_failing_the_batch(tiny_model):
+    from mlx_lm.models.cache import QuantizedKVCache
+
+    model, tokenizer = tiny_model
+    p = prompt_ids(tokenizer, 12)
+
+    class QuantizedHit(BrokenCache):
+        def fetch(self, tokens):
+            return [QuantizedKVCache() for _ in model.layers], list(tokens[4:]), "prefix"
+
+        def store(self, tokens, cache_layers):
+            pass
+
+    scheduler = Scheduler(model, tokenizer, prefix_cache=QuantizedHit())
+    outputs = run_scheduler(scheduler, {0: [Request("r", p, greedy(5)), Request("n", prompt_ids(tokenizer, 7), greedy(3))]})
+    out = final(outputs["r"])
+    assert out.output_token_ids == solo_tokens(model, tokenizer, p, 5) and out.cached_tokens == 0
+    assert final(outputs["n"]).finish_reason in ("stop", "length")
