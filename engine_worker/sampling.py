@@ -49,6 +49,17 @@ def make_seeded_sampler(temperature: float, top_p: float, top_k: int, min_p: flo
     return sampler
 
 
+def _guarded(processor: Callable[..., Any], on_error: Callable[[BaseException], None]) -> Callable[..., Any]:
+    def guarded(tokens: mx.array, logits: mx.array) -> mx.array:
+        try:
+            return processor(tokens, logits)
+        except Exception as exc:  # reported through on_error; the request is failed after the step
+            on_error(exc)
+            return logits
+
+    return guarded
+
+
 class SamplingFactory:
     """Builds the generator-side objects for a request's :class:`SamplingParams`."""
 
@@ -71,8 +82,15 @@ class SamplingFactory:
             self._samplers[key] = sampler
         return sampler
 
-    def logits_processors(self, sp: SamplingParams) -> list[Any]:
-        """Repetition/presence penalties plus the request's own processors (none: fast path)."""
+    def logits_processors(
+        self, sp: SamplingParams, on_error: Callable[[BaseException], None] | None = None
+    ) -> list[Any]:
+        """Repetition/presence penalties plus the request's own processors (none: fast path).
+
+        The request's own processors are caller code running inside the batch step: with
+        ``on_error``, one that raises is skipped for that step and ``on_error(exc)`` is called,
+        so the scheduler can fail that request alone instead of the whole batch.
+        """
         procs: list[Any] = []
         rp = sp.repetition_penalty
         pp = sp.presence_penalty
@@ -84,7 +102,10 @@ class SamplingFactory:
                 )
             )
         if sp.logits_processors:
-            procs.extend(sp.logits_processors)
+            if on_error is None:
+                procs.extend(sp.logits_processors)
+            else:
+                procs.extend(_guarded(p, on_error) for p in sp.logits_processors)
         return procs
 
     def stop_sequences(self, sp: SamplingParams) -> StopSequences:

@@ -89,6 +89,7 @@ class Scheduler:
         self._streams: dict[str, TextStream] = {}
         self._live_by_uid: dict[int, tuple[Request, TextStream]] = {}  # the hot path's one lookup
         self._pending_outputs: list[RequestOutput] = []
+        self._processor_errors: dict[str, BaseException] = {}  # filled during a generator step
         self._sampling = SamplingFactory(eos_token_ids(tokenizer))
         self._new_detokenizer = detokenizer_factory(tokenizer)
         self.counters = SchedulerCounters()
@@ -174,7 +175,7 @@ class Scheduler:
                 cache=cache,
                 all_tokens=tokens[: request.cached_tokens] if cache is not None else None,
                 sampler=self._sampling.sampler(sp),
-                logits_processors=self._sampling.logits_processors(sp),
+                logits_processors=self._sampling.logits_processors(sp, self._processor_guard(request)),
                 stop_sequences=self._sampling.stop_sequences(sp),
             )
         except (ValueError, TypeError) as exc:
@@ -227,6 +228,10 @@ class Scheduler:
                 outputs.extend(self._pending_outputs)
                 self._pending_outputs = []
                 responses = ()
+            if self._processor_errors:
+                self._fail_processor_errors()
+                outputs.extend(self._pending_outputs)
+                self._pending_outputs = []
             if responses:
                 self._process_responses(responses, outputs)
         self.counters.num_steps += 1
@@ -274,6 +279,20 @@ class Scheduler:
                 request.request_id, new_ids, text, tokens[:], request.output_text, reason is not None,
                 reason, request.num_prompt_tokens, len(tokens), 0, 0, request.cached_tokens,
             ))
+
+    def _processor_guard(self, request: Request) -> Any:
+        if not request.sampling_params.logits_processors:
+            return None
+        errors, rid = self._processor_errors, request.request_id
+        return lambda exc: errors.setdefault(rid, exc)
+
+    def _fail_processor_errors(self) -> None:
+        errors, self._processor_errors = self._processor_errors, {}
+        for rid, exc in errors.items():
+            request = self.running.get(rid)
+            if request is not None:
+                self._remove_from_batch(request)
+                self._fail(request, f"logits processor failed: {exc!r}")
 
     def _remove_from_batch(self, request: Request, *, stop_string: bool = False) -> None:
         uid = self.request_id_to_uid.get(request.request_id)

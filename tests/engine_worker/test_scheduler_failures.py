@@ -126,3 +126,25 @@ def test_an_unbatchable_cache_hit_is_dropped_instead_of_failing_the_batch(tiny_m
     out = final(outputs["r"])
     assert out.output_token_ids == solo_tokens(model, tokenizer, p, 5) and out.cached_tokens == 0
     assert final(outputs["n"]).finish_reason in ("stop", "length")
+
+
+def test_a_raising_logits_processor_fails_only_its_own_request(tiny_model):
+    model, tokenizer = tiny_model
+    p = prompt_ids(tokenizer, 9)
+    calls = {"n": 0}
+
+    def flaky(tokens, logits):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyError("boom")
+        return logits
+
+    scheduler = Scheduler(model, tokenizer)
+    outputs = run_scheduler(scheduler, {0: [
+        Request("good", p, greedy(8)),
+        Request("bad", prompt_ids(tokenizer, 6), greedy(8, ignore_eos=True, logits_processors=[flaky])),
+    ]})
+    assert final(outputs["good"]).output_token_ids == solo_tokens(model, tokenizer, p, 8)
+    bad = final(outputs["bad"])
+    assert bad.finish_reason == "error" and "boom" in bad.error
+    assert bad.completion_tokens < 8
