@@ -24,7 +24,7 @@ from mlx_lm.models.cache import KVCache
 from engine_worker.cache import kv
 from engine_worker.cache.index import as_token_array, chain_hashes
 from engine_worker.cache.paged_blocks import BlockTable, PagedCacheManager
-from engine_worker.cache.types import CacheCounters, EntryInfo, MatchType, Tier
+from engine_worker.cache.types import NO_SSD_STATS, CacheCounters, EntryInfo, MatchType, Tier
 
 logger = logging.getLogger(__name__)
 
@@ -167,5 +167,7 @@ class BlockAwarePrefixCache:
                 **self.manager.get_stats(),
                 "requests_holding_blocks": len(self._held),
                 "entries": self.manager.get_stats()["allocated_blocks"],
-                "bytes_limit": None,
+                "bytes_limit": None,  # bounded by max_blocks, not bytes
+                "quantized_entries": 0,
+                **NO_SSD_STATS,
             }

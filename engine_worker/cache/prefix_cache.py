@@ -12,7 +12,7 @@ from typing import Any
 from engine_worker.cache import kv
 from engine_worker.cache.index import as_token_array
 from engine_worker.cache.store import Entry, EntryStore
-from engine_worker.cache.types import CacheCounters, CacheHit, UnsupportedCache, key_hash
+from engine_worker.cache.types import NO_SSD_STATS, CacheCounters, CacheHit, UnsupportedCache, key_hash
 
 logger = logging.getLogger(__name__)
 
@@ -91,4 +91,5 @@ class PrefixCacheManager:
                 "bytes_used": self._store.bytes_used,
                 "bytes_limit": None,
                 "quantized_entries": 0,
+                **NO_SSD_STATS,
             }

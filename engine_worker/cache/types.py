@@ -118,6 +118,12 @@ class CacheCounters:
         }
 
 
+# Keys every back end's get_stats() carries, so the dashboard needs no per-back-end cases; the
+# tiers a back end lacks report zeros.
+NO_SSD_STATS: dict[str, Any] = {"ssd_enabled": False, "ssd_entries": 0, "ssd_bytes": 0, "ssd_hits": 0,
+                                "promotions": 0, "failures": 0}
+
+
 def key_hash(tokens: Sequence[int]) -> str:
     """Stable short id of a token sequence (entry keys in stats, file names on disk)."""
     return hashlib.blake2b(array("q", tokens).tobytes(), digest_size=12).hexdigest()

@@ -55,3 +55,11 @@ def test_legacy_and_paged_sizes_come_from_the_config(tiny_model):
     paged = build_prefix_cache(tiny_model[0], SchedulerConfig(use_paged_cache=True, paged_cache_block_size=32,
                                                               max_cache_blocks=50))
     assert (paged.manager.block_size, paged.manager.max_blocks) == (32, 50)
+
+
+@pytest.mark.parametrize("fields", [{}, {"use_paged_cache": True}, {"use_memory_aware_cache": False}])
+def test_every_backend_reports_the_operator_stats_keys(tiny_model, fields):
+    stats = build_prefix_cache(tiny_model[0], SchedulerConfig(cache_memory_mb=8, **fields)).get_stats()
+    for key in ("hits", "misses", "hit_rate", "entries", "bytes_used", "bytes_limit", "evictions",
+                "quantized_entries", "ssd_entries", "ssd_bytes", "ssd_hits", "promotions", "failures"):
+        assert key in stats, key
