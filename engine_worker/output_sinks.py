@@ -24,34 +24,44 @@ class AsyncCollector:
     ``put`` runs on the loop's thread (the engine schedules it with ``call_soon_threadsafe``).
     Outputs not yet taken are merged, so a slow consumer gets one combined output instead of a
     backlog. The consumer is woken every ``stream_interval`` tokens, and always on the last output.
+    A bare future is the wake-up (cheaper than ``asyncio.Event``: this runs for every request at
+    every step).
     """
 
-    __slots__ = ("loop", "stream_interval", "abandoned", "_pending", "_event", "_last_sent")
+    __slots__ = ("loop", "stream_interval", "abandoned", "_pending", "_ready", "_waiter", "_last_sent")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, stream_interval: int = 1) -> None:
         self.loop = loop
         self.stream_interval = stream_interval
         self.abandoned = False  # aborted through the API: drop it once its last output arrives
         self._pending: RequestOutput | None = None
-        self._event = asyncio.Event()
+        self._ready = False
+        self._waiter: asyncio.Future[None] | None = None
         self._last_sent = 0
 
     def put(self, out: RequestOutput) -> None:
         pending = self._pending
         self._pending = out if pending is None else merge_outputs(pending, out)
         if (
-            out.finished
-            or self.stream_interval == 1
+            self.stream_interval == 1
+            or out.finished
             or out.completion_tokens - self._last_sent >= self.stream_interval
         ):
-            self._event.set()
+            self._ready = True
+            waiter = self._waiter
+            if waiter is not None:
+                self._waiter = None
+                if not waiter.done():
+                    waiter.set_result(None)
 
     async def get(self) -> RequestOutput:
-        while self._pending is None or not self._event.is_set():
-            self._event.clear()
-            await self._event.wait()
-        out, self._pending = self._pending, None
-        self._event.clear()
+        while not self._ready:
+            waiter = self._waiter = self.loop.create_future()
+            try:
+                await waiter
+            finally:
+                self._waiter = None
+        out, self._pending, self._ready = self._pending, None, False
         self._last_sent = out.completion_tokens
         return out
 
