@@ -1,8 +1,17 @@
 """Engine configuration: the seed's ``SchedulingPolicy``, ``SchedulerConfig`` and ``EngineConfig``.
 
 Field names and defaults are the seed's (vllm-mlx), so code written against it constructs these
-unchanged. Unlike the seed, every field does what it says (see ``engine_worker.scheduler``). The
-prefix-cache fields are read by the cache back end (``engine_worker.cache``), not by the scheduler.
+unchanged. Unlike the seed, every field does what it says:
+
+* admission: ``max_num_seqs`` (with the generator's capacity, see :attr:`SchedulerConfig.max_running`),
+  ``max_num_batched_tokens`` (prompt tokens admitted per step), ``policy``;
+* the generator: ``prefill_batch_size``, ``completion_batch_size``, ``prefill_step_size``,
+  ``chunked_prefill_tokens`` (the prefill chunk while others decode), ``max_kv_size`` (rotating
+  per-request KV caches);
+* the prefix cache (``enable_prefix_cache`` ... ``ssd_cache_max_gb``): read by the back end that
+  :func:`engine_worker.cache.build_prefix_cache` builds;
+* ``enable_mtp``/``mtp_*``: reported as unavailable (warning + ``get_stats()["mtp"]``);
+* ``mllm_prefill_step_size``: validated only; multimodal requests are refused with an error.
 """
 
 from __future__ import annotations

@@ -92,4 +92,4 @@ def mtp_status(model: Any, config: SchedulerConfig) -> dict[str, Any] | None:
         reason = "MTP decoding is not available through mlx-lm's public BatchGenerator API"
     logger.warning("enable_mtp is set but %s; MTP is disabled", reason)
     return {"enabled": False, "requested": True, "reason": reason,
-            "requested_draft_tokens": config.mtp_num_draft_tokens}
+            "requested_draft_tokens": config.mtp_num_draft_tokens, "optimistic": config.mtp_optimistic}
