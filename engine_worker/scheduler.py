@@ -73,7 +73,10 @@ class Scheduler:
         self.model = model
         self.tokenizer = tokenizer
         self.config = config or SchedulerConfig()
-        self.prefix_cache: PrefixCacheBackend = prefix_cache or default_backend(model, self.config)
+        # "is None", not "or": a back end may be falsy when empty (it defines __len__).
+        self.prefix_cache: PrefixCacheBackend = (
+            default_backend(model, self.config) if prefix_cache is None else prefix_cache
+        )
         self._cache = PrefixSeam(self.prefix_cache)
         self._runner_factory = runner_factory or MlxBatchRunner
         self.runner: BatchRunner | None = None
