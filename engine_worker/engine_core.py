@@ -28,9 +28,10 @@ import time
 import uuid
 import weakref
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Generator
+from collections.abc import Callable, Generator
 from typing import Any
 
+from engine_worker.async_api import AsyncRequestAPI
 from engine_worker.async_engine import AsyncEngineCore  # re-exported: the seed's import path
 from engine_worker.cache_protocol import PrefixCacheBackend
 from engine_worker.config import EngineConfig, SchedulerConfig, SchedulingPolicy
@@ -59,7 +60,7 @@ class _Done:
         return iter(())
 
 
-class EngineCore:
+class EngineCore(AsyncRequestAPI):
     """Runs a :class:`Scheduler` on a dedicated engine thread (seed API)."""
 
     def __init__(
@@ -300,86 +301,6 @@ class EngineCore:
 
     def remove_output_listener(self, fn: OutputListener) -> None:
         self._listeners = [f for f in self._listeners if f is not fn]
-
-    # ------------------------------------------------------------------ asyncio API (seed)
-
-    async def add_request(
-        self,
-        prompt: str | list[int],
-        sampling_params: SamplingParams | None = None,
-        request_id: str | None = None,
-        images: list[Any] | None = None,
-        videos: list[Any] | None = None,
-        prefix_boundary: int = 0,
-        priority: int = 0,
-    ) -> str:
-        """Queue a request whose outputs are read with ``stream_outputs`` or ``generate``."""
-        request = Request(
-            request_id or str(uuid.uuid4()), prompt, sampling_params or SamplingParams(),
-            priority=priority, images=images, videos=videos, prefix_boundary=prefix_boundary,
-        )
-        collector = AsyncCollector(asyncio.get_running_loop(), self.config.stream_interval)
-        self._register(request, collector=collector)
-        return request.request_id
-
-    async def abort_request(self, request_id: str) -> bool:
-        with self._cond:
-            collector = self._collectors.get(request_id)
-            if collector is not None:
-                collector.abandoned = True
-        return self.abort(request_id)
-
-    def _cleanup(self, request_id: str) -> None:
-        with self._cond:
-            self._collectors.pop(request_id, None)
-
-    async def stream_outputs(self, request_id: str, timeout: float | None = None) -> AsyncIterator[RequestOutput]:
-        """Yield the request's outputs until the finished one. ``timeout`` is an inactivity limit
-        in seconds: when no output arrives for that long, or the consumer stops iterating, the
-        request is aborted so no orphan keeps generating."""
-        collector = self._collectors.get(request_id)
-        if collector is None:
-            logger.warning("stream_outputs: no request %s", request_id)
-            return
-        finished = False
-        try:
-            while True:
-                if timeout:
-                    out = await asyncio.wait_for(collector.get(), timeout)
-                else:
-                    out = await collector.get()
-                finished = out.finished
-                yield out
-                if finished:
-                    return
-        except TimeoutError:
-            logger.warning("request %s produced nothing for %ss; aborting it", request_id, timeout)
-        finally:
-            if not finished:
-                self.abort(request_id)
-            self._cleanup(request_id)
-
-    async def generate(
-        self,
-        prompt: str | list[int],
-        sampling_params: SamplingParams | None = None,
-        request_id: str | None = None,
-        **kwargs: Any,
-    ) -> RequestOutput:
-        """Run one request to the end and return its final output (cumulative text and tokens)."""
-        rid = await self.add_request(prompt, sampling_params, request_id, **kwargs)
-        collector = self._collectors[rid]
-        finished = False
-        try:
-            while True:
-                out = await collector.get()
-                if out.finished:
-                    finished = True
-                    return out
-        finally:
-            if not finished:
-                self.abort(rid)
-            self._cleanup(rid)
 
     def generate_batch_sync(
         self, prompts: list[str | list[int]], sampling_params: SamplingParams | None = None
