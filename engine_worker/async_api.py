@@ -45,7 +45,13 @@ class AsyncRequestAPI:
         prefix_boundary: int = 0,
         priority: int = 0,
     ) -> str:
-        """Queue a request whose outputs are read with ``stream_outputs`` or ``generate``."""
+        """Queue a request whose outputs are read with ``stream_outputs`` or ``generate``.
+
+        ``prefix_boundary`` is recorded on the request for the prefix cache. ``images``/``videos``
+        make the request finish with ``finish_reason="error"`` (this engine serves text models).
+        Raises :class:`~engine_worker.errors.DuplicateRequest` while the id is in use and
+        :class:`~engine_worker.errors.EngineClosed` after ``close()``.
+        """
         request = Request(
             request_id or str(uuid.uuid4()), prompt, sampling_params or SamplingParams(),
             priority=priority, images=images, videos=videos, prefix_boundary=prefix_boundary,
