@@ -17,6 +17,25 @@ Each function is small and engine-thread safe (no disk I/O):
 * :class:`SSDWaitPolicy` lets a request whose lookup said ``ssd_pending`` wait a bounded number
   of steps for the background read, instead of prefilling cold.
 * :func:`close_prefix_cache` flushes the SSD tier's writer on shutdown.
+
+Wiring into ``Scheduler`` (about 20 lines; the tests for it are ready in the cache test package):
+
+1. ``__init__``: ``self._mid_prefill = MidPrefillSaver(self.prefix_cache,
+   config.mid_prefill_save_interval)`` and ``self.ssd_wait = SSDWaitPolicy()``.
+2. ``MlxBatchRunner.extract_cache(uids)``: ``return self.generator.extract_cache(uids)``.
+3. ``step()``, right after ``responses = self.runner.step()``:
+   ``self._mid_prefill.after_step(((r.request_id, r.batch_uid, r.prompt_token_ids) for r in
+   self.running.values() if not r.output_token_ids), self.runner.extract_cache)``.
+4. ``abort_request`` of a running request: ``removed = self.runner.remove([uid],
+   return_caches=True)``, then ``store_removed_prefix(self.prefix_cache,
+   request.prompt_token_ids, request.output_token_ids, removed.get(uid))``; ``forget(rid)`` on
+   the saver at abort, finish and failure.
+5. Admission: keep ``"ssd_pending"`` as the request's ``cache_hit_type``; in
+   ``_schedule_waiting``, a request for which ``self.ssd_wait.should_wait(rid, hit_type)`` is
+   popped into a deferred list with ``remaining_tokens = None`` (looked up again next step) and
+   pushed back after the loop, so it never blocks the queue.
+6. Operator view: ``list_cache_entries()`` / ``evict_cache_entry(key)`` delegate to the back
+   end's ``list_entries()`` / ``evict(key)``.
 """
 
 from __future__ import annotations
