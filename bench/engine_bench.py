@@ -71,6 +71,7 @@ def run_raw(model, prompts, max_tokens, completion_batch_size, prefill_batch_siz
         prefill_step_size=prefill_step_size,
     )
     n = len(prompts)
+    c0 = time.process_time()
     t0 = time.perf_counter()
     uids = gen.insert(prompts, max_tokens=[max_tokens] * n)
     index = {uid: i for i, uid in enumerate(uids)}
@@ -89,11 +90,13 @@ def run_raw(model, prompts, max_tokens, completion_batch_size, prefill_batch_siz
                 if r.finish_reason is not None:
                     done += 1
         t1 = time.perf_counter()
+        c1 = time.process_time()
     finally:
         gen.close()
     total = sum(len(t) for t in tokens)
     return {
         "wall_s": t1 - t0,
+        "cpu_s": c1 - c0,
         "tokens": total,
         "tok_s": total / (t1 - t0),
         "ttft_s": [f - t0 for f in first],
@@ -173,12 +176,15 @@ async def run_engine(engine, classes, prompts, max_tokens, tag):
                 errors.append(f"{rid}: {last.error}")
         return time.perf_counter()
 
+    c0 = time.process_time()
     t0 = time.perf_counter()
     ends = await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
+    c1 = time.process_time()
     t1 = max(ends)
     total = sum(len(o) if o else c for o, c in zip(outputs, counts, strict=True))
     return {
         "wall_s": t1 - t0,
+        "cpu_s": c1 - c0,
         "tokens": total,
         "tok_s": total / (t1 - t0),
         "ttft_s": [(f - s) if f is not None else None for f, s in zip(first, submit, strict=True)],
@@ -224,6 +230,9 @@ def summarize(runs, expected_tokens):
         "ttft_p50_ms": round(percentile(ttfts, 50) * 1e3, 2) if ttfts else None,
         "ttft_p90_ms": round(percentile(ttfts, 90) * 1e3, 2) if ttfts else None,
         "wall_s_median": round(median([r["wall_s"] for r in runs]), 3),
+        # tokens per CPU-second of the whole process (all threads): the work each side costs,
+        # much less disturbed than wall time by other processes on a shared machine
+        "tok_per_cpu_s_median": round(median([r["tokens"] / r["cpu_s"] for r in runs if r.get("cpu_s")]), 2),
         "tokens_per_run": runs[0]["tokens"] if runs else None,
         "all_tokens_generated": all(r["tokens"] == expected_tokens for r in runs),
     }
@@ -308,7 +317,8 @@ def main(argv=None):
                     gc.collect()
                     e = await run_engine(engine, classes, prompts, args.max_tokens, f"c{c}r{rep}")
                     eng_runs.append(e)
-                    msg += f" | engine {e['tok_s']:.1f} tok/s ({e['tok_s'] / r['tok_s']:.3f})"
+                    msg += (f" | engine {e['tok_s']:.1f} tok/s ({e['tok_s'] / r['tok_s']:.3f})"
+                            f" | cpu s raw {r['cpu_s']:.2f} engine {e['cpu_s']:.2f}")
                     if e["errors"]:
                         msg += f" errors: {e['errors'][:3]}"
                 print(msg, flush=True)
@@ -329,6 +339,8 @@ def main(argv=None):
             pairs = [e["tok_s"] / r["tok_s"] for r, e in zip(raw_runs, eng_runs, strict=True)]
             level["engine_over_raw_pairs"] = [round(x, 3) for x in pairs]
             level["engine_over_raw_paired_median"] = round(median(pairs), 4)
+            level["engine_over_raw_cpu"] = round(
+                level["engine"]["tok_per_cpu_s_median"] / level["raw"]["tok_per_cpu_s_median"], 4)
             # greedy parity between the two paths (informational: batch composition may differ)
             same = sum(1 for a, b in zip(raw_runs[-1]["outputs"], eng_runs[-1]["outputs"], strict=True) if a == b)
             level["engine_tokens_equal_raw"] = f"{same}/{c}"
@@ -349,7 +361,8 @@ def main(argv=None):
                 result[f"engine_over_raw_c{c}"] = lv["engine_over_raw"]
             print(f"# level {c}: raw {lv.get('raw', {}).get('tok_s_median')} tok/s, "
                   f"engine {lv.get('engine', {}).get('tok_s_median')} tok/s, "
-                  f"ratio {lv.get('engine_over_raw')}", flush=True)
+                  f"ratio {lv.get('engine_over_raw')} (paired {lv.get('engine_over_raw_paired_median')}, "
+                  f"per CPU-second {lv.get('engine_over_raw_cpu')})", flush=True)
 
     asyncio.run(bench_all())
 
