@@ -52,3 +52,21 @@ def test_abort_of_running_request_leaves_batch_before_next_step_and_others_match
 def test_abort_of_unknown_request_is_refused(tiny_model):
     model, tokenizer = tiny_model
     assert Scheduler(model, tokenizer).abort_request("nope") is False
+
+
+def test_abort_during_a_shared_chunked_prefill_leaves_the_co_prefilled_requests_intact(tiny_model):
+    # Seed defect 8: aborting one request of a multi-prompt partial prefill dropped the whole
+    # partial batch, leaving its neighbours "running" forever.
+    model, tokenizer = tiny_model
+    prompts = {f"p{i}": prompt_ids(tokenizer, 150 + 20 * i, seed_text=f"y{i} = [{i}]\n") for i in range(3)}
+    scheduler = Scheduler(model, tokenizer, SchedulerConfig(chunked_prefill_tokens=32))
+    for rid, p in prompts.items():
+        scheduler.add_request(Request(rid, p, greedy(6)))
+    for _ in range(2):  # two chunks of 32 tokens into each prompt: all three are mid-prefill
+        assert not scheduler.step().outputs
+    assert all(scheduler.get_request(r).num_output_tokens == 0 for r in prompts)
+    assert scheduler.abort_request("p1")
+    rest = run_scheduler(scheduler, max_steps=200)
+    for rid in ("p0", "p2"):
+        assert final(rest[rid]).output_token_ids == solo_tokens(model, tokenizer, prompts[rid], 6)
+    assert [o.finish_reason for o in rest["p1"]] == ["abort"]
