@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import sys
 import time
 from pathlib import Path
@@ -82,6 +83,7 @@ def main(argv=None):
     ap.add_argument("--concurrency", default="32,256")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--out", default=None, help="also append the final JSON line to this file")
     args = ap.parse_args(argv)
     levels = [int(x) for x in args.concurrency.split(",")]
     model, tokenizer, _ = load_model(ensure_default_model(args.model))
@@ -116,6 +118,9 @@ def main(argv=None):
     asyncio.run(run())
     result["wall_s"] = round(time.perf_counter() - t, 2)
     dump_json_line(result)
+    if args.out:
+        with open(args.out, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(result, default=str) + "\n")
 
 
 if __name__ == "__main__":
