@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from django.conf import settings
 
-from inference_service.env import env_float, env_str
+from inference_service.env import env_float, env_int, env_str
 
 
 @dataclass(frozen=True)
@@ -24,6 +24,8 @@ class WorkerConfig:
     heartbeat_s: float  # heartbeat, lease renewal and cancel fallback period
     drain_s: float  # on SIGTERM, how long running jobs may finish before they are handed back
     redispatch_after_s: float  # a queued job not claimed this long after dispatch is sent again
+    stream_interval_s: float  # least time between two writes of plain deltas (see JobHost)
+    prefetch: int  # job messages the Celery consumer takes at once (admission is quick)
 
     @classmethod
     def from_env(cls) -> WorkerConfig:
@@ -35,6 +37,10 @@ class WorkerConfig:
             heartbeat_s=env_float("WORKER_HEARTBEAT_S", 2.0, minimum=0.1),
             drain_s=env_float("WORKER_DRAIN_S", 30.0, minimum=0.0),
             redispatch_after_s=redispatch_after_s(),
+            # 40 ms: about two steps of a small model; streams stay smooth (25 updates/s) while
+            # the messages per token, in every process downstream, drop several times.
+            stream_interval_s=env_float("WORKER_STREAM_INTERVAL_MS", 40.0, minimum=0.0) / 1000.0,
+            prefetch=env_int("WORKER_PREFETCH", 16, minimum=1),
         )
 
 

@@ -7,14 +7,16 @@ then forwards only ``seq == last + 1``: older messages are duplicates and are dr
 means something was missed, and the gap is read from the stream first. The final message goes
 out after every chunk up to its ``seq``.
 
-If the stream is gone (expired, or Redis was flushed) the job's row supplies the end: its text
-as one delta (only when the client has nothing yet) and the final.
+The group is at most once, so a relay that hears nothing for a second reads the stream itself:
+a dropped final still arrives. If the stream is gone (expired, or Redis was flushed) the job's
+row supplies the end: its text as one delta (only when the client has nothing yet) and the final.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -29,9 +31,11 @@ logger = logging.getLogger(__name__)
 
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 
-# When the database already says "finished" but the stream has no final yet, the worker is
-# between its DB write and its stream write (milliseconds); wait this long before using the row.
-FINAL_GRACE_S = 2.0
+# The live group is at most once: a message (even the final) is dropped when a client's channel
+# is over capacity. A relay that heard nothing for this long reads the stream itself, and every
+# few such ticks also asks the database (the stream may be gone: expired, or Redis was flushed).
+IDLE_CHECK_S = 1.0
+DB_CHECK_EVERY = 3
 
 
 class JobStreamRelay:
@@ -43,24 +47,22 @@ class JobStreamRelay:
         self._send = send
         self._lock = asyncio.Lock()
         self._sent_any = False
-        self._fallback: asyncio.Task[None] | None = None
+        self._last_id = "-"  # stream id of the last entry at or below last_seq
+        self._heard_at = time.monotonic()
+        self._watchdog: asyncio.Task[None] | None = None
 
     async def replay(self) -> None:
-        """Send what the stream holds after ``last_seq``; finish from the row if it is over."""
+        """Send what the stream holds after ``last_seq`` (and the final, if it is there), then
+        keep watching for what the live group might drop."""
         async with self._lock:
             final = await self._forward_stream(upto=None)
             if final is not None:
                 await self._finish(final)
                 return
-            job = await _load_job(self.job_id)
-            if job is None or not job.is_finished:
-                return
-            if await self._stream_exists():
-                self._fallback = asyncio.get_running_loop().create_task(self._finish_later())
-            else:
-                await self._finish_from_row(job)
+        self._watchdog = asyncio.get_running_loop().create_task(self._watch())
 
     async def on_delta(self, seq: int, text: str, completion_tokens: int | None) -> None:
+        self._heard_at = time.monotonic()
         async with self._lock:
             if self.done or seq <= self.last_seq:
                 return
@@ -68,10 +70,12 @@ class JobStreamRelay:
                 await self._forward_stream(upto=seq - 1)
             if seq == self.last_seq + 1:
                 await self._emit(messages.delta_message(self.job_id, seq, text, completion_tokens))
+                # The stream entry of this seq is now behind us; the next read starts after it.
             else:
                 logger.warning("job %s: chunks %s..%s missing from the stream", self.job_id, self.last_seq + 1, seq - 1)
 
     async def on_final(self, final: dict[str, Any]) -> None:
+        self._heard_at = time.monotonic()
         async with self._lock:
             if self.done:
                 return
@@ -85,30 +89,34 @@ class JobStreamRelay:
             if self._sent_any and not self.done:
                 await self._send({"type": "reset", "job_id": self.job_id})
             self.last_seq = 0
+            self._last_id = "-"
 
     def close(self) -> None:
-        if self._fallback is not None:
-            self._fallback.cancel()
+        if self._watchdog is not None:
+            self._watchdog.cancel()
 
     # -- internals ----------------------------------------------------------------------------
 
     async def _forward_stream(self, upto: int | None) -> dict[str, Any] | None:
-        """Forward stream deltas with ``last_seq < seq <= upto``; return the final if present."""
+        """Forward stream deltas with ``last_seq < seq <= upto`` in order; return the final if
+        the stream has it."""
+        start = "-" if self._last_id == "-" else f"({self._last_id}"
         try:
-            entries = await self._redis.xrange(job_stream_key(self.job_id))
+            entries = await self._redis.xrange(job_stream_key(self.job_id), min=start)
         except aioredis.RedisError:
             logger.warning("job %s: stream read failed", self.job_id, exc_info=True)
             return None
-        final = None
-        for _entry_id, fields in entries:
+        for entry_id, fields in entries:
             message = messages.entry_to_message(self.job_id, fields)
             if message["type"] == "final":
-                final = message
-                continue
+                return message
             seq = message["seq"]
-            if seq == self.last_seq + 1 and (upto is None or seq <= upto):
+            if seq > self.last_seq + 1 or (upto is not None and seq > upto):
+                break
+            if seq == self.last_seq + 1:
                 await self._emit(message)
-        return final
+            self._last_id = entry_id
+        return None
 
     async def _emit(self, message: dict[str, Any]) -> None:
         self.last_seq = message["seq"]
@@ -119,23 +127,32 @@ class JobStreamRelay:
         self.done = True
         await self._send(final)
 
-    async def _stream_exists(self) -> bool:
-        try:
-            return bool(await self._redis.exists(job_stream_key(self.job_id)))
-        except aioredis.RedisError:
-            return False
+    async def _watch(self) -> None:
+        ticks = 0
+        while not self.done:
+            await asyncio.sleep(IDLE_CHECK_S)
+            if time.monotonic() - self._heard_at < IDLE_CHECK_S:
+                continue
+            ticks += 1
+            async with self._lock:
+                if self.done:
+                    return
+                final = await self._forward_stream(upto=None)
+                if final is not None:
+                    await self._finish(final)
+                elif ticks % DB_CHECK_EVERY == 0:
+                    await self._finish_if_stream_lost()
 
-    async def _finish_later(self) -> None:
-        await asyncio.sleep(FINAL_GRACE_S)
-        async with self._lock:
-            if self.done:
-                return
-            final = await self._forward_stream(upto=None)
-            job = await _load_job(self.job_id)
-            if final is not None:
-                await self._finish(final)
-            elif job is not None:
-                await self._finish_from_row(job)
+    async def _finish_if_stream_lost(self) -> None:
+        job = await _load_job(self.job_id)
+        if job is None or not job.is_finished:
+            return
+        try:
+            exists = bool(await self._redis.exists(job_stream_key(self.job_id)))
+        except aioredis.RedisError:
+            exists = False
+        if not exists:
+            await self._finish_from_row(job)
 
     async def _finish_from_row(self, job: Job) -> None:
         if self.last_seq == 0 and job.output_text:

@@ -53,6 +53,10 @@ class ChunkCoalescer:
     def is_tracked(self, job_id: str) -> bool:
         return job_id in self._jobs
 
+    def awaits_first_token(self, job_id: str) -> bool:
+        job = self._jobs.get(job_id)
+        return job is not None and job.first_token_at is None
+
     def job_ids(self) -> list[str]:
         return list(self._jobs)
 

@@ -44,13 +44,15 @@ class JobHost:
     """Admits :class:`JobSpec` s into one engine, many at once (continuous batching)."""
 
     def __init__(self, engine: HostedEngine, sink: OutputSink, *, model_name: str = "",
-                 context_length: int | None = None) -> None:
+                 context_length: int | None = None, stream_interval_s: float = 0.0) -> None:
+        """``stream_interval_s``: the least time between two sink writes of ordinary deltas
+        (first tokens, finals and commands go at once); 0 writes after every step."""
         self.engine = engine
         self.model_name = model_name
         self.context_length = context_length
         self._held: dict[str, float] = {}  # job id -> admitted at
         self._lock = threading.Condition()
-        self._io = IOThread(sink, self._finished)
+        self._io = IOThread(sink, self._finished, interval_s=stream_interval_s)
         self._started = False
         self._closed = False
 

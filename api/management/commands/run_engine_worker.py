@@ -44,7 +44,7 @@ class Command(BaseCommand):
         service.start()
         logger.info("engine worker %s ready (model %s)", config.worker_id, config.model_path)
         try:
-            _consume(config.worker_id, options["pool"], options["concurrency"], options["loglevel"])
+            _consume(config, options["pool"], options["concurrency"], options["loglevel"])
         finally:
             handed_back = service.shutdown()
             worker.install(None)
@@ -71,19 +71,23 @@ def _build(config: WorkerConfig) -> tuple[worker.EngineWorkerService, Any]:
     redis_client = get_redis()
     sender = GroupSender()
     sink = RedisJobSink(worker_id=config.worker_id, redis_client=redis_client, sender=sender)
-    host = JobHost(engine, sink, model_name=Path(config.model_path).name, context_length=context_length(model))
+    host = JobHost(engine, sink, model_name=Path(config.model_path).name, context_length=context_length(model),
+                   stream_interval_s=config.stream_interval_s)
     service = worker.EngineWorkerService(
         config=config, host=host, redis_client=redis_client, sender=sender, dispatch=dispatch_job
     )
     return service, engine
 
 
-def _consume(worker_id: str, pool: str, concurrency: int, loglevel: str) -> None:
-    """Run a Celery worker in this process on the ``engine`` queue until it is told to stop."""
+def _consume(config: WorkerConfig, pool: str, concurrency: int, loglevel: str) -> None:
+    """Run a Celery worker in this process on the ``engine`` queue until it is told to stop.
+    ``run_job`` only claims and hands over, so a larger prefetch admits a burst of jobs without a
+    broker round trip per job (acks stay late: a message is acked after its claim)."""
     from inference_service.celery import app
 
     celery_worker = app.Worker(
-        hostname=f"engine@{worker_id}",
+        hostname=f"engine@{config.worker_id}",
+        prefetch_multiplier=config.prefetch,
         queues=["engine"],
         pool_cls=pool,
         concurrency=concurrency if pool == "threads" else 1,

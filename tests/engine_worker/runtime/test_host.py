@@ -178,3 +178,32 @@ def test_outputs_keep_flowing_while_another_thread_submits_and_cancels(engine, t
     reasons = {f"c-{i}": sink.final(f"c-{i}").finish_reason for i in range(6)}
     assert all(reasons[f"c-{i}"] == "length" for i in (0, 2, 4))
     host.stop()
+
+
+class TimedSink(MemorySink):
+    def __init__(self) -> None:
+        super().__init__()
+        self.times: list[float] = []
+
+    def publish(self, batch: StepBatch) -> None:
+        self.times.append(time.monotonic())
+        super().publish(batch)
+
+
+def test_stream_interval_folds_deltas_but_never_delays_first_tokens_or_finals(engine, tiny_model):
+    _, tokenizer = tiny_model
+    sink = TimedSink()
+    host = JobHost(engine, sink, stream_interval_s=0.3)
+    host.start()
+    for i, prompt in enumerate(PROMPTS):
+        host.submit(spec(tokenizer, f"i-{i}", prompt, max_tokens=48))
+    finals = [sink.wait_final(f"i-{i}", 60) for i in range(len(PROMPTS))]
+    host.stop()
+    for i, final in enumerate(finals):
+        assert "".join(c.text for c in sink.chunks(f"i-{i}")) == final.text
+    for previous, now, batch in zip(sink.times, sink.times[1:], sink.batches[1:], strict=False):
+        ordinary = not batch.first_tokens and not batch.finals
+        if ordinary:
+            assert now - previous >= 0.29, "a plain delta batch came sooner than the interval"
+    first_batch_of = {ft.job_id: n for n, b in enumerate(sink.batches) for ft in b.first_tokens}
+    assert set(first_batch_of) == {f"i-{i}" for i in range(len(PROMPTS))}

@@ -1,0 +1,292 @@
+"""Service benchmark (issue 4): the whole service end to end vs an in-process EngineCore.
+
+Same model, same 32 prompts, 128 new tokens each, greedy, in one run:
+
+* **engine**: ``EngineCore`` in this process, all requests submitted at once (``add_request`` +
+  ``stream_outputs``). TTFT = submit -> first output with a token.
+* **service**: real daphne + one engine worker subprocess (``manage.py run_engine_worker``) +
+  Redis + the database. Each client POSTs ``/api/v1/jobs``, then streams the job over
+  ``/ws/v1/jobs/<id>/`` until its final message, all 32 at once. TTFT = start of the POST ->
+  first delta on the socket.
+
+Aggregate tok/s = all completion tokens / wall time from the first submit to the last final.
+The REST API has no ``ignore_eos``, so the prompts are chosen (from a deterministic pool cut from
+the repository's corpus) among those whose greedy continuation runs the full 128 tokens in the
+engine: both sides then generate exactly the same tokens. Runs alternate engine, service,
+engine, service... (``--repeats``); the report gives medians of tok/s and TTFT p50 over all
+requests of all repeats.
+
+Database: ``BENCH_DATABASE_URL`` (default: a ``service_bench`` database on the local PostgreSQL,
+created if missing). Redis: ``BENCH_REDIS_URL`` (default DB 11 of the local Redis; flushed).
+
+    python bench/service_bench.py [--model PATH] [--concurrency 32] [--max-tokens 128] [--repeats 2]
+
+The LAST printed line is one JSON object, with ``service_over_engine`` and ``added_ttft_ms_p50``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import faulthandler
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(ROOT))
+
+from common import dump_json_line, ensure_default_model, environment, median, percentile  # noqa: E402
+
+from engine_worker.config import EngineConfig  # noqa: E402
+from engine_worker.engine_core import EngineCore  # noqa: E402
+from engine_worker.loader import load_model  # noqa: E402  (the worker's loader: same dtype)
+from engine_worker.request import SamplingParams  # noqa: E402
+
+
+def candidate_prompts(tokenizer, n: int) -> list[str]:
+    """A deterministic pool of text prompts (lines of the shipped corpus, 20-80 words)."""
+    from engine_worker.model.builder import CORPUS_PATH
+
+    words = CORPUS_PATH.read_text(encoding="utf-8")[:300_000].split()
+    out = []
+    for i in range(n):
+        start = (i * 7919) % (len(words) - 100)
+        out.append(" ".join(words[start : start + 20 + (i * 13) % 60]))
+    return out
+
+
+# ------------------------------------------------------------------------------------- engine
+
+
+async def engine_round(engine: EngineCore, prompts: list[list[int]], max_tokens: int) -> dict:
+    sp = SamplingParams(max_tokens=max_tokens, temperature=0.0)
+    ttft: list[float] = []
+    tokens: list[int] = []
+
+    async def one(i: int, prompt: list[int]) -> None:
+        t0 = time.perf_counter()
+        rid = await engine.add_request(prompt, sp, request_id=f"bench-{time.time_ns()}-{i}")
+        first = None
+        async for out in engine.stream_outputs(rid):
+            if first is None and out.completion_tokens:
+                first = time.perf_counter() - t0
+            if out.finished:
+                tokens.append(out.completion_tokens)
+        ttft.append(first or 0.0)
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
+    wall = time.perf_counter() - t0
+    return {"tok_s": sum(tokens) / wall, "ttft_s": ttft, "tokens": tokens, "wall_s": wall}
+
+
+# ------------------------------------------------------------------------------------ service
+
+
+class Service:
+    """daphne + one engine worker as subprocesses on a fresh DB/Redis."""
+
+    def __init__(self, model: Path, port: int, log_dir: Path) -> None:
+        self.port = port
+        self.log_dir = log_dir
+        self.env = dict(os.environ)
+        self.env.update({
+            "DATABASE_URL": os.environ.get("BENCH_DATABASE_URL") or _postgres_bench_db(),
+            "REDIS_URL": os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/11"),
+            "MODEL_PATH": str(model),
+            "DJANGO_SETTINGS_MODULE": "inference_service.settings",
+            "DEFAULT_KEY_REQUESTS_PER_MINUTE": "100000",
+            "LOG_LEVEL": "WARNING",
+            "PYTHONUNBUFFERED": "1",
+        })
+        self.procs: list[subprocess.Popen] = []
+
+    def start(self) -> str:
+        import redis
+
+        redis.Redis.from_url(self.env["REDIS_URL"]).flushdb()
+        self._manage("migrate", "--noinput")
+        key = self._manage("create_api_user", "bench", "--quiet").strip().splitlines()[-1]
+        py = sys.executable
+        self._spawn("daphne", [py, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.port),
+                               "inference_service.asgi:application"])
+        self._spawn("worker", [py, "manage.py", "run_engine_worker", "--worker-id", "bench", "--loglevel", "WARNING"])
+        r = redis.Redis.from_url(self.env["REDIS_URL"])
+        deadline = time.monotonic() + 300
+        while not (r.exists("engine:workers:bench") and _port_open(self.port)):
+            if time.monotonic() > deadline or any(p.poll() is not None for p in self.procs):
+                raise RuntimeError(f"service did not start; see {self.log_dir}")
+            time.sleep(0.2)
+        return key
+
+    def _manage(self, *args: str) -> str:
+        return subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=self.env, check=True,
+                              capture_output=True, text=True).stdout
+
+    def _spawn(self, name: str, argv: list[str]) -> None:
+        log = (self.log_dir / f"service-bench-{name}.log").open("wb")
+        self.procs.append(subprocess.Popen(argv, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT))
+
+    def stop(self) -> None:
+        for p in reversed(self.procs):
+            p.terminate()
+        for p in self.procs:
+            try:
+                p.wait(60)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+def _postgres_bench_db() -> str:
+    import psycopg
+
+    with psycopg.connect("postgresql://postgres@127.0.0.1:5432/postgres", autocommit=True) as conn:
+        if not conn.execute("SELECT 1 FROM pg_database WHERE datname = 'service_bench'").fetchone():
+            conn.execute("CREATE DATABASE service_bench")
+    return "postgres://postgres@127.0.0.1:5432/service_bench"
+
+
+def _port_open(port: int) -> bool:
+    import socket
+
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _post_job(port: int, key: str, body: dict) -> str:
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/api/v1/jobs", data=json.dumps(body).encode(),
+                                 method="POST", headers={"Authorization": f"Bearer {key}",
+                                                         "Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120) as resp:
+        return json.loads(resp.read())["id"]
+
+
+async def service_round(port: int, key: str, prompts: list[str], max_tokens: int) -> dict:
+    import websockets
+
+    loop = asyncio.get_running_loop()
+    ttft: list[float] = []
+    tokens: list[int] = []
+
+    async def one(prompt: str) -> None:
+        t0 = time.perf_counter()
+        body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0}
+        job_id = await loop.run_in_executor(None, _post_job, port, key, body)
+        first = None
+        url = f"ws://127.0.0.1:{port}/ws/v1/jobs/{job_id}/?api_key={key}"
+        async with websockets.connect(url, open_timeout=120) as ws:
+            async for raw in ws:
+                msg = json.loads(raw)
+                if msg["type"] == "delta" and first is None:
+                    first = time.perf_counter() - t0
+                elif msg["type"] == "final":
+                    tokens.append(msg["usage"]["completion_tokens"])
+                    break
+                elif msg["type"] == "error":
+                    raise RuntimeError(msg)
+        ttft.append(first or 0.0)
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(one(p) for p in prompts))
+    wall = time.perf_counter() - t0
+    return {"tok_s": sum(tokens) / wall, "ttft_s": ttft, "tokens": tokens, "wall_s": wall}
+
+
+# --------------------------------------------------------------------------------------- main
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default=None)
+    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--port", type=int, default=18765)
+    args = parser.parse_args()
+    faulthandler.register(signal.SIGUSR1)  # `kill -USR1 <pid>` prints where a slow run is
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # still stop the services on SIGTERM
+
+    model_path = ensure_default_model(args.model)
+    model, tokenizer = load_model(model_path)
+    engine = EngineCore(model, tokenizer, EngineConfig.from_env())
+    engine.start()
+    log_dir = ROOT / "var" / "log"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    service = Service(model_path, args.port, log_dir)
+    try:
+        # Prompts whose greedy continuation is never cut short by EOS (see the docstring).
+        pool = candidate_prompts(tokenizer, args.concurrency * 4)
+        ids = [tokenizer.encode(p) for p in pool]
+        probe = asyncio.run(_probe(engine, ids, args.max_tokens))
+        chosen = [i for i, n in enumerate(probe) if n == args.max_tokens][: args.concurrency]
+        if len(chosen) < args.concurrency:  # not enough: top up with the longest ones
+            rest = sorted(set(range(len(pool))) - set(chosen), key=lambda i: -probe[i])
+            chosen += rest[: args.concurrency - len(chosen)]
+        texts, prompt_ids = [pool[i] for i in chosen], [ids[i] for i in chosen]
+
+        key = service.start()
+        asyncio.run(_with_pool(service_round(args.port, key, texts[:2], 8)))  # warm-up
+        engine_runs, service_runs = [], []
+        for _ in range(args.repeats):
+            engine_runs.append(asyncio.run(engine_round(engine, prompt_ids, args.max_tokens)))
+            service_runs.append(asyncio.run(_with_pool(service_round(args.port, key, texts, args.max_tokens))))
+            print(f"engine {engine_runs[-1]['tok_s']:.0f} tok/s, service {service_runs[-1]['tok_s']:.0f} tok/s",
+                  flush=True)
+    finally:
+        service.stop()
+        engine.stop()
+        engine.close()
+
+    result = _report(engine_runs, service_runs, args, model_path)
+    dump_json_line(result)
+
+
+async def _probe(engine: EngineCore, prompts: list[list[int]], max_tokens: int) -> list[int]:
+    """Completion tokens of each prompt, greedy (also warms the engine up)."""
+    sp = SamplingParams(max_tokens=max_tokens, temperature=0.0)
+    outs = await asyncio.gather(*(engine.generate(p, sp) for p in prompts))
+    return [o.completion_tokens for o in outs]
+
+
+async def _with_pool(coro):
+    # The default executor has min(32, cpus + 4) threads: too few for 32 concurrent POSTs.
+    asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(max_workers=64))
+    return await coro
+
+
+def _report(engine_runs: list[dict], service_runs: list[dict], args, model_path: Path) -> dict:
+    def summary(runs: list[dict]) -> dict:
+        ttft = [t for r in runs for t in r["ttft_s"]]
+        return {"tok_s": round(median([r["tok_s"] for r in runs]), 1),
+                "ttft_ms_p50": round(1000 * percentile(ttft, 50), 1),
+                "ttft_ms_p90": round(1000 * percentile(ttft, 90), 1),
+                "tokens_per_run": sum(runs[0]["tokens"]),
+                "runs_tok_s": [round(r["tok_s"], 1) for r in runs]}
+
+    eng, svc = summary(engine_runs), summary(service_runs)
+    return {
+        "bench": "service",
+        "model": str(model_path),
+        "concurrency": args.concurrency,
+        "max_tokens": args.max_tokens,
+        "repeats": args.repeats,
+        "engine": eng,
+        "service": svc,
+        "service_over_engine": round(svc["tok_s"] / eng["tok_s"], 3),
+        "added_ttft_ms_p50": round(svc["ttft_ms_p50"] - eng["ttft_ms_p50"], 1),
+        "env": environment(),
+    }
+
+
+if __name__ == "__main__":
+    main()
