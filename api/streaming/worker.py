@@ -114,6 +114,8 @@ class EngineWorkerService:
             self._redis.delete(worker_heartbeat_key(self.worker_id))
         except redis.RedisError:
             logger.warning("could not delete the heartbeat key", exc_info=True)
+        if self._sender is not None:
+            self._sender.close()
         return handed_back
 
     def _hand_back(self, job_ids: list[str]) -> list[str]:
