@@ -86,6 +86,13 @@ def job_record_first_token(*, job_id: str, worker_id: str, at: float) -> bool:
     )
 
 
+def jobs_record_first_token(*, job_ids: list[str], worker_id: str, at: float) -> int:
+    """First-token time of several jobs at once (those of one output batch)."""
+    return Job.objects.filter(
+        id__in=job_ids, status=JobStatus.IN_PROGRESS, worker_id=worker_id, first_token_at__isnull=True
+    ).update(first_token_at=_from_unix(at))
+
+
 def job_record_progress(*, job_id: str, worker_id: str, text: str, last_seq: int, completion_tokens: int) -> bool:
     """The text so far of a running job (throttled by the caller), for polling clients."""
     return bool(

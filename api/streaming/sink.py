@@ -2,14 +2,16 @@
 
 For each :class:`StepBatch` (one or more engine steps, at most one chunk per job), in this order:
 
-1. database: first-token times, finals (the job's status, text and usage), and the text so far of
-   running jobs at most every ``progress_interval_s`` (for polling clients);
+1. database: finals (the job's status, text and usage);
 2. one Redis pipeline: XADD every chunk and final to its job's stream, refresh the streams' TTL;
-3. the channel layer: one group message per chunk and final (live fan-out, at most once).
+3. the channel layer: one group message per chunk and final (live fan-out, at most once);
+4. database: first-token times (one UPDATE per batch) and the text so far of running jobs, at
+   most every ``progress_interval_s`` per job (for polling clients).
 
-The database comes first so a client that sees ``final`` and then reads the job finds it
-finished; the stream before the group so a consumer that notices a gap can fill it by reading
-the stream. Runs on the worker's I/O thread, never on the engine thread.
+Finals reach the database first so a client that sees ``final`` and then reads the job finds it
+finished; the stream before the group so a consumer that notices a gap can fill it from the
+stream; bookkeeping that no client waits for comes last, off the time to first token. Runs on the
+worker's I/O thread, never on the engine thread.
 """
 
 from __future__ import annotations
@@ -44,27 +46,39 @@ class RedisJobSink:
         self._tokens: dict[str, tuple[int, int]] = {}  # job id -> (last seq, completion tokens)
 
     def publish(self, batch: StepBatch) -> None:
-        self._write_database(batch)
+        self._database(self._write_finals, batch)
         self._write_streams(batch)
         self._fan_out(batch)
+        self._database(self._write_bookkeeping, batch)
 
-    # -- 1. database ------------------------------------------------------------------------
+    # -- database -----------------------------------------------------------------------------
 
-    def _write_database(self, batch: StepBatch) -> None:
-        for chunk in batch.chunks:
-            self._texts.setdefault(chunk.job_id, []).append(chunk.text)
-            self._tokens[chunk.job_id] = (chunk.seq, chunk.completion_tokens)
+    def _database(self, write: Any, batch: StepBatch) -> None:
         try:
-            for first in batch.first_tokens:
-                job_lifecycle.job_record_first_token(job_id=first.job_id, worker_id=self.worker_id, at=first.at)
-            for result in batch.finals:
-                self._forget(result.job_id)
-                if not job_lifecycle.job_finish(result=result, worker_id=self.worker_id):
-                    logger.warning("job %s finished here but is no longer held by %s", result.job_id, self.worker_id)
-            self._write_progress()
+            write(batch)
         except DatabaseError:
             logger.exception("database write of a batch failed; the jobs' leases decide what happens next")
             close_old_connections()
+
+    def _write_finals(self, batch: StepBatch) -> None:
+        for result in batch.finals:
+            self._forget(result.job_id)
+            if not job_lifecycle.job_finish(result=result, worker_id=self.worker_id):
+                logger.warning("job %s finished here but is no longer held by %s", result.job_id, self.worker_id)
+
+    def _write_bookkeeping(self, batch: StepBatch) -> None:
+        finished = {r.job_id for r in batch.finals}
+        for chunk in batch.chunks:
+            if chunk.job_id not in finished:
+                self._texts.setdefault(chunk.job_id, []).append(chunk.text)
+                self._tokens[chunk.job_id] = (chunk.seq, chunk.completion_tokens)
+        if batch.first_tokens:
+            # Tokens of one batch surfaced together: one timestamp, one UPDATE for all of them.
+            at = min(first.at for first in batch.first_tokens)
+            job_lifecycle.jobs_record_first_token(
+                job_ids=[first.job_id for first in batch.first_tokens], worker_id=self.worker_id, at=at
+            )
+        self._write_progress()
 
     def _write_progress(self) -> None:
         now = time.monotonic()
@@ -82,7 +96,7 @@ class RedisJobSink:
         self._progress_at.pop(job_id, None)
         self._tokens.pop(job_id, None)
 
-    # -- 2. Redis streams ---------------------------------------------------------------------
+    # -- Redis streams ------------------------------------------------------------------------
 
     def _write_streams(self, batch: StepBatch) -> None:
         if not (batch.chunks or batch.finals):
@@ -105,7 +119,7 @@ class RedisJobSink:
         except redis.RedisError:
             logger.exception("stream write failed for %s jobs; polling and the final in the DB still work", len(keys))
 
-    # -- 3. channel layer ---------------------------------------------------------------------
+    # -- channel layer ------------------------------------------------------------------------
 
     def _fan_out(self, batch: StepBatch) -> None:
         if self._sender is None:

@@ -124,3 +124,10 @@ def test_expire_jobs_expires_only_long_queued_jobs(settings):
     stale.refresh_from_db()
     fresh.refresh_from_db()
     assert (stale.status, fresh.status) == (JobStatus.EXPIRED, JobStatus.QUEUED)
+
+
+def test_first_tokens_of_a_batch_are_recorded_in_one_update_and_only_for_held_jobs():
+    mine, other = make_job(), make_job()
+    lc.job_claim(job_id=str(mine.id), worker_id="w1", lease_s=30)
+    lc.job_claim(job_id=str(other.id), worker_id="w2", lease_s=30)
+    assert lc.jobs_record_first_token(job_ids=[str(mine.id), str(other.id)], worker_id="w1", at=time.time()) == 1
