@@ -9,12 +9,13 @@ import threading
 from engine_worker.request import RequestOutput
 
 
-def merge_outputs(older: RequestOutput, newer: RequestOutput) -> RequestOutput:
-    """One output covering both steps: the new pieces concatenated, the totals from ``newer``."""
+def merge_outputs(outputs: list[RequestOutput]) -> RequestOutput:
+    """One output covering several steps: the new pieces concatenated, the totals from the last."""
+    new_ids: list[int] = []
+    for out in outputs:
+        new_ids += out.new_token_ids
     return dataclasses.replace(
-        newer,
-        new_token_ids=older.new_token_ids + newer.new_token_ids,
-        new_text=older.new_text + newer.new_text,
+        outputs[-1], new_token_ids=new_ids, new_text="".join(out.new_text for out in outputs)
     )
 
 
@@ -23,7 +24,9 @@ class AsyncCollector:
 
     ``put`` runs on the loop's thread (the engine schedules it with ``call_soon_threadsafe``).
     Outputs not yet taken are merged, so a slow consumer gets one combined output instead of a
-    backlog. The consumer is woken every ``stream_interval`` tokens, and always on the last output.
+    backlog. The merge happens once, when the consumer takes them: ``put`` only appends, because
+    it runs for every request at every step and a lagging consumer is the normal case under load.
+    The consumer is woken every ``stream_interval`` tokens, and always on the last output.
     A bare future is the wake-up (cheaper than ``asyncio.Event``: this runs for every request at
     every step).
     """
@@ -34,14 +37,13 @@ class AsyncCollector:
         self.loop = loop
         self.stream_interval = stream_interval
         self.abandoned = False  # aborted through the API: drop it once its last output arrives
-        self._pending: RequestOutput | None = None
+        self._pending: list[RequestOutput] = []
         self._ready = False
         self._waiter: asyncio.Future[None] | None = None
         self._last_sent = 0
 
     def put(self, out: RequestOutput) -> None:
-        pending = self._pending
-        self._pending = out if pending is None else merge_outputs(pending, out)
+        self._pending.append(out)
         if (
             self.stream_interval == 1
             or out.finished
@@ -61,7 +63,8 @@ class AsyncCollector:
                 await waiter
             finally:
                 self._waiter = None
-        out, self._pending, self._ready = self._pending, None, False
+        pending, self._pending, self._ready = self._pending, [], False
+        out = pending[0] if len(pending) == 1 else merge_outputs(pending)
         self._last_sent = out.completion_tokens
         return out
 
