@@ -122,6 +122,18 @@ def environment() -> dict:
     except Exception:  # pragma: no cover
         pass
     try:
+        import subprocess
+
+        head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
+                              capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--", "engine_worker"],
+                               capture_output=True, text=True, timeout=10)
+        if head.returncode == 0:
+            info["git_head"] = head.stdout.strip()
+            info["engine_worker_dirty"] = bool(dirty.stdout.strip())
+    except (OSError, subprocess.SubprocessError):  # pragma: no cover
+        pass
+    try:
         info["load_avg_1m"] = os.getloadavg()[0]
     except OSError:  # pragma: no cover
         pass

@@ -10,7 +10,8 @@ this is what decides ``engine_over_raw``.
     python bench/engine_overhead.py [--concurrency 32,256] [--max-tokens 128] [--repeats 3]
 
 The LAST printed line is one JSON object: per level, µs of engine time per generated token and
-ms per step (one token for every request).
+ms per step (one token for every request), and the µs per token of ``Scheduler.step`` alone
+(driven on one thread, no asyncio): the rest is the hand-off to asyncio and the consumers.
 """
 
 from __future__ import annotations
@@ -77,6 +78,34 @@ class ScriptedRunner:
         self._live.clear()
 
 
+def scheduler_only(model, tokenizer, prompts, max_tokens, repeats):
+    """µs per token of ``Scheduler.step`` alone (one thread, no asyncio, no dispatch)."""
+    from engine_worker.config import SchedulerConfig
+    from engine_worker.request import Request, SamplingParams
+    from engine_worker.scheduler import Scheduler
+
+    c = len(prompts)
+    times = []
+    for rep in range(repeats + 1):
+        sched = Scheduler(model, tokenizer, SchedulerConfig(max_num_seqs=max(256, c), completion_batch_size=max(32, c),
+                                                            enable_prefix_cache=False),
+                          runner_factory=ScriptedRunner)
+        for i, p in enumerate(prompts):
+            sp = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+            sched.add_request(Request(f"s{rep}-{i}", p, sp))
+        n = 0
+        t = time.perf_counter()
+        while sched.has_requests():
+            out = sched.step()
+            n += sum(len(o.new_token_ids) for o in out.outputs)
+            for rid in out.finished_request_ids:
+                sched.remove_finished_request(rid)
+        if rep:  # the first pass is a warm-up
+            times.append((time.perf_counter() - t) / n * 1e6)
+        sched.close()
+    return median(times)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=None)
@@ -106,13 +135,16 @@ def main(argv=None):
             engine.stop()
             engine.close()
             us = median([r["wall_s"] / r["tokens"] * 1e6 for r in runs])
+            us_sched = scheduler_only(model, tokenizer, prompts_all[:c], args.max_tokens, args.repeats)
             result["levels"][str(c)] = {
                 "us_per_token": round(us, 2),
+                "scheduler_step_us_per_token": round(us_sched, 2),
                 "ms_per_step": round(us * c / 1e3, 3),
                 "tok_s": round(median([r["tok_s"] for r in runs]), 1),
                 "all_tokens_generated": all(r["tokens"] == c * args.max_tokens for r in runs),
             }
-            print(f"# c={c}: {us:.2f} us/token, {us * c / 1e3:.3f} ms/step of engine-only work", flush=True)
+            print(f"# c={c}: {us:.2f} us/token, {us * c / 1e3:.3f} ms/step of engine-only work "
+                  f"(Scheduler.step alone: {us_sched:.2f} us/token)", flush=True)
 
     t = time.perf_counter()
     asyncio.run(run())
