@@ -16,6 +16,10 @@ engine: both sides then generate exactly the same tokens. Runs alternate engine,
 engine, service... (``--repeats``); the report gives medians of tok/s and TTFT p50 over all
 requests of all repeats.
 
+The worker gets ``OPENBLAS_NUM_THREADS`` = cores - 1 on machines of up to 4 cores, as
+``make run`` gives it (``BENCH_SERVICE_OPENBLAS_THREADS`` overrides); the in-process engine keeps
+every core, since nothing else runs beside it.
+
 Database: ``BENCH_DATABASE_URL`` (default: a ``service_bench`` database on the local PostgreSQL,
 created if missing). Redis: ``BENCH_REDIS_URL`` (default DB 11 of the local Redis; flushed).
 
@@ -83,10 +87,11 @@ async def engine_round(engine: EngineCore, prompts: list[list[int]], max_tokens:
                 tokens.append(out.completion_tokens)
         ttft.append(first or 0.0)
 
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
     wall = time.perf_counter() - t0
-    return {"tok_s": sum(tokens) / wall, "ttft_s": ttft, "tokens": tokens, "wall_s": wall}
+    return {"tok_s": sum(tokens) / wall, "ttft_s": ttft, "tokens": tokens, "wall_s": wall,
+            "cpu_s": {"engine_process": round(time.process_time() - cpu0, 2)}}
 
 
 # ------------------------------------------------------------------------------------ service
@@ -108,6 +113,11 @@ class Service:
             "LOG_LEVEL": "WARNING",
             "PYTHONUNBUFFERED": "1",
         })
+        # As scripts/run.sh does: on <= 4 cores the worker leaves one core to daphne, Redis and the
+        # database (OpenBLAS threads spin and would take it). The engine-alone baseline keeps all.
+        cores = os.cpu_count() or 2
+        self.env["OPENBLAS_NUM_THREADS"] = os.environ.get(
+            "BENCH_SERVICE_OPENBLAS_THREADS", str(max(1, cores - 1) if cores <= 4 else cores))
         self.procs: list[subprocess.Popen] = []
 
     def start(self) -> str:
@@ -135,6 +145,15 @@ class Service:
     def _spawn(self, name: str, argv: list[str]) -> None:
         log = (self.log_dir / f"service-bench-{name}.log").open("wb")
         self.procs.append(subprocess.Popen(argv, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT))
+
+    def cpu_seconds(self) -> dict[str, float]:
+        """CPU time (user + system) each service process has used so far (Linux /proc)."""
+        tick = os.sysconf("SC_CLK_TCK")
+        out = {}
+        for name, proc in zip(("daphne", "worker"), self.procs, strict=False):
+            fields = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+            out[name] = (int(fields[11]) + int(fields[12])) / tick
+        return out
 
     def stop(self) -> None:
         for p in reversed(self.procs):
@@ -177,11 +196,13 @@ async def service_round(port: int, key: str, prompts: list[str], max_tokens: int
     loop = asyncio.get_running_loop()
     ttft: list[float] = []
     tokens: list[int] = []
+    post: list[float] = []
 
     async def one(prompt: str) -> None:
         t0 = time.perf_counter()
         body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0}
         job_id = await loop.run_in_executor(None, _post_job, port, key, body)
+        post.append(time.perf_counter() - t0)
         first = None
         url = f"ws://127.0.0.1:{port}/ws/v1/jobs/{job_id}/?api_key={key}"
         async with websockets.connect(url, open_timeout=120) as ws:
@@ -199,7 +220,7 @@ async def service_round(port: int, key: str, prompts: list[str], max_tokens: int
     t0 = time.perf_counter()
     await asyncio.gather(*(one(p) for p in prompts))
     wall = time.perf_counter() - t0
-    return {"tok_s": sum(tokens) / wall, "ttft_s": ttft, "tokens": tokens, "wall_s": wall}
+    return {"tok_s": sum(tokens) / wall, "ttft_s": ttft, "tokens": tokens, "wall_s": wall, "post_s": post}
 
 
 # --------------------------------------------------------------------------------------- main
@@ -239,7 +260,11 @@ def main() -> None:
         engine_runs, service_runs = [], []
         for _ in range(args.repeats):
             engine_runs.append(asyncio.run(engine_round(engine, prompt_ids, args.max_tokens)))
+            before, client_before = service.cpu_seconds(), time.process_time()
             service_runs.append(asyncio.run(_with_pool(service_round(args.port, key, texts, args.max_tokens))))
+            after = service.cpu_seconds()
+            service_runs[-1]["cpu_s"] = {k: round(after[k] - before[k], 2) for k in after}
+            service_runs[-1]["cpu_s"]["bench_client"] = round(time.process_time() - client_before, 2)
             print(f"engine {engine_runs[-1]['tok_s']:.0f} tok/s, service {service_runs[-1]['tok_s']:.0f} tok/s",
                   flush=True)
     finally:
@@ -268,9 +293,13 @@ def _report(engine_runs: list[dict], service_runs: list[dict], args, model_path:
     def summary(runs: list[dict]) -> dict:
         ttft = [t for r in runs for t in r["ttft_s"]]
         return {"tok_s": round(median([r["tok_s"] for r in runs]), 1),
+                "wall_s": [round(r["wall_s"], 2) for r in runs],
+                "cpu_s": [r["cpu_s"] for r in runs if "cpu_s" in r],
                 "ttft_ms_p50": round(1000 * percentile(ttft, 50), 1),
                 "ttft_ms_p90": round(1000 * percentile(ttft, 90), 1),
                 "tokens_per_run": sum(runs[0]["tokens"]),
+                **({"post_ms_p50": round(1000 * percentile([t for r in runs for t in r["post_s"]], 50), 1)}
+                   if "post_s" in runs[0] else {}),
                 "runs_tok_s": [round(r["tok_s"], 1) for r in runs]}
 
     eng, svc = summary(engine_runs), summary(service_runs)
