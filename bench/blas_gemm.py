@@ -3,7 +3,8 @@
 Each measurement runs in a fresh subprocess, because the BLAS is chosen when ``mlx.core`` is first
 loaded: one child imports ``engine_worker`` normally (OpenBLAS preloaded), the other with
 ``MLX_DISABLE_OPENBLAS=1`` (mlx's bundled reference BLAS). The children alternate
-(fast, slow, fast, slow, ...) ``--rounds`` times; the report gives medians and the ratio.
+(OpenBLAS, OpenBLAS with ``OPENBLAS_NUM_THREADS=1``, bundled, ...) ``--rounds`` times; the
+report gives medians and the ratios.
 The LAST printed line is one JSON object.
 
     python bench/blas_gemm.py [--rounds 3] [--iters 5]
@@ -57,11 +58,19 @@ def child(iters: int) -> None:
     print(json.dumps(out), flush=True)
 
 
-def run_child(disable: bool, iters: int, timeout: float) -> dict:
+# label -> environment changes of the child
+VARIANTS = {
+    "openblas": {},  # OpenBLAS preloaded, its default thread count (one per core)
+    "openblas_1thread": {"OPENBLAS_NUM_THREADS": "1"},
+    "bundled": {"MLX_DISABLE_OPENBLAS": "1"},  # mlx's bundled reference BLAS
+}
+
+
+def run_child(label: str, iters: int, timeout: float) -> dict:
     env = dict(os.environ)
     env.pop("MLX_DISABLE_OPENBLAS", None)
-    if disable:
-        env["MLX_DISABLE_OPENBLAS"] = "1"
+    env.pop("OPENBLAS_NUM_THREADS", None)
+    env.update(VARIANTS[label])
     proc = subprocess.run(
         [sys.executable, __file__, "--child", "--iters", str(iters)],
         env=env, capture_output=True, text=True, timeout=timeout, check=True,
@@ -74,16 +83,17 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3, help="alternating (preload, no preload) pairs")
     ap.add_argument("--iters", type=int, default=5, help="timed repetitions per shape inside a child")
     ap.add_argument("--timeout", type=float, default=600)
+    ap.add_argument("--out", default=None, help="also append the final JSON line to this file")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         child(args.iters)
         return
 
-    runs = {"openblas": [], "bundled": []}
+    runs = {label: [] for label in VARIANTS}
     for r in range(args.rounds):
-        for label, disable in (("openblas", False), ("bundled", True)):
-            res = run_child(disable, args.iters, args.timeout)
+        for label in VARIANTS:
+            res = run_child(label, args.iters, args.timeout)
             runs[label].append(res)
             print(f"# round {r} {label}: " + ", ".join(f"{k} {res[k]:.1f}" for k in SHAPES)
                   + f" GFLOP/s (blas loaded={res['blas']['loaded']})", flush=True)
@@ -98,15 +108,21 @@ def main() -> None:
     }
     for name in SHAPES:
         fast = statistics.median(r[name] for r in runs["openblas"])
+        one = statistics.median(r[name] for r in runs["openblas_1thread"])
         slow = statistics.median(r[name] for r in runs["bundled"])
         result[name] = {
             "gflops_openblas": round(fast, 2),
+            "gflops_openblas_1thread": round(one, 2),
             "gflops_bundled": round(slow, 2),
             "speedup": round(fast / slow, 1),
+            "speedup_1thread": round(one / slow, 1),
         }
-        print(f"# {name}: OpenBLAS preload {fast:.1f} GFLOP/s, bundled BLAS {slow:.1f} GFLOP/s, "
-              f"x{fast / slow:.1f}", flush=True)
+        print(f"# {name}: OpenBLAS preload {fast:.1f} GFLOP/s (1 thread {one:.1f}), bundled BLAS {slow:.1f} "
+              f"GFLOP/s: x{fast / slow:.1f} (1 thread x{one / slow:.1f})", flush=True)
     print(json.dumps(result), flush=True)
+    if args.out:
+        with open(args.out, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(result) + "\n")
 
 
 if __name__ == "__main__":
