@@ -81,6 +81,8 @@ def service_env(transactional_db, redis_db, fast_timings, tiny_model_path) -> di
         "DJANGO_SETTINGS_MODULE": "inference_service.settings",
         "PYTHONUNBUFFERED": "1",
     })
+    # The workers share the cores with the test, daphne, Redis and Postgres (see scripts/run.sh).
+    env.setdefault("OPENBLAS_NUM_THREADS", "1")
     settings.MODEL_PATH = str(tiny_model_path)
     return env
 
