@@ -1,10 +1,11 @@
 """KV quantization of stored entries: the bytes drop by the expected factor and a quantized hit
 still generates close to the cold run.
 
-Measured on the tiny model (fp32 KV, group 64, 6 prompts of 200 tokens + 5, 20 greedy tokens):
-8-bit stores 3.56x fewer bytes (32 / (8 + 2*32/64) bits) with 97.5 % positional token agreement
-(5 of 6 sequences identical); 4-bit stores 6.4x fewer with 88 % agreement. The random tiny model
-has many near-ties, so this is a pessimistic setting for agreement.
+Measured on the tiny model (fp32 KV, group 64; 6 corpus prompts of 200 cached + 5 new tokens,
+20 greedy tokens each): 8-bit stores 3.56x fewer bytes (32 / (8 + 2*32/64) bits) and 4-bit 6.4x
+fewer; both agreed with the cold run on 100 % of the tokens (6 of 6 sequences identical). An
+earlier measurement on highly repetitive prompts (many near-ties in the random model's logits)
+gave 97.5 % (8-bit) and 88 % (4-bit), hence the margins asserted below.
 """
 
 from __future__ import annotations
@@ -34,8 +35,9 @@ def test_quantized_entries_store_the_expected_fraction_of_bytes(tiny_model, prom
     assert quantized.get_stats()["quantized_entries"] == 1
 
 
-def test_quantized_hit_agrees_with_the_cold_run(tiny_model, prompts, prefill, greedy):
-    quantized, _ = _pair(tiny_model[0], 8)
+@pytest.mark.parametrize("bits, floor", [(8, 0.95), (4, 0.8)])
+def test_quantized_hit_agrees_with_the_cold_run(tiny_model, prompts, prefill, greedy, bits, floor):
+    quantized, _ = _pair(tiny_model[0], bits)
     agree = total = 0
     for variant in range(4):
         stored = prompts(200, variant=variant)
@@ -47,7 +49,7 @@ def test_quantized_hit_agrees_with_the_cold_run(tiny_model, prompts, prefill, gr
         assert hot[0] == cold[0]
         agree += sum(a == b for a, b in zip(hot, cold, strict=False))
         total += max(len(hot), len(cold))
-    assert agree / total >= 0.9, f"8-bit agreement {agree / total:.3f}"
+    assert agree / total >= floor, f"{bits}-bit agreement {agree / total:.3f}"
 
 
 def test_short_entries_stay_unquantized(tiny_model, prompts, prefill):
