@@ -338,6 +338,16 @@ class EngineCore(AsyncRequestAPI):
         with self._step_lock:
             return self.scheduler.get_cache_stats()
 
+    def list_cache_entries(self) -> list[dict[str, Any]]:
+        """Operator view: one row per prefix-cache entry (between engine steps)."""
+        with self._step_lock:
+            return self.scheduler.list_cache_entries()
+
+    def evict_cache_entry(self, key: str) -> bool:
+        """Drop one prefix-cache entry by ``key_hash`` (between engine steps); False if unknown."""
+        with self._step_lock:
+            return self.scheduler.evict_cache_entry(key)
+
     def save_cache_to_disk(self, cache_dir: str) -> bool:
         with self._step_lock:
             return self.scheduler.save_cache_to_disk(cache_dir)

@@ -48,6 +48,9 @@ class BatchRunner(Protocol):
 
     def close(self) -> None: ...
 
+    # Optional (the scheduler checks for it): ``extract_cache(uids)`` -> ``{uid: (cache_layers,
+    # tokens)}`` for sequences still in the batch, in any stage; used for mid-prefill saves.
+
 
 class MlxBatchRunner:
     """Owns one ``BatchGenerator``; create it on the thread that will step it."""
@@ -116,6 +119,11 @@ class MlxBatchRunner:
 
     def remove(self, uids: list[int], return_caches: bool = False) -> dict[int, tuple[list[Any], list[int]]]:
         return self.generator.remove(uids, return_prompt_caches=return_caches)
+
+    def extract_cache(self, uids: list[int]) -> dict[int, tuple[list[Any], list[int]]]:
+        """The caches of sequences still in the batch (queued, prefilling or decoding); the
+        sequences stay in. A prefilling one's cache ``offset`` is the tokens processed so far."""
+        return self.generator.extract_cache(uids)
 
     def close(self) -> None:
         self.generator.close()

@@ -60,7 +60,8 @@ class PrefixSeam:
         request.prompt_cache = cache
         request.remaining_tokens = remaining
         request.cached_tokens = len(tokens) - len(remaining)
-        request.cache_hit_type = hit_type if cache is not None else "miss"
+        # "ssd_pending" is kept on a miss: the scheduler may hold the request for the disk read.
+        request.cache_hit_type = hit_type if cache is not None or hit_type == "ssd_pending" else "miss"
 
     def store(self, request_id: str, tokens: Sequence[int], cache: list[Any]) -> None:
         try:

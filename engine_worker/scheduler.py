@@ -19,6 +19,7 @@ from typing import Any
 
 from engine_worker import memory
 from engine_worker.admission import RequestValidator
+from engine_worker.cache_lifecycle import CacheLifecycle
 from engine_worker.cache_protocol import PrefixCacheBackend
 from engine_worker.config import SchedulerConfig, SchedulingPolicy
 from engine_worker.detokenizer import detokenizer_factory
@@ -78,6 +79,7 @@ class Scheduler:
             default_backend(model, self.config) if prefix_cache is None else prefix_cache
         )
         self._cache = PrefixSeam(self.prefix_cache)
+        self._lifecycle = CacheLifecycle(self._cache, self.config.mid_prefill_save_interval)
         self._runner_factory = runner_factory or MlxBatchRunner
         self.runner: BatchRunner | None = None
         self.max_model_len = max_model_len or context_length(model)
@@ -117,6 +119,11 @@ class Scheduler:
     def get_request(self, request_id: str) -> Request | None:
         return self.requests.get(request_id)
 
+    @property
+    def ssd_wait(self) -> Any:
+        """The SSD wait policy (``max_wait_s``) while a cache is active, else ``None``."""
+        return self._lifecycle.ssd_wait
+
     def remove_finished_request(self, request_id: str) -> Request | None:
         """Forget a request; only finished ones can be forgotten (a live one stays tracked)."""
         request = self.requests.get(request_id)
@@ -152,10 +159,14 @@ class Scheduler:
     def _schedule_waiting(self, out: SchedulerOutput) -> None:
         cap = self.config.max_running
         budget = self.config.max_num_batched_tokens
+        deferred: list[Request] = []  # waiting for an SSD read: they never block the queue
         while self.waiting and len(self.running) < cap:
             request = self.waiting.peek()
             if request.remaining_tokens is None:
                 self._cache.lookup(request)
+                if self._lifecycle.defer(request):
+                    deferred.append(self.waiting.pop())
+                    continue
             n = len(request.remaining_tokens)
             # The first request of a step is admitted even above the budget, or a prompt longer
             # than the budget would wait forever.
@@ -165,6 +176,8 @@ class Scheduler:
             if self._insert(request):
                 out.scheduled_request_ids.append(request.request_id)
                 out.num_scheduled_tokens += n
+        for request in deferred:
+            self.waiting.push(request)
 
     def _insert(self, request: Request) -> bool:
         sp = request.sampling_params
@@ -200,6 +213,7 @@ class Scheduler:
         c.total_prompt_tokens += request.num_prompt_tokens
         c.total_prefilled_tokens += len(request.remaining_tokens)
         c.total_cached_tokens += request.cached_tokens
+        self._lifecycle.admitted(request)
         return True
 
     # ----------------------------------------------------------------- the step
@@ -231,6 +245,8 @@ class Scheduler:
                 outputs.extend(self._pending_outputs)
                 self._pending_outputs = []
                 responses = ()
+            else:
+                self._lifecycle.after_step(self.runner)  # mid-prefill saves; no-op for short prompts
             if self._processor_errors:
                 self._fail_processor_errors()
                 outputs.extend(self._pending_outputs)
@@ -321,6 +337,7 @@ class Scheduler:
 
     def _release(self, rid: str) -> None:
         self.running.pop(rid, None)
+        self._lifecycle.forget(rid)
         self._streams.pop(rid, None)
         uid = self.request_id_to_uid.pop(rid, None)
         if uid is not None:
@@ -371,7 +388,7 @@ class Scheduler:
         if request.status == RequestStatus.WAITING:
             self.waiting.remove(request)
         else:
-            self._remove_from_batch(request)
+            self._abort_in_batch(request)
             self.counters.total_completion_tokens += request.num_output_tokens
         request.set_finished(RequestStatus.FINISHED_ABORTED, "abort")
         request.prompt_cache = None
@@ -379,6 +396,17 @@ class Scheduler:
         self.counters.num_requests_aborted += 1
         self._pending_outputs.append(self._final_output(request))
         return True
+
+    def _abort_in_batch(self, request: Request) -> None:
+        """Take a running request out of the batch, keeping what it had prefilled (and
+        generated) in the prefix cache: a long prompt aborted halfway stays reusable."""
+        uid = self.request_id_to_uid.get(request.request_id)
+        if uid is None or self.runner is None:
+            return
+        active = self._cache.active
+        removed = self.runner.remove([uid], return_caches=active)
+        if active:
+            self._lifecycle.store_removed(request, removed.get(uid))
 
     # ----------------------------------------------------------------- stats
 
@@ -408,6 +436,15 @@ class Scheduler:
     def get_cache_stats(self) -> dict[str, Any] | None:
         return self._cache.stats()
 
+    def list_cache_entries(self) -> list[dict[str, Any]]:
+        """Operator view: one row per prefix-cache entry (key_hash, tokens, bytes, tier,
+        hit_count, last_used, quantized); empty without a cache."""
+        return self._lifecycle.list_entries()
+
+    def evict_cache_entry(self, key: str) -> bool:
+        """Drop one prefix-cache entry (every tier) by its ``key_hash``; False if unknown."""
+        return self._lifecycle.evict(key)
+
     # ----------------------------------------------------------------- caches and resets
 
     def clear_runtime_caches(self) -> dict[str, bool]:
@@ -429,8 +466,12 @@ class Scheduler:
 
     def reset(self) -> None:
         """Abort every request, drop the generator, clear the caches and the counters' queues."""
+        # Detached while aborting: the generator is discarded, so nothing is removed from it and
+        # no aborted prefix is stored (the cache is cleared below; after a failure it is suspect).
+        runner, self.runner = self.runner, None
         for rid in list(self.requests):
             self.abort_request(rid)
+        self.runner = runner
         self.requests.clear()
         self.waiting.clear()
         self.running.clear()

@@ -1,26 +1,18 @@
 """Cache behaviour that needs the Scheduler's cooperation: aborted and mid-prefill prefixes stay
 reusable, SSD promotions happen in the background while other requests decode, operator view.
 
-These run once the scheduler wires :mod:`engine_worker.cache.scheduler_hooks` in (its docstring
-lists the ~20 lines; they passed, with the whole engine suite, on a copy with them applied).
-Until then they are skipped, not failed: the scheduler belongs to the engine-core work.
+The scheduler wires :mod:`engine_worker.cache.scheduler_hooks` in through
+:mod:`engine_worker.cache_lifecycle`.
 """
 
 from __future__ import annotations
 
 import threading
 
-import pytest
-
 from engine_worker.config import SchedulerConfig
 from engine_worker.request import Request
 from engine_worker.scheduler import Scheduler
 from tests.engine_worker.engine_helpers import final, greedy, run_scheduler, solo_tokens
-
-pytestmark = pytest.mark.skipif(
-    not hasattr(Scheduler, "list_cache_entries"),
-    reason="scheduler does not wire engine_worker.cache.scheduler_hooks yet",
-)
 
 
 def _scheduler(tiny_model, **fields) -> Scheduler:
@@ -114,3 +106,30 @@ def test_ssd_promotion_happens_in_the_background_while_other_requests_decode(
     assert out.output_token_ids == solo_tokens(model, tokenizer, prompt, 6)
     assert cache.get_stats()["promotions"] == 1
     scheduler.deep_reset()
+
+
+def test_engine_core_lists_and_evicts_entries_between_steps(tiny_model, prompts):
+    from engine_worker.config import EngineConfig
+    from engine_worker.engine_core import EngineCore
+
+    model, tokenizer = tiny_model
+    engine = EngineCore(model, tokenizer, EngineConfig(scheduler_config=SchedulerConfig(cache_memory_mb=64)))
+    try:
+        engine.generate_batch_sync([prompts(40, variant=i) for i in range(2)], greedy(3))
+        rows = engine.list_cache_entries()
+        assert len(rows) == 2 and all(row["tier"] for row in rows)
+        assert engine.evict_cache_entry(rows[0]["key_hash"]) is True
+        assert [r["key_hash"] for r in engine.list_cache_entries()] == [rows[1]["key_hash"]]
+        assert engine.evict_cache_entry("no-such-key") is False
+    finally:
+        engine.close()
+
+
+def test_without_a_cache_the_operator_view_is_empty_and_aborts_store_nothing(tiny_model, prompts):
+    scheduler = _scheduler(tiny_model, enable_prefix_cache=False, prefill_step_size=32)
+    scheduler.add_request(Request("long", prompts(300), greedy(4)))
+    scheduler.step()
+    assert scheduler.abort_request("long")
+    run_scheduler(scheduler)
+    assert scheduler.list_cache_entries() == [] and scheduler.evict_cache_entry("x") is False
+    assert scheduler.ssd_wait is None
