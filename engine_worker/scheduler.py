@@ -159,13 +159,13 @@ class Scheduler:
     def _schedule_waiting(self, out: SchedulerOutput) -> None:
         cap = self.config.max_running
         budget = self.config.max_num_batched_tokens
-        deferred: list[Request] = []  # waiting for an SSD read: they never block the queue
+        deferred: list[tuple[tuple, Request]] = []  # waiting for an SSD read: never block the queue
         while self.waiting and len(self.running) < cap:
             request = self.waiting.peek()
             if request.remaining_tokens is None:
                 self._cache.lookup(request)
                 if self._lifecycle.defer(request):
-                    deferred.append(self.waiting.pop())
+                    deferred.append(self.waiting.pop_entry())
                     continue
             n = len(request.remaining_tokens)
             # The first request of a step is admitted even above the budget, or a prompt longer
@@ -176,8 +176,8 @@ class Scheduler:
             if self._insert(request):
                 out.scheduled_request_ids.append(request.request_id)
                 out.num_scheduled_tokens += n
-        for request in deferred:
-            self.waiting.push(request)
+        for entry in deferred:
+            self.waiting.restore(entry)
 
     def _insert(self, request: Request) -> bool:
         sp = request.sampling_params

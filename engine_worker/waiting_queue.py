@@ -39,6 +39,15 @@ class WaitingQueue:
     def pop(self) -> Request:
         return self._items.pop(0)[1]
 
+    def pop_entry(self) -> tuple[tuple, Request]:
+        """Pop the head with its queue key, for :meth:`restore`."""
+        return self._items.pop(0)
+
+    def restore(self, entry: tuple[tuple, Request]) -> None:
+        """Put back an entry taken with :meth:`pop_entry`: it keeps its place in the order (a
+        request deferred for a step does not fall behind later arrivals)."""
+        bisect.insort(self._items, entry, key=lambda item: item[0])
+
     def remove(self, request: Request) -> bool:
         for i, (_, queued) in enumerate(self._items):
             if queued is request:
