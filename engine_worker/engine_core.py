@@ -44,6 +44,10 @@ from engine_worker.scheduler import Scheduler, SchedulerOutput
 
 logger = logging.getLogger(__name__)
 
+# How long the loop waits after a step that ran nothing (only SSD-deferred requests were left):
+# a disk read of a cache entry takes milliseconds, and a busy loop would count a miss per retry.
+_DEFERRED_POLL_S = 0.005
+
 __all__ = ["AsyncEngineCore", "EngineConfig", "EngineCore", "ModelInUse", "SchedulerConfig", "SchedulingPolicy"]
 
 OutputListener = Callable[[list[RequestOutput]], None]
@@ -87,6 +91,7 @@ class EngineCore(AsyncRequestAPI):
         self._collectors: dict[str, AsyncCollector] = {}
         self._waiters: dict[str, SyncWaiter] = {}
         self._listeners: list[OutputListener] = []
+        self._idle_step = False  # the last step admitted and generated nothing
         self._thread: threading.Thread | None = None
         self._stop_requested = False
         self._closed = False
@@ -162,6 +167,11 @@ class EngineCore(AsyncRequestAPI):
                 with self._cond:
                     while not (self._commands or self._stop_requested or self.scheduler.has_requests()):
                         self._cond.wait()
+                    if self._idle_step and not (self._commands or self._stop_requested):
+                        # The last step ran nothing: only requests deferred for a background SSD
+                        # read are left. Give the reader a moment instead of spinning; a new
+                        # command still wakes the loop at once.
+                        self._cond.wait(_DEFERRED_POLL_S)
                     self.loop_iterations += 1
                     if self._stop_requested:
                         break
@@ -192,9 +202,11 @@ class EngineCore(AsyncRequestAPI):
                     refused.append(RequestOutput(arg.request_id, finished=True, finish_reason="error",
                                                  error=str(exc)))
             if not scheduler.has_requests():
+                self._idle_step = False
                 return refused
             result: SchedulerOutput = scheduler.step()
             self._steps_executed += 1
+            self._idle_step = not (result.has_work or result.outputs or refused)
             for rid in result.finished_request_ids:
                 scheduler.remove_finished_request(rid)
         return result.outputs + refused if refused else result.outputs

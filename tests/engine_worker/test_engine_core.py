@@ -239,3 +239,33 @@ def test_a_request_submitted_right_after_stop_runs_on_a_fresh_engine_thread(engi
     again = engine.generate_batch_sync([prompt_ids(tokenizer, 5)], greedy(2, ignore_eos=True))
     assert first[0].completion_tokens == again[0].completion_tokens == 2
     assert engine._thread is not old and engine.is_running()
+
+
+def test_engine_waits_instead_of_spinning_while_only_an_ssd_deferred_request_is_left(engine, tiny_model):
+    _, tokenizer = tiny_model
+    lifecycle = engine.scheduler._lifecycle
+    release = threading.Event()
+    real_defer = lifecycle.defer
+
+    def defer_until_released(request):
+        # Stands in for a background SSD read that takes 0.3 s: deferred (and looked up again
+        # at a later step) until then, as the SSD wait policy does.
+        if release.is_set():
+            return real_defer(request)
+        request.remaining_tokens = None
+        return True
+
+    lifecycle.defer = defer_until_released
+    engine.start()
+    rid = engine.submit(Request("deferred", prompt_ids(tokenizer, 5), greedy(2, ignore_eos=True)))
+    time.sleep(0.05)
+    start = engine.loop_iterations
+    time.sleep(0.3)
+    spun = engine.loop_iterations - start
+    release.set()
+    assert spun < 150, f"{spun} loop iterations in 0.3 s with nothing to run"
+    assert engine.scheduler.get_num_waiting() + engine.scheduler.get_num_running() <= 1
+    deadline = time.time() + 30
+    while engine.scheduler.get_request(rid) is not None and time.time() < deadline:
+        time.sleep(0.02)
+    assert engine.scheduler.get_request(rid) is None  # it ran and finished once released
