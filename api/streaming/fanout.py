@@ -14,6 +14,9 @@ from collections.abc import Coroutine
 from typing import Any
 
 from channels.layers import get_channel_layer
+from channels_redis.core import RedisChannelLayer
+
+from api.streaming.group_batch import group_send_many
 
 logger = logging.getLogger(__name__)
 
@@ -33,7 +36,10 @@ class GroupSender:
             self._run(self._send_all(messages), timeout)
 
     async def _send_all(self, messages: list[tuple[str, dict[str, Any]]]) -> None:
-        await asyncio.gather(*(self._layer.group_send(group, message) for group, message in messages))
+        if isinstance(self._layer, RedisChannelLayer):
+            await group_send_many(self._layer, messages)
+        else:
+            await asyncio.gather(*(self._layer.group_send(group, message) for group, message in messages))
 
     def _run(self, coro: Coroutine[Any, Any, None], timeout: float) -> None:
         asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
