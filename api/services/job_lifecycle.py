@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+from dataclasses import dataclass
+from typing import Any
 
-from django.db.models import F, Q
+from django.db.models import Case, F, PositiveIntegerField, Q, TextField, Value, When
 from django.utils import timezone
 
 from api.models import Job, JobStatus
@@ -93,12 +95,29 @@ def jobs_record_first_token(*, job_ids: list[str], worker_id: str, at: float) ->
     ).update(first_token_at=_from_unix(at))
 
 
-def job_record_progress(*, job_id: str, worker_id: str, text: str, last_seq: int, completion_tokens: int) -> bool:
-    """The text so far of a running job (throttled by the caller), for polling clients."""
-    return bool(
-        Job.objects.filter(id=job_id, status=JobStatus.IN_PROGRESS, worker_id=worker_id).update(
-            output_text=text, last_seq=last_seq, completion_tokens=completion_tokens
-        )
+@dataclass(frozen=True)
+class Progress:
+    job_id: str
+    text: str
+    last_seq: int
+    completion_tokens: int
+
+
+def jobs_record_progress(*, worker_id: str, progress: list[Progress]) -> int:
+    """The text so far of running jobs (throttled by the caller), for polling clients: one UPDATE
+    for all of them."""
+    if not progress:
+        return 0
+
+    def per_job(field: str, output: Any) -> Case:
+        return Case(*(When(id=p.job_id, then=Value(getattr(p, field))) for p in progress), output_field=output)
+
+    return Job.objects.filter(
+        id__in=[p.job_id for p in progress], status=JobStatus.IN_PROGRESS, worker_id=worker_id
+    ).update(
+        output_text=per_job("text", TextField()),
+        last_seq=per_job("last_seq", PositiveIntegerField()),
+        completion_tokens=per_job("completion_tokens", PositiveIntegerField()),
     )
 
 

@@ -82,14 +82,15 @@ class RedisJobSink:
 
     def _write_progress(self) -> None:
         now = time.monotonic()
+        due = []
         for job_id, parts in self._texts.items():
-            if now - self._progress_at.get(job_id, 0.0) < self._progress_interval_s:
-                continue
-            self._progress_at[job_id] = now
-            seq, tokens = self._tokens[job_id]
-            job_lifecycle.job_record_progress(
-                job_id=job_id, worker_id=self.worker_id, text="".join(parts), last_seq=seq, completion_tokens=tokens
-            )
+            if now - self._progress_at.get(job_id, 0.0) >= self._progress_interval_s:
+                self._progress_at[job_id] = now
+                seq, tokens = self._tokens[job_id]
+                due.append(job_lifecycle.Progress(job_id=job_id, text="".join(parts), last_seq=seq,
+                                                  completion_tokens=tokens))
+        if due:
+            job_lifecycle.jobs_record_progress(worker_id=self.worker_id, progress=due)
 
     def _forget(self, job_id: str) -> None:
         self._texts.pop(job_id, None)

@@ -131,3 +131,21 @@ def test_first_tokens_of_a_batch_are_recorded_in_one_update_and_only_for_held_jo
     lc.job_claim(job_id=str(mine.id), worker_id="w1", lease_s=30)
     lc.job_claim(job_id=str(other.id), worker_id="w2", lease_s=30)
     assert lc.jobs_record_first_token(job_ids=[str(mine.id), str(other.id)], worker_id="w1", at=time.time()) == 1
+
+
+def test_progress_of_several_running_jobs_is_written_in_one_update():
+    a, b, other = make_job(), make_job(), make_job()
+    for job in (a, b):
+        lc.job_claim(job_id=str(job.id), worker_id="w1", lease_s=30)
+    lc.job_claim(job_id=str(other.id), worker_id="w2", lease_s=30)
+    written = lc.jobs_record_progress(worker_id="w1", progress=[
+        lc.Progress(job_id=str(a.id), text="Once", last_seq=1, completion_tokens=1),
+        lc.Progress(job_id=str(b.id), text="Hello there", last_seq=3, completion_tokens=4),
+        lc.Progress(job_id=str(other.id), text="not mine", last_seq=1, completion_tokens=1),
+    ])
+    assert written == 2
+    for job in (a, b, other):
+        job.refresh_from_db()
+    assert (a.output_text, a.last_seq, a.completion_tokens) == ("Once", 1, 1)
+    assert (b.output_text, b.last_seq, b.completion_tokens) == ("Hello there", 3, 4)
+    assert other.output_text == ""
