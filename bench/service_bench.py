@@ -16,9 +16,10 @@ engine: both sides then generate exactly the same tokens. Runs alternate engine,
 engine, service... (``--repeats``); the report gives medians of tok/s and TTFT p50 over all
 requests of all repeats.
 
-The worker gets ``OPENBLAS_NUM_THREADS`` = cores - 1 on machines of up to 4 cores, as
-``make run`` gives it (``BENCH_SERVICE_OPENBLAS_THREADS`` overrides); the in-process engine keeps
-every core, since nothing else runs beside it.
+Both sides run with the same BLAS threads: the worker inherits ``OPENBLAS_NUM_THREADS`` from
+this process (``BENCH_SERVICE_OPENBLAS_THREADS`` overrides it). On a small shared machine run
+with ``OPENBLAS_NUM_THREADS=1``: OpenBLAS threads spin while they wait, and on 2 cores shared
+with daphne, Redis and Postgres a second one costs the service several times its CPU time.
 
 Database: ``BENCH_DATABASE_URL`` (default: a ``service_bench`` database on the local PostgreSQL,
 created if missing). Redis: ``BENCH_REDIS_URL`` (default DB 11 of the local Redis; flushed).
@@ -113,11 +114,9 @@ class Service:
             "LOG_LEVEL": "WARNING",
             "PYTHONUNBUFFERED": "1",
         })
-        # As scripts/run.sh does: on <= 4 cores the worker leaves one core to daphne, Redis and the
-        # database (OpenBLAS threads spin and would take it). The engine-alone baseline keeps all.
-        cores = os.cpu_count() or 2
-        self.env["OPENBLAS_NUM_THREADS"] = os.environ.get(
-            "BENCH_SERVICE_OPENBLAS_THREADS", str(max(1, cores - 1) if cores <= 4 else cores))
+        # Same BLAS threads as the in-process engine unless told otherwise (apples to apples).
+        if os.environ.get("BENCH_SERVICE_OPENBLAS_THREADS"):
+            self.env["OPENBLAS_NUM_THREADS"] = os.environ["BENCH_SERVICE_OPENBLAS_THREADS"]
         self.procs: list[subprocess.Popen] = []
 
     def start(self) -> str:
