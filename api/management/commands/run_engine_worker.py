@@ -36,6 +36,7 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         from dataclasses import replace
 
+        _keep_database_connections()
         config = WorkerConfig.from_env()
         if options["worker_id"]:
             config = replace(config, worker_id=options["worker_id"])
@@ -51,6 +52,18 @@ class Command(BaseCommand):
             engine.stop()
             engine.close()
             logger.info("engine worker %s stopped; %s jobs handed back", config.worker_id, len(handed_back))
+
+
+def _keep_database_connections() -> None:
+    """A worker is a long-running process, not a request handler: keep its connections open.
+    (Celery's Django fixup closes connections after every task when CONN_MAX_AGE is 0, the web
+    default, which would make each job admission reconnect to the database.)"""
+    from django.conf import settings
+    from django.db import connections
+
+    for alias in settings.DATABASES:
+        settings.DATABASES[alias]["CONN_MAX_AGE"] = None
+        connections[alias].settings_dict["CONN_MAX_AGE"] = None
 
 
 def _build(config: WorkerConfig) -> tuple[worker.EngineWorkerService, Any]:
