@@ -121,7 +121,7 @@ def jobs_record_progress(*, worker_id: str, progress: list[Progress]) -> int:
     )
 
 
-def job_finish(*, result: FinalResult, worker_id: str) -> bool:
+def job_complete(*, result: FinalResult, worker_id: str) -> bool:
     """in_progress → completed / failed / cancelled with the engine's text and token counts.
 
     A job whose cancellation already moved it to ``cancelled`` still gets its partial text and

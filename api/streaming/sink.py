@@ -63,7 +63,7 @@ class RedisJobSink:
     def _write_finals(self, batch: StepBatch) -> None:
         for result in batch.finals:
             self._forget(result.job_id)
-            if not job_lifecycle.job_finish(result=result, worker_id=self.worker_id):
+            if not job_lifecycle.job_complete(result=result, worker_id=self.worker_id):
                 logger.warning("job %s finished here but is no longer held by %s", result.job_id, self.worker_id)
 
     def _write_bookkeeping(self, batch: StepBatch) -> None:
