@@ -124,7 +124,10 @@ class EngineWorkerService:
             if job_lifecycle.job_requeue(
                 job_id=job_id, worker_id=self.worker_id, redispatch_after_s=self.config.redispatch_after_s
             ):
-                self._dispatch(job_id)
+                try:
+                    self._dispatch(job_id)
+                except Exception:  # any broker failure: the job is queued in the DB, the reconciler sends it
+                    logger.warning("could not re-dispatch job %s; the reconciler will", job_id, exc_info=True)
         return released
 
     # -- heartbeat ----------------------------------------------------------------------------

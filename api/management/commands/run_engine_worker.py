@@ -47,11 +47,14 @@ class Command(BaseCommand):
         try:
             _consume(config, options["pool"], options["concurrency"], options["loglevel"])
         finally:
-            handed_back = service.shutdown()
-            worker.install(None)
-            engine.stop()
-            engine.close()
-            logger.info("engine worker %s stopped; %s jobs handed back", config.worker_id, len(handed_back))
+            try:
+                handed_back = service.shutdown()
+                logger.info("engine worker %s stopped; %s jobs handed back", config.worker_id, len(handed_back))
+            finally:
+                # Always stop the engine thread before the interpreter exits (mlx can abort otherwise).
+                worker.install(None)
+                engine.stop()
+                engine.close()
 
 
 def _keep_database_connections() -> None:
