@@ -8,6 +8,12 @@ consumer feeds any number of jobs into the engine's continuous batch.
 SIGTERM (or Ctrl-C): Celery stops consuming, running jobs get ``WORKER_DRAIN_S`` seconds to
 finish, the rest are handed back to the queue, and the engine thread is stopped before the
 interpreter exits (mlx can abort at exit otherwise).
+
+Environment (besides the Django settings and ``ENGINE_*`` engine config):
+``WORKER_ID``; ``JOB_LEASE_S`` (30) a held job's lease, renewed every ``WORKER_HEARTBEAT_S`` (2);
+``WORKER_DRAIN_S`` (30); ``JOB_REDISPATCH_AFTER_S`` (30) after which the reconciler re-sends a
+queued job nobody claimed; ``WORKER_STREAM_INTERVAL_MS`` (40) least time between two writes of
+plain deltas; ``WORKER_PREFETCH`` (16) job messages taken at once; ``JOB_STREAM_TTL_S`` (6 h).
 """
 
 from __future__ import annotations
