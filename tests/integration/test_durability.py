@@ -6,11 +6,12 @@ the test process (what celery beat would run every 10 s), called in the polling 
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
 
-from api.keys import job_stream_key
+from api.keys import job_stream_key, worker_heartbeat_key
 from api.models import JobStatus
 from api.tasks import reconcile_jobs
 from tests.integration.jobs import job, queue_job, wait_status
@@ -21,9 +22,15 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 def test_job_of_a_worker_killed_with_sigkill_completes_on_a_new_worker(workers, redis_db):
     first = workers.start("w-killed")
-    job_id = queue_job("Once upon a time", max_tokens=800)
+    job_id = queue_job("Once upon a time", max_tokens=1200)
     wait_for(lambda: redis_db.xlen(job_stream_key(job_id)) >= 3, 120, "the job to stream")
     assert job(job_id).worker_id == "w-killed"
+    # The live worker's heartbeat names it, its model and device, and what it runs; its lease on
+    # the job keeps moving forward.
+    lease = job(job_id).lease_expires_at
+    beat = wait_for(lambda: _heartbeat_running(redis_db, "w-killed", job_id), 30, "a heartbeat with the job")
+    assert beat["model"] == "tiny" and beat["device"] == "cpu" and beat["memory"]["active_bytes"] > 0
+    wait_for(lambda: job(job_id).lease_expires_at > lease, 30, "the lease to be renewed")
     first.kill9()
 
     # Nothing finishes it while no worker holds the lease: it stays in_progress until the lease
@@ -32,7 +39,7 @@ def test_job_of_a_worker_killed_with_sigkill_completes_on_a_new_worker(workers, 
     workers.start("w-new")
     done = wait_status(job_id, (JobStatus.COMPLETED,), tick=reconcile_jobs)
     assert done.worker_id == "w-new"
-    assert done.completion_tokens == 800
+    assert done.completion_tokens == 1200
     assert done.finish_reason == "length"
     assert done.dispatch_count >= 2
     # The stream holds exactly the new attempt: seq 1..last_seq, and its text is the stored text.
@@ -40,6 +47,14 @@ def test_job_of_a_worker_killed_with_sigkill_completes_on_a_new_worker(workers, 
     deltas = [f for _, f in entries if f["type"] == "delta"]
     assert [int(f["seq"]) for f in deltas] == list(range(1, done.last_seq + 1))
     assert "".join(f["text"] for f in deltas) == done.output_text
+
+
+def _heartbeat_running(redis_db, worker_id: str, job_id: str) -> dict | None:
+    raw = redis_db.get(worker_heartbeat_key(worker_id))
+    beat = json.loads(raw) if raw else None
+    if beat and beat["num_running"] == 1 and [r["request_id"] for r in beat["requests"]] == [job_id]:
+        return beat
+    return None
 
 
 def test_jobs_queued_when_redis_is_flushed_still_complete(workers, redis_db):
