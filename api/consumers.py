@@ -20,7 +20,6 @@ from urllib.parse import parse_qs
 import redis.asyncio as aioredis
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
-from channels.layers import get_channel_layer
 from django.conf import settings
 
 from api.authentication import authenticate_api_key, bearer_token
@@ -34,22 +33,6 @@ logger = logging.getLogger(__name__)
 CLOSE_BAD_REQUEST = 4400
 CLOSE_UNAUTHORIZED = 4401
 CLOSE_NOT_FOUND = 4404
-
-# redis-py 8 gives every connection a 5 s socket timeout by default, and channels_redis waits
-# for a consumer's next message with BZPOPMIN timeout=5 (``brpop_timeout``): a socket that stays
-# quiet for 5 s (a queued job, a slow step) then fails with "Timeout reading" and the consumer
-# dies with close code 1011. Waiting in shorter slices keeps every wait below the socket timeout.
-CHANNEL_RECEIVE_SLICE_S = 2
-
-
-def _fit_receive_timeout(layer: Any) -> None:
-    if getattr(layer, "brpop_timeout", 0) > CHANNEL_RECEIVE_SLICE_S:
-        layer.brpop_timeout = CHANNEL_RECEIVE_SLICE_S
-
-
-# Consumers share the process's layer instance; fix it before the first consumer receives.
-_fit_receive_timeout(get_channel_layer())
-
 
 class JobStreamConsumer(AsyncWebsocketConsumer):
     """Streams one existing job."""

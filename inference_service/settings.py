@@ -72,6 +72,16 @@ DATABASES = {
         conn_max_age=env_int("DB_CONN_MAX_AGE", 0, minimum=0),
     )
 }
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    # The embedded default has several writer processes (daphne, the engine worker, the light
+    # Celery worker): WAL lets readers and one writer proceed together, IMMEDIATE transactions
+    # take the write lock up front (no lock-upgrade deadlock), and writers wait up to 20 s for it
+    # instead of failing with "database is locked".
+    DATABASES["default"].setdefault("OPTIONS", {}).update(
+        timeout=20,
+        transaction_mode="IMMEDIATE",
+        init_command="PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+    )
 # Lets concurrent test runs against one server use separate test databases.
 if env_str("TEST_DATABASE_NAME", ""):
     DATABASES["default"]["TEST"] = {"NAME": env_str("TEST_DATABASE_NAME", "")}
@@ -82,7 +92,10 @@ REDIS_URL = env_str("REDIS_URL", "redis://127.0.0.1:6379/0")
 CHANNEL_LAYERS = {
     "default": {
         "BACKEND": "channels_redis.core.RedisChannelLayer",
-        "CONFIG": {"hosts": [REDIS_URL]},
+        # redis-py 8 defaults every socket to a 5 s timeout, the same as channels_redis's blocking
+        # wait for a consumer's next message (BZPOPMIN 5 s): a WebSocket quiet for 5 s then died
+        # with "Timeout reading". The socket must outlive the wait.
+        "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": 30}]},
     }
 }
 

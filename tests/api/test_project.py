@@ -57,6 +57,18 @@ def test_embedded_defaults_are_sqlite_under_var_and_local_redis():
     assert "redis://127.0.0.1:6379/0" in result.stdout
 
 
+def test_embedded_sqlite_uses_wal_and_waits_for_the_write_lock(tmp_path):
+    # Several processes write the embedded database; a locked database must mean "wait".
+    db = tmp_path / "db.sqlite3"
+    expression = (
+        "__import__('django.db').db.connection.cursor().execute('PRAGMA journal_mode').fetchone()[0], "
+        "s.DATABASES['default']['OPTIONS']['timeout'], s.DATABASES['default']['OPTIONS']['transaction_mode']"
+    )
+    result = _settings_in_subprocess({"DATABASE_URL": f"sqlite:///{db}"}, expression)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split()[-3:] == ["wal", "20", "IMMEDIATE"]
+
+
 def test_database_url_and_redis_url_switch_backends():
     result = _settings_in_subprocess(
         {"DATABASE_URL": "postgres://u@db:5432/prod", "REDIS_URL": "redis://cache:6379/2"},
