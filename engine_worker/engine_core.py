@@ -386,7 +386,7 @@ def _closing_output(request_id: str, fatal: BaseException | None) -> RequestOutp
     if fatal is None:
         return RequestOutput(request_id=request_id, finished=True, finish_reason="abort")
     return RequestOutput(request_id=request_id, finished=True, finish_reason="error",
-                         error=f"engine failed: {fatal!r}")
+                         error=f"engine failed: {fatal!r}", engine_failed=True)
 
 
 @atexit.register

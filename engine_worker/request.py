@@ -153,6 +153,9 @@ class RequestOutput:
     mtp_accepted: int = 0
     cached_tokens: int = 0
     error: str | None = None
+    # True when the request ended because the engine itself failed (not because of anything in
+    # this request): a host should hand it to another engine rather than report it as failed.
+    engine_failed: bool = False
 
     @property
     def usage(self) -> dict[str, int]:

@@ -71,7 +71,14 @@ class JobHost:
         written). Returns the jobs still running afterwards."""
         with self._lock:
             self._closed = True
-            self._lock.wait_for(lambda: not self._held, timeout)
+            # A dead engine finishes nothing: its jobs are handed back at once. Nothing notifies
+            # this lock when the engine dies, hence the short wait slices.
+            deadline = time.monotonic() + timeout
+            while self._held and self.engine.is_running():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._lock.wait(min(left, 0.25))
             return list(self._held)
 
     def stop(self, flush_timeout: float = 10.0) -> None:
@@ -155,7 +162,12 @@ class JobHost:
     # -- internals ----------------------------------------------------------------------------
 
     def _on_outputs(self, outputs: list[RequestOutput]) -> None:
-        self._io.on_outputs(outputs)  # engine thread: enqueue only
+        # Engine thread: enqueue only. A job the engine dropped because the engine itself failed
+        # gets no final: it stays held, and the worker hands it back to the queue (drain returns
+        # at once once the engine is down), so another worker runs it instead of it failing.
+        if any(out.engine_failed for out in outputs):
+            outputs = [out for out in outputs if not out.engine_failed]
+        self._io.on_outputs(outputs)
 
     def _finished(self, job_id: str) -> None:
         with self._lock:

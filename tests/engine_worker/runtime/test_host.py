@@ -207,3 +207,31 @@ def test_stream_interval_folds_deltas_but_never_delays_first_tokens_or_finals(en
             assert now - previous >= 0.29, "a plain delta batch came sooner than the interval"
     first_batch_of = {ft.job_id: n for n, b in enumerate(sink.batches) for ft in b.first_tokens}
     assert set(first_batch_of) == {f"i-{i}" for i in range(len(PROMPTS))}
+
+
+def test_jobs_of_an_engine_that_dies_get_no_final_and_are_handed_back_at_once(engine, tiny_model):
+    _, tokenizer = tiny_model
+    sink = MemorySink()
+    host = make_host(engine, sink)
+    real_step = engine.scheduler.step
+    steps = []
+
+    def failing_step(*args, **kwargs):
+        steps.append(1)
+        if len(steps) > 3:  # a few tokens in, the engine itself breaks (not the request)
+            raise MemoryError("device out of memory")
+        return real_step(*args, **kwargs)
+
+    engine.scheduler.step = failing_step
+    assert host.submit(spec(tokenizer, "doomed", PROMPTS[0], max_tokens=200))
+    deadline = time.time() + 30
+    while engine.is_running() and time.time() < deadline:
+        time.sleep(0.02)
+    assert not engine.is_running()
+    host.flush()
+    started = time.monotonic()
+    remaining = host.drain(timeout=20)
+    assert remaining == ["doomed"] and time.monotonic() - started < 5
+    assert sink.final("doomed") is None  # not reported as failed: it goes back to the queue
+    assert host.hand_back(remaining) == ["doomed"]
+    host.stop()
