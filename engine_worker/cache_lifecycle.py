@@ -5,6 +5,12 @@ Wires :mod:`engine_worker.cache.scheduler_hooks` into the :class:`~engine_worker
 * **mid-prefill saves** (``mid_prefill_save_interval``): after each generator step, a long prompt
   that is still prefilling has its processed prefix stored every ``interval`` tokens. Only
   prompts longer than the interval are tracked, so a step costs nothing extra otherwise;
+* **prompt-only snapshots** (``max_kv_size``): a request whose prompt is longer than the sliding
+  window ends with a cache that cannot be trimmed, so its prompt+output entry only serves the
+  next turn of that exact conversation. Such a request (flagged at admission, by prompt length)
+  has its cache captured once, when the prompt is processed, and stored under the prompt
+  (seed S37): a later prompt extending the prompt with another follow-up hits it. Other requests
+  cost nothing extra per step;
 * **aborts**: a running request taken out of the batch leaves what it had already prefilled
   (and generated) in the cache;
 * **SSD promotion**: a request whose lookup says ``ssd_pending`` waits in the queue, a bounded
@@ -33,12 +39,15 @@ SSD_PENDING = "ssd_pending"
 class CacheLifecycle:
     """Mid-prefill saves, abort stores, SSD waits and the operator view for one scheduler."""
 
-    def __init__(self, seam: PrefixSeam, mid_prefill_save_interval: int) -> None:
+    def __init__(self, seam: PrefixSeam, mid_prefill_save_interval: int, max_kv_size: int = 0) -> None:
         self._seam = seam
         self.backend = seam.backend
         self._saver: Any = None
         self.ssd_wait: Any = None  # SSDWaitPolicy while a cache is active
         self._interval = 0
+        # Prompts at least this long wrap the sliding window (0: no window, or a back end that
+        # cannot store a wrapped window).
+        self._window = max_kv_size if seam.active and getattr(self.backend, "stores_wrapped_windows", False) else 0
         if seam.active:
             from engine_worker.cache.scheduler_hooks import MidPrefillSaver, SSDWaitPolicy
 
@@ -49,6 +58,8 @@ class CacheLifecycle:
         # Running requests whose prompt is long enough for a mid-prefill save and that have not
         # produced a token yet; usually empty, so the per-step check is one truthiness test.
         self._long_prefills: dict[str, Request] = {}
+        # Running requests flagged for a prompt-only snapshot that has not been taken yet.
+        self._prompt_snapshots: dict[str, Request] = {}
 
     # ---- admission ---------------------------------------------------------------------------
 
@@ -67,14 +78,21 @@ class CacheLifecycle:
         return False
 
     def admitted(self, request: Request) -> None:
-        """A request entered the batch: track it for mid-prefill saves if its prompt is long."""
-        if self._saver is not None and len(request.prompt_token_ids) > self._interval:
+        """A request entered the batch: track it for mid-prefill saves if its prompt is long, and
+        for a prompt-only snapshot if its prompt wraps the sliding window."""
+        n = len(request.prompt_token_ids)
+        if self._saver is not None and n > self._interval:
             self._long_prefills[request.request_id] = request
+        if self._window and n >= self._window:
+            self._prompt_snapshots[request.request_id] = request
 
     # ---- after a generator step --------------------------------------------------------------
 
     def after_step(self, runner: Any) -> None:
-        """Store the processed prefix of long prompts still prefilling (every ``interval``)."""
+        """Store the processed prefix of long prompts still prefilling (every ``interval``), and
+        the prompt-only snapshots of flagged requests whose prompt is now processed."""
+        if self._prompt_snapshots:
+            self._snapshot_prompts(runner)
         if not self._long_prefills:
             return
         prefilling = []
@@ -92,6 +110,25 @@ class CacheLifecycle:
         except Exception:  # a failed save only loses a future hit
             logger.exception("mid-prefill save failed")
             self._seam.errors += 1
+
+    def _snapshot_prompts(self, runner: Any) -> None:
+        from engine_worker.cache.scheduler_hooks import store_prompt_snapshot
+
+        extract = getattr(runner, "extract_cache", None)
+        for rid, request in list(self._prompt_snapshots.items()):
+            uid = request.batch_uid
+            if extract is None or request.output_token_ids or uid is None or request.is_finished():
+                del self._prompt_snapshots[rid]  # too late: past its first token, or gone
+                continue
+            try:
+                done = store_prompt_snapshot(self.backend, request.prompt_token_ids,
+                                             extract([uid]).get(uid))
+            except Exception:  # a failed snapshot only loses a future hit
+                logger.exception("prompt-only snapshot failed for %s", rid)
+                self._seam.errors += 1
+                done = False
+            if done is not None:
+                del self._prompt_snapshots[rid]
 
     # ---- leaving the batch -------------------------------------------------------------------
 
@@ -111,6 +148,8 @@ class CacheLifecycle:
         # The saver only knows requests that were tracked as long prefills.
         if self._long_prefills and self._long_prefills.pop(request_id, None) is not None:
             self._saver.forget(request_id)
+        if self._prompt_snapshots:
+            self._prompt_snapshots.pop(request_id, None)
         if self.ssd_wait is not None:
             self.ssd_wait.forget(request_id)
 

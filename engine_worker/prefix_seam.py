@@ -1,5 +1,10 @@
 """The scheduler's side of the prefix-cache seam (see :mod:`engine_worker.cache_protocol`).
 
+A back end that pins what it serves (the paged cache's blocks) may offer
+``fetch_for(request_id, tokens)`` and ``release(request_id)``: the seam then fetches on behalf of
+the request, and the scheduler releases it once, when the request finishes, fails or is aborted
+(:meth:`PrefixSeam.release`), so nothing it was served from is evicted while it runs.
+
 A cache is an optimisation: whatever goes wrong inside a back end, the request runs uncached and
 the error is counted; it never fails a request or the engine.
 """
@@ -32,6 +37,12 @@ class PrefixSeam:
     def __init__(self, backend: PrefixCacheBackend) -> None:
         self.backend = backend
         self.errors = 0
+        # Optional per-request pinning (both or neither).
+        fetch_for = getattr(backend, "fetch_for", None)
+        release = getattr(backend, "release", None)
+        pins = backend.active and callable(fetch_for) and callable(release)
+        self._fetch_for = fetch_for if pins else None
+        self._release = release if pins else None
 
     @property
     def active(self) -> bool:
@@ -40,8 +51,13 @@ class PrefixSeam:
     def lookup(self, request: Request) -> None:
         """Set ``prompt_cache``, ``remaining_tokens``, ``cached_tokens``, ``cache_hit_type``."""
         tokens = request.prompt_token_ids
+        rid = request.request_id
         try:
-            cache, remaining, hit_type = self.backend.fetch(tokens)
+            if self._fetch_for is not None:
+                self._release(rid)  # a request looked up again (SSD wait) holds one set of pins
+                cache, remaining, hit_type = self._fetch_for(rid, tokens)
+            else:
+                cache, remaining, hit_type = self.backend.fetch(tokens)
         except Exception:
             logger.exception("prefix cache lookup failed for %s; running it uncached", request.request_id)
             self.errors += 1
@@ -57,6 +73,7 @@ class PrefixSeam:
             cache, remaining = _reopen_exact_hit(cache, tokens)
         if cache is None:
             remaining = list(tokens)
+            self.release(rid)  # nothing served: nothing to pin
         request.prompt_cache = cache
         request.remaining_tokens = remaining
         request.cached_tokens = len(tokens) - len(remaining)
@@ -68,6 +85,16 @@ class PrefixSeam:
             self.backend.store(tokens, cache)
         except Exception:  # a failed store only loses a future hit
             logger.exception("prefix cache store failed for %s", request_id)
+            self.errors += 1
+
+    def release(self, request_id: str) -> None:
+        """The request finished, failed or was aborted: unpin what it was served from."""
+        if self._release is None:
+            return
+        try:
+            self._release(request_id)
+        except Exception:
+            logger.exception("prefix cache release failed for %s", request_id)
             self.errors += 1
 
     def stats(self) -> dict[str, Any] | None:

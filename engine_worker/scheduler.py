@@ -79,7 +79,8 @@ class Scheduler:
             default_backend(model, self.config) if prefix_cache is None else prefix_cache
         )
         self._cache = PrefixSeam(self.prefix_cache)
-        self._lifecycle = CacheLifecycle(self._cache, self.config.mid_prefill_save_interval)
+        self._lifecycle = CacheLifecycle(self._cache, self.config.mid_prefill_save_interval,
+                                         self.config.max_kv_size)
         self._runner_factory = runner_factory or MlxBatchRunner
         self.runner: BatchRunner | None = None
         self.max_model_len = max_model_len or context_length(model)
@@ -329,15 +330,16 @@ class Scheduler:
         if cache is None and isinstance(request.prompt_cache, tuple):
             cache, all_tokens = request.prompt_cache
         request.prompt_cache = None
-        self._release(rid)
         if cache is not None and all_tokens is not None and self._cache.active:
             self._cache.store(rid, all_tokens, cache)
+        self._release(rid)  # after the store: the blocks it was served from stay pinned till then
         self.counters.num_requests_processed += 1
         self.counters.total_completion_tokens += request.num_output_tokens
 
     def _release(self, rid: str) -> None:
         self.running.pop(rid, None)
         self._lifecycle.forget(rid)
+        self._cache.release(rid)
         self._streams.pop(rid, None)
         uid = self.request_id_to_uid.pop(rid, None)
         if uid is not None:

@@ -11,7 +11,9 @@ exceeds ``bytes_limit``.
 What is stored on finish is prompt + output (multi-turn reuse). A cache that cannot be trimmed
 to a shorter prefix (a sliding-window ``RotatingKVCache`` that wrapped, under ``max_kv_size``) is
 stored whole under exactly the tokens it holds and only serves prompts that extend them (the next
-turn); the scheduler may also store a prompt-only snapshot with :meth:`store`. Recurrent
+turn); the scheduler therefore also stores a prompt-only snapshot of such a request, taken when
+its prompt is processed (``stores_wrapped_windows``; see :mod:`engine_worker.cache_lifecycle`),
+so the same prompt with another follow-up hits too. Recurrent
 (``ArraysCache``) state is not stored.
 """
 
@@ -64,6 +66,8 @@ class MemoryCacheConfig:
 class MemoryAwarePrefixCache:
     name = "memory_aware_cache"
     active = True
+    #: Stores wrapped sliding windows whole: the scheduler takes prompt-only snapshots for it.
+    stores_wrapped_windows = True
 
     def __init__(self, model: Any, config: MemoryCacheConfig | None = None) -> None:
         self.model = model

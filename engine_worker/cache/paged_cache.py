@@ -4,8 +4,9 @@ Only whole blocks are cached, and only blocks inside the first ``len(prompt) - 1
 served, so at least one prompt token is always left to feed. A hit rebuilds a fresh ``KVCache``
 per layer by concatenating the blocks (the blocks themselves are never handed out).
 
-Requests are tracked by id when the caller gives one (:meth:`fetch_cache`, :meth:`store_cache`,
-:meth:`release`): the blocks a running request was served stay referenced, so they cannot be
+Requests are tracked by id when the caller gives one (:meth:`fetch_cache`, :meth:`fetch_for`,
+:meth:`store_cache`, :meth:`release`; the scheduler's seam calls :meth:`fetch_for` at admission
+and :meth:`release` when the request finishes, fails or is aborted): the blocks a running request was served stay referenced, so they cannot be
 evicted under it, until it finishes or is aborted. Through the id-less protocol methods
 (:meth:`fetch`/:meth:`store`) references last only for the duration of the call.
 """
@@ -138,6 +139,11 @@ class BlockAwarePrefixCache:
             if request_id is None:
                 self.release(rid)
         return cache, remaining, str(MatchType.HIT if cache is not None else MatchType.MISS)
+
+    def fetch_for(self, request_id: str, tokens: Sequence[int]) -> tuple[list[Any] | None, list[int], str]:
+        """:meth:`fetch` on behalf of a request: the blocks served stay referenced (never
+        evicted) until :meth:`release` of ``request_id``."""
+        return self.fetch(tokens, request_id=request_id)
 
     def store(self, tokens: Sequence[int], cache_layers: list[Any], request_id: str | None = None) -> None:
         self.store_cache(request_id, tokens, cache_layers)

@@ -12,6 +12,12 @@ Each function is small and engine-thread safe (no disk I/O):
   request still prefilling, it reads ``BatchGenerator.extract_cache([uid])`` (public; works in
   every stage) and stores the processed prefix each time it grew by ``interval`` tokens. Each
   save replaces the previous one (the store drops dominated prefixes).
+* :func:`store_prompt_snapshot` is the seed's prompt-only entry for caches that cannot be trimmed
+  (a ``RotatingKVCache`` whose window wrapped, under ``max_kv_size``): the prompt+output entry
+  stored on finish only serves prompts that extend the *whole* conversation, so the cache is
+  also captured once the prompt is processed (``extract_cache``) and stored under exactly the
+  tokens it covers (the prompt, or the prompt + first generated token). A later prompt that
+  extends the prompt with a different follow-up then hits it.
 * :func:`prefill_segments` cuts a prompt at multiples of ``mid_prefill_save_interval``, for a
   scheduler that prefers ``insert_segments`` + ``end_of_segment`` to polling.
 * :class:`SSDWaitPolicy` lets a request whose lookup said ``ssd_pending`` wait a bounded number
@@ -76,6 +82,40 @@ def store_removed_prefix(
     if not cache_layers:
         return False
     backend.store(list(prompt_tokens) + list(output_tokens), cache_layers)
+    return True
+
+
+def store_prompt_snapshot(
+    backend: PrefixCacheBackend,
+    prompt_tokens: Sequence[int],
+    extracted: tuple[list[Any] | None, Sequence[int]] | None,
+) -> bool | None:
+    """Store a request's cache under its prompt once the prompt is processed, if it cannot be
+    trimmed (otherwise the prompt+output entry stored on finish already serves every prefix).
+
+    ``extracted`` is ``extract_cache([uid])[uid]``: ``(cache_layers, tokens)`` with ``tokens``
+    the tokens the cache holds. Returns None while the prompt is still prefilling (ask again
+    after the next step), True when an entry was offered, False when there is nothing to store
+    (trimmable cache, or a coverage that is neither the prompt nor the prompt + one token).
+    """
+    from mlx_lm.models.cache import can_trim_prompt_cache
+
+    if extracted is None or not extracted[0]:
+        return None  # still queued, without a cache yet
+    layers, tokens = extracted
+    n = len(prompt_tokens)
+    covered = int(getattr(layers[0], "offset", 0))
+    if covered < n:
+        return None
+    if can_trim_prompt_cache(layers):
+        return False
+    if covered == n:
+        key = list(prompt_tokens)
+    elif covered == n + 1 and len(tokens) == n + 1:  # the first generated token is already fed
+        key = [*prompt_tokens, int(tokens[n])]
+    else:
+        return False
+    backend.store(key, layers)
     return True
 
 

@@ -139,9 +139,12 @@ class EntryStore:
                 self._entries.move_to_end(entry.key)
                 return []
             dropped: list[Entry] = []
-            if evict_prefixes:
+            if evict_prefixes and entry.snap.trimmable:
                 # A stored proper prefix of the new key is dominated by it: drop it now rather
-                # than let it take budget until LRU gets to it. It is not spilled to disk.
+                # than let it take budget until LRU gets to it. It is not spilled to disk. A
+                # wrapped sliding window (not trimmable) serves only prompts extending it whole,
+                # so it dominates nothing: e.g. the prompt-only snapshot stays next to the
+                # prompt+output entry of the same request.
                 for key in self._index.prefixes_of(entry.tokens):
                     self._drop(key)
             self._entries[entry.key] = entry
