@@ -22,7 +22,8 @@ with ``OPENBLAS_NUM_THREADS=1``: OpenBLAS threads spin while they wait, and on 2
 with daphne, Redis and Postgres a second one costs the service several times its CPU time.
 
 Database: ``BENCH_DATABASE_URL`` (default: a ``service_bench`` database on the local PostgreSQL,
-created if missing). Redis: ``BENCH_REDIS_URL`` (default DB 11 of the local Redis; flushed).
+created if missing). daphne runs with ``DB_POOL=1`` (psycopg's connection pool) when
+``psycopg_pool`` is importable, as ``scripts/run.sh`` does; ``BENCH_DB_POOL=0|1`` forces it. Redis: ``BENCH_REDIS_URL`` (default DB 11 of the local Redis; flushed).
 
     python bench/service_bench.py [--model PATH] [--concurrency 32] [--max-tokens 128] [--repeats 2]
 
@@ -126,9 +127,12 @@ class Service:
         self._manage("migrate", "--noinput")
         key = self._manage("create_api_user", "bench", "--quiet").strip().splitlines()[-1]
         py = sys.executable
+        # daphne borrows database connections from psycopg's pool (DB_POOL, as deployed) when
+        # psycopg[pool] is installed; the worker keeps its persistent connections.
         self._spawn("daphne", [py, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.port),
-                               "inference_service.asgi:application"])
-        self._spawn("worker", [py, "manage.py", "run_engine_worker", "--worker-id", "bench", "--loglevel", "WARNING"])
+                               "inference_service.asgi:application"], {"DB_POOL": _db_pool()})
+        self._spawn("worker", [py, "manage.py", "run_engine_worker", "--worker-id", "bench", "--loglevel", "WARNING"],
+                    {"DB_POOL": "0"})
         r = redis.Redis.from_url(self.env["REDIS_URL"])
         deadline = time.monotonic() + 300
         while not (r.exists("engine:workers:bench") and _port_open(self.port)):
@@ -141,9 +145,10 @@ class Service:
         return subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=self.env, check=True,
                               capture_output=True, text=True).stdout
 
-    def _spawn(self, name: str, argv: list[str]) -> None:
+    def _spawn(self, name: str, argv: list[str], extra_env: dict[str, str] | None = None) -> None:
         log = (self.log_dir / f"service-bench-{name}.log").open("wb")
-        self.procs.append(subprocess.Popen(argv, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT))
+        env = {**self.env, **(extra_env or {})}
+        self.procs.append(subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT))
 
     def cpu_seconds(self) -> dict[str, float]:
         """CPU time (user + system) each service process has used so far (Linux /proc)."""
@@ -162,6 +167,17 @@ class Service:
                 p.wait(60)
             except subprocess.TimeoutExpired:
                 p.kill()
+
+
+def _db_pool() -> str:
+    """DB_POOL for daphne: BENCH_DB_POOL if set, else on when psycopg_pool is importable."""
+    if os.environ.get("BENCH_DB_POOL"):
+        return os.environ["BENCH_DB_POOL"]
+    try:
+        import psycopg_pool  # noqa: F401
+    except ImportError:
+        return "0"
+    return "1"
 
 
 def _postgres_bench_db() -> str:
@@ -236,7 +252,7 @@ def main() -> None:
     faulthandler.register(signal.SIGUSR1)  # `kill -USR1 <pid>` prints where a slow run is
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # still stop the services on SIGTERM
 
-    model_path = ensure_default_model(args.model)
+    model_path = ensure_default_model(args.model).resolve()  # the worker subprocess gets MODEL_PATH
     model, tokenizer = load_model(model_path)
     engine = EngineCore(model, tokenizer, EngineConfig.from_env())
     engine.start()
@@ -255,7 +271,9 @@ def main() -> None:
         texts, prompt_ids = [pool[i] for i in chosen], [ids[i] for i in chosen]
 
         key = service.start()
-        asyncio.run(_with_pool(service_round(args.port, key, texts[:2], 8)))  # warm-up
+        # Warm-up with all the prompts (8 tokens each): the engine side is warm from the probe
+        # (its prefix cache holds these prompts), so the worker gets the same start.
+        asyncio.run(_with_pool(service_round(args.port, key, texts, 8)))
         engine_runs, service_runs = [], []
         for _ in range(args.repeats):
             engine_runs.append(asyncio.run(engine_round(engine, prompt_ids, args.max_tokens)))

@@ -82,6 +82,19 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
         transaction_mode="IMMEDIATE",
         init_command="PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
     )
+if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql" and env_bool("DB_POOL", False):
+    # For the web process (daphne): Django runs each sync view on a thread of its own, so
+    # CONN_MAX_AGE cannot keep connections; without a pool every request opens one (a PostgreSQL
+    # backend start: ~8 ms of server CPU, the largest single cost of a POST /api/v1/jobs). With
+    # psycopg's pool (needs psycopg[pool]) a request borrows an open connection and returns it.
+    # Long-running processes (the engine worker) keep persistent connections instead: leave
+    # DB_POOL off for them (Django refuses a pool together with CONN_MAX_AGE != 0).
+    DATABASES["default"]["CONN_MAX_AGE"] = 0
+    DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
+        "min_size": env_int("DB_POOL_MIN_SIZE", 2, minimum=0),
+        "max_size": env_int("DB_POOL_MAX_SIZE", 20, minimum=1),
+        "timeout": env_float("DB_POOL_TIMEOUT_S", 10.0, minimum=0.1),
+    }
 # Lets concurrent test runs against one server use separate test databases.
 if env_str("TEST_DATABASE_NAME", ""):
     DATABASES["default"]["TEST"] = {"NAME": env_str("TEST_DATABASE_NAME", "")}

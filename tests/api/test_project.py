@@ -77,6 +77,40 @@ def test_database_url_and_redis_url_switch_backends():
     assert "postgresql" in result.stdout and "redis://cache:6379/2" in result.stdout
 
 
+def test_db_pool_is_opt_in_and_only_for_postgresql():
+    pooled = "s.DATABASES['default']['OPTIONS'].get('pool'), s.DATABASES['default']['CONN_MAX_AGE']"
+    result = _settings_in_subprocess(
+        {"DATABASE_URL": "postgres://u@db:5432/prod", "DB_POOL": "1", "DB_CONN_MAX_AGE": "60",
+         "DB_POOL_MAX_SIZE": "7"}, pooled
+    )
+    assert result.returncode == 0, result.stderr
+    # A pool excludes persistent connections (Django refuses both): CONN_MAX_AGE is forced to 0.
+    assert "'max_size': 7" in result.stdout and result.stdout.strip().endswith(" 0")
+    off = _settings_in_subprocess({"DATABASE_URL": "postgres://u@db:5432/prod"}, pooled)
+    assert off.returncode == 0 and off.stdout.startswith("None ")
+    sqlite = _settings_in_subprocess({"DB_POOL": "1"}, "s.DATABASES['default'].get('OPTIONS', {}).get('pool')")
+    assert sqlite.returncode == 0 and sqlite.stdout.strip() == "None"
+
+
+def test_db_pool_serves_queries_against_postgresql():
+    pytest.importorskip("psycopg_pool")
+    url = os.environ.get("DATABASE_URL", "")
+    if not url.startswith("postgres"):
+        pytest.skip("needs DATABASE_URL on PostgreSQL")
+    environment = {**os.environ, "DATABASE_URL": url.rsplit("/", 1)[0] + "/postgres", "DB_POOL": "1",
+                   "DJANGO_SETTINGS_MODULE": "inference_service.settings"}
+    code = (
+        "import django; django.setup(); from django.db import connection as c\n"
+        "for _ in range(6):\n"
+        "    c.cursor().execute('SELECT 1'); c.close()\n"
+        "stats = c.pool.get_stats()\n"
+        "print(stats['requests_num'] == 6, stats['connections_num'] < 6)"
+    )
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=environment, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "True True"
+
+
 def test_a_bad_setting_stops_start_up():
     result = _settings_in_subprocess({"MAX_TOKENS_CAP": "lots"}, "1")
     assert result.returncode != 0 and "MAX_TOKENS_CAP" in result.stderr
