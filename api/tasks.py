@@ -3,17 +3,19 @@
 ``run_job`` runs on engine workers (queue ``engine``, a non-forking pool). It claims the job and
 hands it to the in-process engine, then returns: the message is acknowledged (``acks_late``) only
 after the claim is committed, and a duplicate delivery finds the job already claimed and does
-nothing. ``reconcile_jobs`` and ``expire_jobs`` run on the light worker under beat.
+nothing. ``reconcile_jobs``, ``expire_jobs`` and ``rollup_usage`` run on the light worker under beat.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 
 from celery import shared_task
 from django.conf import settings
+from django.utils import timezone
 
-from api.services import job_lifecycle
+from api.services import job_lifecycle, quotas
 from api.streaming import worker
 from api.streaming.config import redispatch_after_s
 
@@ -78,3 +80,14 @@ def expire_jobs() -> int:
     if expired:
         logger.info("expired %s queued jobs", expired)
     return expired
+
+
+@shared_task(name="api.tasks.rollup_usage", ignore_result=True)
+def rollup_usage() -> int:
+    """Refresh today's per-key UsageRecord rows from the engine's token counts on the jobs; in the
+    first hour of a UTC day also yesterday's, so jobs that finished after midnight are counted."""
+    now = timezone.now()
+    rows = quotas.usage_rollup(day=now.date())
+    if now.hour == 0:
+        rows += quotas.usage_rollup(day=now.date() - dt.timedelta(days=1))
+    return rows

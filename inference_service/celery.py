@@ -15,5 +15,7 @@ app.conf.beat_schedule = {
     # Re-dispatches queued jobs nobody holds and running jobs whose lease expired.
     "reconcile-jobs": {"task": "api.tasks.reconcile_jobs", "schedule": 10.0},
     "expire-jobs": {"task": "api.tasks.expire_jobs", "schedule": 60.0},
+    # Keeps the admin's per-key, per-day usage table current (it is recomputed, so idempotent).
+    "rollup-usage": {"task": "api.tasks.rollup_usage", "schedule": 300.0},
 }
 app.autodiscover_tasks()

@@ -131,7 +131,11 @@ def test_celery_routes_jobs_to_the_engine_queue_and_schedules_reconciliation():
     assert app.main == "inference_service"
     assert app.conf.task_routes["api.tasks.run_job"] == {"queue": "engine"}
     schedule = {entry["task"]: entry["schedule"] for entry in app.conf.beat_schedule.values()}
-    assert schedule == {"api.tasks.reconcile_jobs": 10.0, "api.tasks.expire_jobs": 60.0}
+    assert schedule == {
+        "api.tasks.reconcile_jobs": 10.0,
+        "api.tasks.expire_jobs": 60.0,
+        "api.tasks.rollup_usage": 300.0,
+    }
 
 
 @pytest.mark.django_db

@@ -114,3 +114,12 @@ def test_usage_rollup_sums_engine_counts_per_key_and_day_idempotently(api_key):
     record = UsageRecord.objects.get(api_key=api_key, day=today)
     assert (record.requests, record.prompt_tokens, record.cached_tokens, record.completion_tokens) == (3, 15, 4, 21)
     assert UsageRecord.objects.count() == 2
+
+
+def test_the_beat_usage_task_fills_todays_usage_records(api_key):
+    from api.tasks import rollup_usage
+
+    make_job(api_key=api_key, status=JobStatus.COMPLETED, prompt_tokens=7, completion_tokens=9)
+    assert rollup_usage() >= 1
+    record = UsageRecord.objects.get(api_key=api_key, day=timezone.now().date())
+    assert (record.requests, record.prompt_tokens, record.completion_tokens) == (1, 7, 9)
