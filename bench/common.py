@@ -140,5 +140,10 @@ def environment() -> dict:
     return info
 
 
-def dump_json_line(obj: dict) -> None:
-    print(json.dumps(obj, sort_keys=False, default=str), flush=True)
+def dump_json_line(obj: dict, out: str | None = None) -> None:
+    """Print ``obj`` as the bench's last line, and append it to the JSONL file ``out`` if given."""
+    line = json.dumps(obj, sort_keys=False, default=str)
+    print(line, flush=True)
+    if out:
+        with open(out, "a", encoding="utf-8") as fh:
+            fh.write(line + "\n")

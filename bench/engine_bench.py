@@ -33,7 +33,6 @@ import asyncio
 import dataclasses
 import gc
 import importlib
-import json
 import sys
 import time
 import traceback
@@ -382,10 +381,7 @@ def main(argv=None):
     for key in ("engine_over_raw_c8", "engine_over_raw_c32"):
         result.setdefault(key, None)
     result["peak_memory_bytes"] = mx.get_peak_memory()
-    dump_json_line(result)
-    if args.out:
-        with open(args.out, "a", encoding="utf-8") as fh:
-            fh.write(json.dumps(result, default=str) + "\n")
+    dump_json_line(result, args.out)
 
 
 if __name__ == "__main__":

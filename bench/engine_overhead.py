@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import sys
 import time
 from pathlib import Path
@@ -149,10 +148,7 @@ def main(argv=None):
     t = time.perf_counter()
     asyncio.run(run())
     result["wall_s"] = round(time.perf_counter() - t, 2)
-    dump_json_line(result)
-    if args.out:
-        with open(args.out, "a", encoding="utf-8") as fh:
-            fh.write(json.dumps(result, default=str) + "\n")
+    dump_json_line(result, args.out)
 
 
 if __name__ == "__main__":
