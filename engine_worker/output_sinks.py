@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import threading
 
-from engine_worker.request import RequestOutput
+from engine_worker.request import RequestOutput, replace_new
 
 
 def merge_outputs(outputs: list[RequestOutput]) -> RequestOutput:
@@ -14,9 +13,8 @@ def merge_outputs(outputs: list[RequestOutput]) -> RequestOutput:
     new_ids: list[int] = []
     for out in outputs:
         new_ids += out.new_token_ids
-    return dataclasses.replace(
-        outputs[-1], new_token_ids=new_ids, new_text="".join(out.new_text for out in outputs)
-    )
+    # replace_new, not dataclasses.replace: the totals stay lazy snapshots (see step_output).
+    return replace_new(outputs[-1], new_ids, "".join(out.new_text for out in outputs))
 
 
 class AsyncCollector:

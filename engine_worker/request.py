@@ -7,6 +7,10 @@ written against vllm-mlx constructs these unchanged:
   per request; ``ignore_eos`` makes a request run to ``max_tokens`` (benchmarks).
 * ``RequestStatus.FINISHED_ERROR``: a request that failed alone (``finish_reason="error"``).
 * ``RequestOutput.cached_tokens`` and ``error``; ``usage`` reports ``cached_tokens``.
+
+The scheduler builds one output per request per step, so an output's ``output_token_ids`` and
+``output_text`` (everything generated so far) are snapshots taken lazily (:func:`step_output`):
+copying them on every step costs O(n) per token, O(n²) per request.
 """
 
 from __future__ import annotations
@@ -16,6 +20,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+__all__ = ["OutputText", "Request", "RequestOutput", "RequestStatus", "SamplingParams", "replace_new",
+           "step_output"]
 
 
 class RequestStatus(enum.IntEnum):
@@ -76,9 +83,68 @@ class SamplingParams:
         return self.temperature <= 0.0
 
 
+class OutputText:
+    """A request's generated text as append-only pieces, joined only when read.
+
+    A reader of the first ``n`` pieces gets the same string whatever was appended since, which is
+    what lets an output snapshot the text as ``(this, n)`` in O(1).
+    """
+
+    __slots__ = ("_parts", "_joined")
+
+    def __init__(self, text: str = "") -> None:
+        self._parts: list[str] = [text] if text else []
+        # (pieces joined, their join) in one reference: a reader on another thread (an output
+        # materialized on the asyncio thread) never sees a count from one join and text from another.
+        self._joined: tuple[int, str] = (len(self._parts), text)
+
+    def __len__(self) -> int:
+        """The number of pieces (not characters)."""
+        return len(self._parts)
+
+    def append(self, piece: str) -> None:
+        self._parts.append(piece)
+
+    def join(self, n: int | None = None) -> str:
+        """The first ``n`` pieces (all by default) as one string; the longest join is cached, so
+        reading after every append costs only the new pieces plus one string copy."""
+        parts = self._parts
+        if n is None:
+            n = len(parts)
+        done, text = self._joined
+        if n == done:
+            return text
+        if n < done:  # an old snapshot read late
+            return "".join(parts[:n])
+        text += "".join(parts[done:n])
+        self._joined = (n, text)
+        return text
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return OutputText, (self.join(),)
+
+
+class _OutputTextField:
+    """``Request.output_text``: reads as a str; assigning a str starts a new :class:`OutputText`
+    (outputs that snapshot the old one keep it). A descriptor-typed dataclass field, so the
+    constructor argument, ``repr``, ``==`` and ``asdict`` see a plain str."""
+
+    def __get__(self, request: Request | None, owner: type | None = None) -> str:
+        if request is None:
+            return ""  # the dataclass default
+        return request._text.join()
+
+    def __set__(self, request: Request, value: str) -> None:
+        request._text = OutputText(value)
+
+
 @dataclass
 class Request:
-    """One generation request as the scheduler tracks it."""
+    """One generation request as the scheduler tracks it.
+
+    ``output_token_ids`` only grows while the request runs (outputs keep ``(list, length)``
+    snapshots of it); replace it rather than mutating it in place.
+    """
 
     request_id: str
     prompt: str | list[int]
@@ -90,7 +156,7 @@ class Request:
     num_prompt_tokens: int = 0
     status: RequestStatus = RequestStatus.WAITING
     output_token_ids: list[int] = field(default_factory=list)
-    output_text: str = ""
+    output_text: str = _OutputTextField()  # type: ignore[assignment]
     batch_uid: int | None = None
     prompt_cache: Any = None
     cached_tokens: int = 0
@@ -128,6 +194,10 @@ class Request:
     def append_output_token(self, token_id: int) -> None:
         self.output_token_ids.append(token_id)
 
+    def append_output_text(self, piece: str) -> None:
+        """Add text to ``output_text`` in O(len(piece)) (``+=`` would copy all of it)."""
+        self._text.append(piece)
+
     def set_finished(self, status: RequestStatus, reason: str | None = None) -> None:
         self.status = status
         self.finish_reason = reason or RequestStatus.get_finish_reason(status)
@@ -136,15 +206,25 @@ class Request:
         return (self.priority, self.arrival_time) < (other.priority, other.arrival_time)
 
 
+_LAZY = "_lazy_snapshot"  # (token list, its length, OutputText, its piece count) of a step_output
+
+
 @dataclass
 class RequestOutput:
-    """What one step produced for one request. Lists are snapshots, never live references."""
+    """What one step produced for one request. Lists are snapshots, never live references.
+
+    An output from :func:`step_output` builds ``output_token_ids`` and ``output_text`` on their
+    first read (then caches them); equality, ``repr``, pickling, copying and ``asdict`` see the
+    same values as for an output constructed with them.
+    """
 
     request_id: str
     new_token_ids: list[int] = field(default_factory=list)
     new_text: str = ""
     output_token_ids: list[int] = field(default_factory=list)
-    output_text: str = ""
+    # A factory, not ``= ""``: a plain default would stay a class attribute and hide
+    # __getattr__'s lazy snapshot.
+    output_text: str = field(default_factory=str)
     finished: bool = False
     finish_reason: str | None = None
     prompt_tokens: int = 0
@@ -165,3 +245,66 @@ class RequestOutput:
             "total_tokens": self.prompt_tokens + self.completion_tokens,
             "cached_tokens": self.cached_tokens,
         }
+
+    def __getattr__(self, name: str) -> Any:
+        # Only reached when normal lookup fails, i.e. for a step_output's snapshot fields before
+        # their first read. setdefault: two threads reading at once end up with the same object.
+        d = self.__dict__
+        lazy = d.get(_LAZY)
+        if lazy is not None:
+            if name == "output_token_ids":
+                return d.setdefault(name, lazy[0][: lazy[1]])
+            if name == "output_text":
+                return d.setdefault(name, lazy[2].join(lazy[3]))
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Pickle and copy carry the values, not the request's whole live list and text.
+        d = self.__dict__
+        if _LAZY not in d:
+            return d
+        state = {k: v for k, v in d.items() if k != _LAZY}
+        state["output_token_ids"] = self.output_token_ids
+        state["output_text"] = self.output_text
+        return state
+
+
+def step_output(request: Request, new_token_ids: list[int], new_text: str, finish_reason: str | None) -> RequestOutput:
+    """What this step produced for ``request``, in O(1) (the scheduler's per-token path).
+
+    Equal to ``RequestOutput(request.request_id, new_token_ids, new_text,
+    list(request.output_token_ids), request.output_text, finish_reason is not None, finish_reason,
+    request.num_prompt_tokens, request.num_output_tokens, cached_tokens=request.cached_tokens)``,
+    but the two running totals are snapshots taken as (append-only source, current length) and
+    copied only if someone reads them.
+    """
+    tokens = request.output_token_ids
+    text = request._text
+    n = len(tokens)
+    out = object.__new__(RequestOutput)
+    # Always this order (the dataclass's, less the two snapshots): CPython then shares one key
+    # table among these instances, which makes building one about a third cheaper.
+    out.request_id = request.request_id
+    out.new_token_ids = new_token_ids
+    out.new_text = new_text
+    out.finished = finish_reason is not None
+    out.finish_reason = finish_reason
+    out.prompt_tokens = request.num_prompt_tokens
+    out.completion_tokens = n
+    out.mtp_drafts = 0
+    out.mtp_accepted = 0
+    out.cached_tokens = request.cached_tokens
+    out.error = None
+    out.engine_failed = False
+    setattr(out, _LAZY, (tokens, n, text, len(text)))
+    return out
+
+
+def replace_new(out: RequestOutput, new_token_ids: list[int], new_text: str) -> RequestOutput:
+    """``dataclasses.replace(out, new_token_ids=..., new_text=...)`` that keeps a lazy snapshot
+    lazy (``replace`` reads every field, which would copy the totals)."""
+    merged = object.__new__(type(out))
+    merged.__dict__.update(out.__dict__)
+    merged.new_token_ids = new_token_ids
+    merged.new_text = new_text
+    return merged

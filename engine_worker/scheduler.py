@@ -27,7 +27,7 @@ from engine_worker.errors import DuplicateRequest, RequestError
 from engine_worker.generator import BatchRunner, MlxBatchRunner
 from engine_worker.loader import context_length, vocab_size
 from engine_worker.prefix_seam import PrefixSeam, default_backend
-from engine_worker.request import Request, RequestOutput, RequestStatus
+from engine_worker.request import Request, RequestOutput, RequestStatus, step_output
 from engine_worker.sampling import SamplingFactory, eos_token_ids
 from engine_worker.stats import SchedulerCounters, mtp_status, request_rows
 from engine_worker.text_stream import TextStream
@@ -264,7 +264,8 @@ class Scheduler:
         return out
 
     def _process_responses(self, responses: Any, outputs: list[RequestOutput]) -> None:
-        # The per-token hot path: one dict lookup per response, no per-step rebuilds.
+        # The per-token hot path: one dict lookup per response, no per-step rebuilds, nothing
+        # O(output length): tokens and text are appended, and step_output snapshots them in O(1).
         now = time.time()
         live = self._live_by_uid
         append = outputs.append
@@ -292,13 +293,10 @@ class Scheduler:
                 elif reason == "length":
                     text += stream.finish()
             if text:
-                request.output_text += text
+                request.append_output_text(text)
             if reason is not None:
                 self._finish(request, reason, r.prompt_cache, r.all_tokens)
-            append(RequestOutput(
-                request.request_id, new_ids, text, tokens[:], request.output_text, reason is not None,
-                reason, request.num_prompt_tokens, len(tokens), 0, 0, request.cached_tokens,
-            ))
+            append(step_output(request, new_ids, text, reason))
 
     def _processor_guard(self, request: Request) -> Any:
         if not request.sampling_params.logits_processors:
@@ -347,17 +345,11 @@ class Scheduler:
             self._live_by_uid.pop(uid, None)
 
     def _final_output(self, request: Request) -> RequestOutput:
-        return RequestOutput(
-            request_id=request.request_id,
-            output_token_ids=list(request.output_token_ids),
-            output_text=request.output_text,
-            finished=True,
-            finish_reason=request.finish_reason,
-            prompt_tokens=request.num_prompt_tokens,
-            completion_tokens=request.num_output_tokens,
-            cached_tokens=request.cached_tokens,
-            error=request.error,
-        )
+        """The output of a request that ended outside a generator step (error, abort)."""
+        out = step_output(request, [], "", request.finish_reason)
+        out.finished = True
+        out.error = request.error
+        return out
 
     def _fail(self, request: Request, message: str) -> None:
         """Finish one request with an error; its output goes out with the next step."""
