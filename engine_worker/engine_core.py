@@ -36,6 +36,7 @@ from engine_worker.async_engine import AsyncEngineCore  # re-exported: the seed'
 from engine_worker.cache_protocol import PrefixCacheBackend
 from engine_worker.config import EngineConfig, SchedulerConfig, SchedulingPolicy
 from engine_worker.errors import DuplicateRequest, EngineClosed, EngineFatalError
+from engine_worker.heap import freeze_startup_heap
 from engine_worker.memory import apply_memory_fraction
 from engine_worker.output_sinks import AsyncCollector, SyncWaiter
 from engine_worker.ownership import ModelInUse, acquire_model, release_model
@@ -110,6 +111,7 @@ class EngineCore(AsyncRequestAPI):
 
     def start(self) -> _Done:
         """Start the engine thread (idempotent). Returns an awaitable, for the seed's ``await``."""
+        freeze_startup_heap()  # the first start in a process: model and tokenizer are loaded by now
         while True:
             with self._cond:
                 if self._closed:

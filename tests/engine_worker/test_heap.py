@@ -1,0 +1,32 @@
+"""The start-up heap is frozen out of the garbage collector's scans once per process."""
+
+from __future__ import annotations
+
+import gc
+
+from engine_worker import engine_core, heap
+
+
+def test_the_first_freeze_moves_live_objects_out_of_gc_scans_and_later_calls_do_nothing(monkeypatch):
+    monkeypatch.setattr(heap, "_frozen", False)
+    gc.unfreeze()
+    try:
+        assert heap.freeze_startup_heap() is True
+        frozen = gc.get_freeze_count()
+        assert frozen > 0
+        assert heap.freeze_startup_heap() is False
+        assert gc.get_freeze_count() == frozen
+    finally:
+        gc.freeze()  # leave the process frozen, as the first engine start left it
+
+
+def test_starting_an_engine_freezes_the_heap(monkeypatch, tiny_model):
+    calls = []
+    monkeypatch.setattr(engine_core, "freeze_startup_heap", lambda: calls.append(1))
+    model, tokenizer = tiny_model
+    engine = engine_core.EngineCore(model, tokenizer)
+    try:
+        engine.start()
+        assert calls == [1]
+    finally:
+        engine.close()
