@@ -233,8 +233,35 @@ def summarize(runs, expected_tokens):
         # much less disturbed than wall time by other processes on a shared machine
         "tok_per_cpu_s_median": round(median([r["tokens"] / r["cpu_s"] for r in runs if r.get("cpu_s")]), 2),
         "tokens_per_run": runs[0]["tokens"] if runs else None,
+        "gc_ms_runs": [r.get("gc_ms") for r in runs],
+        "gc_full_collections": sum(r.get("gc_full", 0) for r in runs),
         "all_tokens_generated": all(r["tokens"] == expected_tokens for r in runs),
     }
+
+
+class GcPauses:
+    """Time the garbage collector takes during a run, on any thread (a collection holds the GIL,
+    so it stalls the generator's Python either way). Full (gen-2) collections rescan the heap."""
+
+    def __init__(self):
+        self.ms = 0.0
+        self.full = 0
+        self._t = 0.0
+        gc.callbacks.append(self._callback)
+
+    def _callback(self, phase, info):
+        if phase == "start":
+            self._t = time.perf_counter()
+        else:
+            self.ms += (time.perf_counter() - self._t) * 1e3
+            self.full += info["generation"] == 2
+
+    def reset(self):
+        self.ms, self.full = 0.0, 0
+
+    def into(self, run):
+        run["gc_ms"], run["gc_full"] = round(self.ms, 2), self.full
+        return run
 
 
 def main(argv=None):
@@ -279,6 +306,7 @@ def main(argv=None):
     print(f"# model {model_path}: {n_params / 1e6:.1f}M params {result['dtype']}, "
           f"device {result['env']['device']}, blas {result['env']['blas'].get('loaded')}", flush=True)
 
+    pauses = GcPauses()
     classes = None
     if not args.skip_engine:
         try:
@@ -309,15 +337,18 @@ def main(argv=None):
                 await run_engine(engine, classes, prompts, args.warmup_tokens, f"w{c}")
             for rep in range(args.repeats):
                 gc.collect()
-                r = run_raw(model, prompts, args.max_tokens, cbs, pbs, pss)
+                pauses.reset()
+                r = pauses.into(run_raw(model, prompts, args.max_tokens, cbs, pbs, pss))
                 raw_runs.append(r)
                 msg = f"# c={c} rep={rep} raw {r['tok_s']:.1f} tok/s"
                 if engine is not None:
                     gc.collect()
-                    e = await run_engine(engine, classes, prompts, args.max_tokens, f"c{c}r{rep}")
+                    pauses.reset()
+                    e = pauses.into(await run_engine(engine, classes, prompts, args.max_tokens, f"c{c}r{rep}"))
                     eng_runs.append(e)
                     msg += (f" | engine {e['tok_s']:.1f} tok/s ({e['tok_s'] / r['tok_s']:.3f})"
-                            f" | cpu s raw {r['cpu_s']:.2f} engine {e['cpu_s']:.2f}")
+                            f" | cpu s raw {r['cpu_s']:.2f} engine {e['cpu_s']:.2f}"
+                            f" | gc ms raw {r['gc_ms']:.1f} engine {e['gc_ms']:.1f}")
                     if e["errors"]:
                         msg += f" errors: {e['errors'][:3]}"
                 print(msg, flush=True)
