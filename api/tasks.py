@@ -1,9 +1,10 @@
 """Celery tasks.
 
-``run_job`` runs on engine workers (queue ``engine``, a non-forking pool). It claims the job and
-hands it to the in-process engine, then returns: the message is acknowledged (``acks_late``) only
-after the claim is committed, and a duplicate delivery finds the job already claimed and does
-nothing. ``reconcile_jobs``, ``expire_jobs`` and ``rollup_usage`` run on the light worker under beat.
+``run_job`` runs on engine workers (queue ``engine``, a non-forking pool). It hands the job id to
+the worker's admission thread, which claims what has arrived in one UPDATE and starts it in the
+in-process engine (api/streaming/admission.py). A duplicate delivery finds the job already
+claimed and does nothing; a job whose message was acknowledged but never claimed (the worker
+died in between) is still queued in the database, and the reconciler sends it again. ``reconcile_jobs``, ``expire_jobs`` and ``rollup_usage`` run on the light worker under beat.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ ENGINE_QUEUE = "engine"
 
 @shared_task(name="api.tasks.run_job", acks_late=True, ignore_result=True)
 def run_job(job_id: str) -> bool:
-    """Admit ``job_id`` into this worker's engine. True if this delivery started it."""
+    """Hand ``job_id`` to this worker's admission. False when this process has no engine or is
+    stopping (the job is then left to, or sent back to, the queue)."""
     service = worker.current()
     if service is None:
         # Not an engine worker (misrouted): leave the job queued; the reconciler re-dispatches it.

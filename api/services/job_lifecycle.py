@@ -17,6 +17,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from django.db import transaction
 from django.db.models import Case, F, PositiveIntegerField, Q, TextField, Value, When
 from django.utils import timezone
 
@@ -41,18 +42,32 @@ def job_claim(*, job_id: str, worker_id: str, lease_s: float) -> Job | None:
     """queued → in_progress for ``worker_id``, unless cancellation was requested. Clears the
     output of any earlier attempt. Returns the claimed job, or None if someone else has it, it was
     cancelled, or it is finished."""
+    claimed = jobs_claim(job_ids=[job_id], worker_id=worker_id, lease_s=lease_s)
+    return claimed[0] if claimed else None
+
+
+def jobs_claim(*, job_ids: list[str], worker_id: str, lease_s: float) -> list[Job]:
+    """:func:`job_claim` for several jobs in one UPDATE (a worker admits a burst in a few round
+    trips, not two per job). Returns the jobs this call claimed, in the order of ``job_ids``."""
+    if not job_ids:
+        return []
     now = timezone.now()
-    claimed = Job.objects.filter(id=job_id, status=JobStatus.QUEUED, cancel_requested=False).update(
-        status=JobStatus.IN_PROGRESS,
-        worker_id=worker_id,
-        lease_expires_at=now + dt.timedelta(seconds=lease_s),
-        started_at=now,
-        first_token_at=None,
-        output_text="",
-        last_seq=0,
-        completion_tokens=0,
-    )
-    return Job.objects.filter(id=job_id).first() if claimed else None
+    with transaction.atomic():
+        claimed = Job.objects.filter(id__in=job_ids, status=JobStatus.QUEUED, cancel_requested=False).update(
+            status=JobStatus.IN_PROGRESS,
+            worker_id=worker_id,
+            lease_expires_at=now + dt.timedelta(seconds=lease_s),
+            started_at=now,
+            first_token_at=None,
+            output_text="",
+            last_seq=0,
+            completion_tokens=0,
+        )
+        if not claimed:
+            return []
+        # The rows this UPDATE changed, and only those: they stay locked until the commit.
+        rows = {str(job.id): job for job in Job.objects.filter(id__in=job_ids, worker_id=worker_id, started_at=now)}
+    return [rows[str(job_id)] for job_id in dict.fromkeys(job_ids) if str(job_id) in rows]
 
 
 def job_spec(job: Job) -> JobSpec:

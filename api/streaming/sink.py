@@ -144,7 +144,18 @@ def stream_reset(*, redis_client: redis.Redis, sender: GroupSender | None, job_i
     """Start a job's stream afresh for a new attempt (the previous worker died or handed it
     back): delete the old entries and tell live clients to discard what they have. A first
     attempt has no stream, and then this costs one DEL. Returns whether there was one."""
-    existed = bool(redis_client.delete(job_stream_key(job_id)))
+    return bool(streams_reset(redis_client=redis_client, sender=sender, job_ids=[job_id]))
+
+
+def streams_reset(*, redis_client: redis.Redis, sender: GroupSender | None, job_ids: list[str]) -> list[str]:
+    """:func:`stream_reset` for several jobs in one Redis round trip; returns the ids that had a
+    stream (their live clients were told to reset)."""
+    if not job_ids:
+        return []
+    pipe = redis_client.pipeline(transaction=False)
+    for job_id in job_ids:
+        pipe.delete(job_stream_key(job_id))
+    existed = [job_id for job_id, deleted in zip(job_ids, pipe.execute(), strict=True) if deleted]
     if existed and sender is not None:
-        sender.send([(job_group_name(job_id), {"type": messages.EVENT_RESET})])
+        sender.send([(job_group_name(job_id), {"type": messages.EVENT_RESET}) for job_id in existed])
     return existed

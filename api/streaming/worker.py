@@ -8,9 +8,10 @@ It owns the :class:`JobHost` (engine thread + I/O thread), and two threads of it
 * cancel listener: the ``engine:cancel`` pub/sub channel, so a cancel reaches the engine within
   a second.
 
-``run_job`` calls :meth:`admit`, which claims the job with a conditional UPDATE and hands it to
-the engine without waiting for it to run: one Celery consumer admits any number of jobs into the
-engine's continuous batch.
+``run_job`` calls :meth:`admit`, which hands the job id to the admission thread
+(admission.py) and returns: that thread claims whatever has arrived with one conditional UPDATE
+and hands the jobs to the engine without waiting for them to run, so one Celery consumer admits
+any number of jobs into the engine's continuous batch.
 """
 
 from __future__ import annotations
@@ -27,9 +28,10 @@ from django.db import DatabaseError, close_old_connections
 
 from api.keys import CANCEL_CHANNEL, WORKER_HEARTBEAT_TTL_S, worker_heartbeat_key
 from api.services import job_lifecycle
+from api.streaming.admission import AdmissionThread
 from api.streaming.config import WorkerConfig
 from api.streaming.fanout import GroupSender
-from api.streaming.sink import stream_reset
+from api.streaming.sink import streams_reset
 from engine_worker.protocol import to_dict
 from engine_worker.runtime import JobHost
 
@@ -59,6 +61,7 @@ class EngineWorkerService:
         self._sender = sender
         self._dispatch = dispatch
         self._stop = threading.Event()
+        self._admission = AdmissionThread(self._admit_batch)
         self._threads = [
             threading.Thread(target=self._heartbeat_loop, name="worker-heartbeat", daemon=True),
             threading.Thread(target=self._cancel_loop, name="worker-cancel", daemon=True),
@@ -70,6 +73,7 @@ class EngineWorkerService:
 
     def start(self) -> None:
         self.host.start()
+        self._admission.start()
         self._beat()  # visible to /health and the dashboard before the first job arrives
         for thread in self._threads:
             thread.start()
@@ -77,21 +81,33 @@ class EngineWorkerService:
     # -- jobs ---------------------------------------------------------------------------------
 
     def admit(self, job_id: str) -> bool:
-        """Claim ``job_id`` and start it in the engine. False when the job is not claimable
-        (a duplicate delivery, already running elsewhere, cancelled, finished)."""
-        job = job_lifecycle.job_claim(job_id=job_id, worker_id=self.worker_id, lease_s=self.config.lease_s)
-        if job is None:
-            logger.info("job %s not claimable by %s; delivery ignored", job_id, self.worker_id)
-            return False
+        """Queue ``job_id`` for admission (see admission.py). False when this worker is stopping:
+        the job is then sent back to the queue for another worker."""
+        if self._admission.put(job_id):
+            return True
+        self._redispatch([job_id])
+        return False
+
+    def _admit_batch(self, job_ids: list[str]) -> None:
+        """Claim the jobs (those not claimable are duplicates, cancelled or finished: ignored) and
+        start them in the engine."""
         try:
-            stream_reset(redis_client=self._redis, sender=self._sender, job_id=job_id)
+            jobs = job_lifecycle.jobs_claim(job_ids=job_ids, worker_id=self.worker_id, lease_s=self.config.lease_s)
+        except DatabaseError:
+            # They stay queued in the database; the reconciler sends them again.
+            logger.warning("could not claim %s jobs", len(job_ids), exc_info=True)
+            close_old_connections()
+            return
+        if len(jobs) < len(job_ids):
+            logger.info("%s of %s deliveries not claimable by %s; ignored",
+                        len(job_ids) - len(jobs), len(job_ids), self.worker_id)
+        try:
+            streams_reset(redis_client=self._redis, sender=self._sender, job_ids=[str(job.id) for job in jobs])
         except redis.RedisError:
-            logger.warning("could not reset the stream of job %s", job_id, exc_info=True)
-        if not self.host.submit(job_lifecycle.job_spec(job)):
-            # Draining: give it straight back so another worker takes it.
-            self._hand_back([job_id])
-            return False
-        return True
+            logger.warning("could not reset the streams of %s jobs", len(jobs), exc_info=True)
+        refused = [str(job.id) for job in jobs if not self.host.submit(job_lifecycle.job_spec(job))]
+        if refused:  # draining: give them straight back so another worker takes them
+            self._hand_back(refused)
 
     def cancel(self, job_id: str) -> bool:
         return self.host.cancel(job_id)
@@ -102,6 +118,7 @@ class EngineWorkerService:
         """Let running jobs finish for up to ``drain_s`` seconds, hand the rest back to the queue
         (and re-dispatch them), flush outputs and stop the threads. Returns the handed-back ids.
         The engine itself is stopped by the caller."""
+        self._redispatch(self._admission.stop(self.config.heartbeat_s + 5.0))
         remaining = self.host.drain(self.config.drain_s)
         if remaining:
             logger.info("handing back %s unfinished jobs", len(remaining))
@@ -118,16 +135,21 @@ class EngineWorkerService:
             self._sender.close()
         return handed_back
 
+    def _redispatch(self, job_ids: list[str]) -> None:
+        """Send still-queued jobs (never claimed here) back to the broker for another worker."""
+        for job_id in job_ids:
+            try:
+                self._dispatch(job_id)
+            except Exception:  # any broker failure: the job is queued in the DB, the reconciler sends it
+                logger.warning("could not re-dispatch job %s; the reconciler will", job_id, exc_info=True)
+
     def _hand_back(self, job_ids: list[str]) -> list[str]:
         released = self.host.hand_back(job_ids) if job_ids else []
         for job_id in set(job_ids):
             if job_lifecycle.job_requeue(
                 job_id=job_id, worker_id=self.worker_id, redispatch_after_s=self.config.redispatch_after_s
             ):
-                try:
-                    self._dispatch(job_id)
-                except Exception:  # any broker failure: the job is queued in the DB, the reconciler sends it
-                    logger.warning("could not re-dispatch job %s; the reconciler will", job_id, exc_info=True)
+                self._redispatch([job_id])
         return released
 
     # -- heartbeat ----------------------------------------------------------------------------

@@ -149,3 +149,18 @@ def test_progress_of_several_running_jobs_is_written_in_one_update():
     assert (a.output_text, a.last_seq, a.completion_tokens) == ("Once", 1, 1)
     assert (b.output_text, b.last_seq, b.completion_tokens) == ("Hello there", 3, 4)
     assert other.output_text == ""
+
+
+def test_a_batch_claim_takes_only_claimable_jobs_in_the_order_given():
+    a, b, c = make_job(), make_job(), make_job()
+    cancelled, running = make_job(cancel_requested=True), make_job()
+    assert lc.job_claim(job_id=str(running.id), worker_id="other", lease_s=30) is not None
+    ids = [str(c.id), str(cancelled.id), str(a.id), str(running.id), str(b.id), str(a.id)]
+    claimed = lc.jobs_claim(job_ids=ids, worker_id="w1", lease_s=30)
+    assert [str(job.id) for job in claimed] == [str(c.id), str(a.id), str(b.id)]
+    assert all(job.status == JobStatus.IN_PROGRESS and job.worker_id == "w1" for job in claimed)
+    running.refresh_from_db()
+    assert running.worker_id == "other"
+    # A second delivery of the same batch claims nothing.
+    assert lc.jobs_claim(job_ids=ids, worker_id="w2", lease_s=30) == []
+    assert lc.jobs_claim(job_ids=[], worker_id="w2", lease_s=30) == []

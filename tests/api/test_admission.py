@@ -1,0 +1,77 @@
+"""The engine worker's admission thread: ids handed over by run_job are claimed in batches."""
+
+from __future__ import annotations
+
+import threading
+
+from api.streaming.admission import AdmissionThread
+
+
+def test_ids_waiting_together_are_admitted_in_one_batch_in_arrival_order():
+    batches: list[list[str]] = []
+    done = threading.Event()
+
+    def admit(batch: list[str]) -> None:
+        batches.append(batch)
+        if sum(map(len, batches)) == 5:
+            done.set()
+
+    admission = AdmissionThread(admit)
+    for i in range(5):  # all queued before the thread runs: one batch
+        assert admission.put(f"job-{i}")
+    admission.start()
+    assert done.wait(5)
+    assert batches == [[f"job-{i}" for i in range(5)]]
+    assert admission.stop(5) == []
+
+
+def test_batches_are_capped_and_a_failing_batch_does_not_stop_the_thread():
+    batches: list[list[str]] = []
+    done = threading.Event()
+
+    def admit(batch: list[str]) -> None:
+        batches.append(batch)
+        if len(batches) == 1:
+            raise RuntimeError("database down")
+        if sum(map(len, batches)) == 7:
+            done.set()
+
+    admission = AdmissionThread(admit, max_batch=3)
+    for i in range(7):
+        admission.put(str(i))
+    admission.start()
+    assert done.wait(5)
+    assert batches == [["0", "1", "2"], ["3", "4", "5"], ["6"]]
+    admission.stop(5)
+
+
+def test_stop_finishes_what_was_queued_and_refuses_new_ids():
+    started, release = threading.Event(), threading.Event()
+    batches: list[list[str]] = []
+
+    def admit(batch: list[str]) -> None:
+        batches.append(batch)
+        started.set()
+        release.wait(5)
+
+    admission = AdmissionThread(admit)
+    admission.start()
+    admission.put("a")
+    assert started.wait(5)
+    admission.put("b")  # waits behind the batch in progress
+    admission.put("c")
+    stopper = threading.Thread(target=lambda: left.extend(admission.stop(5)))
+    left: list[str] = []
+    stopper.start()
+    release.set()
+    stopper.join(10)
+    # Ids queued before the stop are still admitted (the stop marker is behind them).
+    assert batches == [["a"], ["b", "c"]] and left == []
+    assert admission.put("d") is False
+
+
+def test_a_thread_that_never_ran_hands_every_id_back():
+    admission = AdmissionThread(lambda batch: None)
+    admission.put("x")
+    admission.put("y")
+    assert admission.stop(0.1) == ["x", "y"]
