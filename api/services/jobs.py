@@ -126,8 +126,9 @@ def job_create(
                 priority=priority,
                 idempotency_key=idempotency_key,
                 request_fingerprint=request.fingerprint(),
+                dispatch_count=1,  # sent on commit; job_dispatch takes it back if the send fails
             )
-            transaction.on_commit(partial(job_dispatch, job_id=str(job.id)))
+            transaction.on_commit(partial(job_dispatch, job_id=str(job.id), counted=True))
     except IntegrityError:
         # Two requests with the same Idempotency-Key raced; the other one inserted first.
         if idempotency_key is None:
@@ -168,17 +169,23 @@ def _tokenize(request: JobRequest) -> tuple[list[int], str]:
     return tokenizer.encode_prompt(request.prompt or ""), "prompt"
 
 
-def job_dispatch(*, job_id: str) -> bool:
+def job_dispatch(*, job_id: str, counted: bool = False) -> bool:
     """Send a job id to the engine queue. Never raises: if the broker is down the job stays queued
-    in the DB and the reconciler dispatches it later. Returns whether the message was sent."""
+    in the DB and the reconciler dispatches it later. Returns whether the message was sent.
+
+    ``counted``: the row's ``dispatch_count`` already includes this send (job_create writes 1 in
+    its INSERT, saving an UPDATE per submission); it is taken back if the send fails."""
     try:
         from api.tasks import run_job  # lazy: keeps Celery's import graph out of web start-up
 
         run_job.delay(job_id)
     except Exception:  # noqa: BLE001 - any broker/import failure; the DB row is the truth
         logger.warning("Dispatch of job %s failed; the reconciler will retry", job_id, exc_info=True)
+        if counted:
+            Job.objects.filter(id=job_id, dispatch_count__gt=0).update(dispatch_count=F("dispatch_count") - 1)
         return False
-    Job.objects.filter(id=job_id).update(dispatch_count=F("dispatch_count") + 1)
+    if not counted:
+        Job.objects.filter(id=job_id).update(dispatch_count=F("dispatch_count") + 1)
     return True
 
 

@@ -1,0 +1,56 @@
+"""The embedded default database (SQLite, what ``make run`` uses) runs the raw SQL of the hot
+submission path correctly. The rest of the suite runs on PostgreSQL, so this runs a real
+submission sequence in a subprocess with ``DATABASE_URL`` pointing at a fresh SQLite file."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+SCRIPT = """
+import json
+from django.contrib.auth.models import User
+from django.utils import timezone
+from api.errors import QuotaExceeded
+from api.selectors.jobs import job_queue_position
+from api.services.api_keys import api_key_create
+from api.services.jobs import JobRequest, job_create
+from api.services.quotas import _key_usage
+
+user = User.objects.create(username="sqlite")
+key, _ = api_key_create(owner=user, max_concurrent_jobs=3, tokens_per_day=10**6)
+jobs = [job_create(owner=user, api_key=key, request=JobRequest(prompt="hello world", max_tokens=7))[0]
+        for _ in range(3)]
+try:
+    job_create(owner=user, api_key=key, request=JobRequest(prompt="hello world", max_tokens=7))
+    refused = None
+except QuotaExceeded as exc:
+    refused = exc.code
+active, tokens = _key_usage(api_key=key, now=timezone.now())
+print(json.dumps({
+    "positions": [job_queue_position(job=job) for job in jobs],
+    "active": active, "tokens": tokens, "prompt_len": len(jobs[0].prompt_token_ids), "refused": refused,
+}))
+"""
+
+
+def test_quota_usage_and_queue_position_on_sqlite(tmp_path, tiny_model_path):
+    env = {**os.environ, "DATABASE_URL": f"sqlite:///{tmp_path / 'db.sqlite3'}", "MODEL_PATH": str(tiny_model_path),
+           "DJANGO_SETTINGS_MODULE": "inference_service.settings"}
+    env.pop("TEST_DATABASE_NAME", None)
+    run = lambda *args: subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=env,  # noqa: E731
+                                       capture_output=True, text=True, timeout=120)
+    assert run("migrate", "--noinput").returncode == 0
+    out = run("shell", "-c", SCRIPT)
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    # Positions count only the jobs ahead (a text/datetime mismatch made a job count itself).
+    assert result["positions"] == [0, 1, 2]
+    assert result["active"] == 3
+    assert result["tokens"] == 3 * (result["prompt_len"] + 7)
+    assert result["refused"] == "concurrent_jobs_exceeded"
