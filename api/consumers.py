@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -44,7 +45,11 @@ class JobStreamConsumer(AsyncWebsocketConsumer):
 
     async def connect(self) -> None:
         await self.accept()  # custom close codes need an accepted socket
-        if not await self._authenticate():
+        job_id = str(self.scope["url_route"]["kwargs"]["job_id"])
+        try:
+            self.api_key, owns = await _authorize_job(_raw_key(self.scope), job_id)
+        except AuthenticationFailed as exc:
+            await self._unauthorized(exc)
             return
         query = parse_qs(self.scope.get("query_string", b"").decode())
         try:
@@ -54,8 +59,7 @@ class JobStreamConsumer(AsyncWebsocketConsumer):
         except ValueError:
             await self._error("'after' must be a non-negative integer.", code="invalid_after", param="after")
             return
-        job_id = str(self.scope["url_route"]["kwargs"]["job_id"])
-        if not await _owns_job(self.api_key, job_id):
+        if not owns:
             await self._error("No such job.", code="not_found", close_code=CLOSE_NOT_FOUND)
             return
         await self.stream_job(job_id, after)
@@ -98,12 +102,14 @@ class JobStreamConsumer(AsyncWebsocketConsumer):
 
     async def _authenticate(self) -> bool:
         try:
-            self.api_key = await database_sync_to_async(authenticate_api_key)(_raw_key(self.scope))
+            self.api_key = await _db(authenticate_api_key)(_raw_key(self.scope))
         except AuthenticationFailed as exc:
-            await self._error(exc.message, code=exc.code, close_code=CLOSE_UNAUTHORIZED,
-                              error_type=exc.error_type)
+            await self._unauthorized(exc)
             return False
         return True
+
+    async def _unauthorized(self, exc: AuthenticationFailed) -> None:
+        await self._error(exc.message, code=exc.code, close_code=CLOSE_UNAUTHORIZED, error_type=exc.error_type)
 
     async def _error(self, message: str, *, code: str, param: str | None = None,
                      close_code: int = CLOSE_BAD_REQUEST, error_type: str = "invalid_request_error") -> None:
@@ -151,15 +157,25 @@ def _raw_key(scope: dict[str, Any]) -> str | None:
     return query.get("api_key", [None])[0]
 
 
-@database_sync_to_async
-def _owns_job(api_key: ApiKey | None, job_id: str) -> bool:
+def _db(func: Callable[..., Any]) -> Callable[..., Any]:
+    """Run ``func`` (ORM code) off the event loop on a thread of its own. Channels' default
+    (thread_sensitive) runs every consumer's DB call of the process on one shared thread, so a
+    burst of connections queued there one after another."""
+    return database_sync_to_async(func, thread_sensitive=False)
+
+
+@_db
+def _authorize_job(raw_key: str | None, job_id: str) -> tuple[ApiKey, bool]:
+    """The caller's key (or AuthenticationFailed) and whether the job is theirs: one thread hop."""
+    api_key = authenticate_api_key(raw_key)
     try:
-        return api_key is not None and Job.objects.filter(id=job_id, owner_id=api_key.owner_id).exists()
+        owns = Job.objects.filter(id=job_id, owner_id=api_key.owner_id).exists()
     except ValueError:  # not a UUID; the URL pattern normally prevents this
-        return False
+        owns = False
+    return api_key, owns
 
 
-@database_sync_to_async
+@_db
 def _create_job(api_key: ApiKey, body: Any) -> Job:
     from api.serializers import JobCreateSerializer
     from api.services.jobs import JobRequest, job_create
