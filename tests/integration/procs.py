@@ -75,8 +75,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_daphne(env: dict[str, str], port: int, log_dir: Path) -> Proc:
-    argv = [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "inference_service.asgi:application"]
+def start_daphne(env: dict[str, str], port: int, log_dir: Path, processes: int | None = None) -> Proc:
+    """daphne alone, or with ``processes`` the multi-process launcher (inference_service.serve_web)."""
+    if processes is None:
+        argv = [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "inference_service.asgi:application"]
+    else:
+        argv = [sys.executable, "-m", "inference_service.serve_web", "-b", "127.0.0.1", "-p", str(port),
+                "--processes", str(processes)]
     return Proc("daphne", argv, env, log_dir)
 
 

@@ -22,9 +22,11 @@ PROMPTS = ["Once upon a time", "The quick brown fox", "def main():", "In the beg
 
 @pytest.fixture
 def stack(workers, service_env, tmp_path):
-    """daphne on a free port and one engine worker; returns the port."""
+    """Two daphne processes on a free port (as scripts/run.sh serves) and one engine worker;
+    returns the port. Streams then cross processes: the worker's messages reach whichever
+    process holds the socket through the Redis channel layer."""
     port = free_port()
-    daphne = start_daphne(service_env, port, tmp_path)
+    daphne = start_daphne(service_env, port, tmp_path, processes=2)
     workers.start("w-e2e")
 
     def up() -> bool:

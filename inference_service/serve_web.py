@@ -1,0 +1,113 @@
+"""Run several daphne processes on one listening socket.
+
+daphne serves one process: Django's sync views and the Channels consumers share one GIL, so a
+burst of submissions queues behind itself however many cores are free. This launcher binds the
+socket once and starts ``--processes`` daphne children on it (``daphne --fd``); the kernel hands
+each new connection to whichever child accepts first. A child that dies is restarted (after a
+short pause, so a crash loop does not spin); SIGTERM/SIGINT stop all of them.
+
+    python -m inference_service.serve_web -b 127.0.0.1 -p 8000 --processes 2
+
+WebSockets need no affinity: a socket lives in the child that accepted it, and the Redis channel
+layer delivers a job's messages to whichever child holds its group members.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+logger = logging.getLogger("serve_web")
+
+ASGI_APP = "inference_service.asgi:application"
+RESTART_PAUSE_S = 1.0
+STOP_TIMEOUT_S = 30.0
+
+
+def default_processes() -> int:
+    """``WEB_PROCESSES`` if set, else one per core up to 4 (the engine worker needs cores too)."""
+    raw = os.environ.get("WEB_PROCESSES", "").strip()
+    if raw:
+        value = int(raw)
+        if value < 1:
+            raise ValueError("WEB_PROCESSES must be at least 1")
+        return value
+    return max(1, min(4, os.cpu_count() or 1))
+
+
+def bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(1024)
+    sock.set_inheritable(True)
+    return sock
+
+
+class Supervisor:
+    def __init__(self, sock: socket.socket, processes: int, daphne_args: list[str]) -> None:
+        self._sock = sock
+        self._argv = [sys.executable, "-m", "daphne", "--fd", str(sock.fileno()), *daphne_args, ASGI_APP]
+        self._children: list[subprocess.Popen | None] = [None] * processes
+        self._stopping = False
+
+    def _spawn(self, slot: int) -> None:
+        self._children[slot] = subprocess.Popen(self._argv, pass_fds=(self._sock.fileno(),))
+        logger.info("daphne %s started (pid %s)", slot, self._children[slot].pid)
+
+    def stop(self, *_: object) -> None:
+        self._stopping = True
+
+    def run(self) -> int:
+        for slot in range(len(self._children)):
+            self._spawn(slot)
+        while not self._stopping:
+            for slot, child in enumerate(self._children):
+                if child is not None and child.poll() is not None and not self._stopping:
+                    logger.warning("daphne %s exited with %s; restarting", slot, child.returncode)
+                    time.sleep(RESTART_PAUSE_S)
+                    self._spawn(slot)
+            time.sleep(0.2)
+        return self._terminate()
+
+    def _terminate(self) -> int:
+        live = [c for c in self._children if c is not None and c.poll() is None]
+        for child in live:
+            child.terminate()
+        deadline = time.monotonic() + STOP_TIMEOUT_S
+        for child in live:
+            try:
+                child.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
+        return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("-b", "--bind", default="127.0.0.1")
+    parser.add_argument("-p", "--port", type=int, default=8000)
+    parser.add_argument("--processes", type=int, default=None, help="daphne processes (default: WEB_PROCESSES or cores, max 4)")
+    args, daphne_args = parser.parse_known_args(argv)
+    processes = args.processes if args.processes is not None else default_processes()
+    if processes < 1:
+        parser.error("--processes must be at least 1")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    sock = bind(args.bind, args.port)
+    supervisor = Supervisor(sock, processes, daphne_args)
+    signal.signal(signal.SIGTERM, supervisor.stop)
+    signal.signal(signal.SIGINT, supervisor.stop)
+    logger.info("listening on %s:%s with %s daphne processes", args.bind, args.port, processes)
+    return supervisor.run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
