@@ -196,7 +196,7 @@ class Request:
 
     def append_output_text(self, piece: str) -> None:
         """Add text to ``output_text`` in O(len(piece)) (``+=`` would copy all of it)."""
-        self._text.append(piece)
+        self._text._parts.append(piece)  # OutputText.append inlined: this runs for every token
 
     def set_finished(self, status: RequestStatus, reason: str | None = None) -> None:
         self.status = status
@@ -296,7 +296,7 @@ def step_output(request: Request, new_token_ids: list[int], new_text: str, finis
     out.cached_tokens = request.cached_tokens
     out.error = None
     out.engine_failed = False
-    setattr(out, _LAZY, (tokens, n, text, len(text)))
+    setattr(out, _LAZY, (tokens, n, text, len(text._parts)))
     return out
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 import random
 
 from engine_worker.detokenizer import ByteLevelDetokenizer, MlxDetokenizer, detokenizer_factory
@@ -65,3 +66,28 @@ def test_other_tokenizers_fall_back_to_mlx_lm_detokenizers(tiny_model):
 
     detok = detokenizer_factory(Custom())()
     assert isinstance(detok, MlxDetokenizer) and detok.add(5) == "5"
+
+
+def _incremental_reference(table: list[bytes], tokens: list[int]) -> list[str]:
+    decode = codecs.getincrementaldecoder("utf-8")("replace").decode
+    return [decode(table[t]) for t in tokens] + [decode(b"", True)]
+
+
+def test_pieces_equal_the_incremental_utf8_decoder_for_any_bytes_valid_or_not():
+    # Whole characters, lone lead and continuation bytes, invalid bytes, and multi-byte
+    # characters split at every point, in random order.
+    rng = random.Random(3)
+    chars = ["a", "é", "日", "😀", "\u0100"]
+    table = [b" a"] + [b"x" + c.encode() for c in chars] + [b"\xff", b"\x80", b"\xc3", b"\xe6\x97", b"\xf0\x9f\x98"]
+    for c in chars:
+        data = c.encode()
+        table += [data[:i] for i in range(1, len(data))] + [data[i:] for i in range(1, len(data))]
+    for _ in range(500):
+        tokens = [rng.randrange(len(table)) for _ in range(rng.randrange(1, 12))]
+        detok = ByteLevelDetokenizer(table)
+        pieces = [detok.add(t) for t in tokens] + [detok.finish()]
+        reference = _incremental_reference(table, tokens)
+        first = next((i for i, piece in enumerate(reference) if piece), None)
+        if first is not None and reference[first].startswith(" "):
+            reference[first] = reference[first][1:]
+        assert pieces == reference, tokens
