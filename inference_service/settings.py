@@ -108,7 +108,14 @@ CHANNEL_LAYERS = {
         # redis-py 8 defaults every socket to a 5 s timeout, the same as channels_redis's blocking
         # wait for a consumer's next message (BZPOPMIN 5 s): a WebSocket quiet for 5 s then died
         # with "Timeout reading". The socket must outlive the wait.
-        "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": 30}]},
+        # capacity: channels_redis bounds each channel's queue, and the consumers of one daphne
+        # process share ONE queue (process-local channels), so the default of 100 was the backlog
+        # of a whole process: 32 streams falling three steps behind dropped messages, finals
+        # included, and clients waited 1-2 s for the relay's idle check to recover them.
+        "CONFIG": {
+            "hosts": [{"address": REDIS_URL, "socket_timeout": 30}],
+            "capacity": env_int("CHANNEL_LAYER_CAPACITY", 10_000, minimum=100),
+        },
     }
 }
 

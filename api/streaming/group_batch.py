@@ -68,7 +68,7 @@ async def group_send_many(layer: Any, events: list[tuple[str, dict[str, Any]]]) 
             *scores, int(layer.expiry), int(now) - int(layer.expiry),
         )
         if over:
-            logger.info("%s of %s channel messages over capacity (the relay fills them in from the stream)",
+            logger.warning("%s of %s channel messages over capacity (the relay fills them in from the stream)",
                         over, len(items))
 
 
