@@ -102,7 +102,7 @@ async def engine_round(engine: EngineCore, prompts: list[list[int]], max_tokens:
 class Service:
     """daphne + one engine worker as subprocesses on a fresh DB/Redis."""
 
-    def __init__(self, model: Path, port: int, log_dir: Path) -> None:
+    def __init__(self, model: Path, port: int, log_dir: Path, web_processes: int = 1) -> None:
         self.port = port
         self.log_dir = log_dir
         self.env = dict(os.environ)
@@ -119,6 +119,7 @@ class Service:
         if os.environ.get("BENCH_SERVICE_OPENBLAS_THREADS"):
             self.env["OPENBLAS_NUM_THREADS"] = os.environ["BENCH_SERVICE_OPENBLAS_THREADS"]
         self.procs: list[subprocess.Popen] = []
+        self.web_processes = web_processes
 
     def start(self) -> str:
         import redis
@@ -129,8 +130,8 @@ class Service:
         py = sys.executable
         # daphne borrows database connections from psycopg's pool (DB_POOL, as deployed) when
         # psycopg[pool] is installed; the worker keeps its persistent connections.
-        self._spawn("daphne", [py, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.port),
-                               "inference_service.asgi:application"], {"DB_POOL": _db_pool()})
+        self._spawn("daphne", [py, "-m", "inference_service.serve_web", "-b", "127.0.0.1", "-p", str(self.port),
+                               "--processes", str(self.web_processes)], {"DB_POOL": _db_pool()})
         self._spawn("worker", [py, "manage.py", "run_engine_worker", "--worker-id", "bench", "--loglevel", "WARNING"],
                     {"DB_POOL": "0"})
         r = redis.Redis.from_url(self.env["REDIS_URL"])
@@ -155,8 +156,9 @@ class Service:
         tick = os.sysconf("SC_CLK_TCK")
         out = {}
         for name, proc in zip(("daphne", "worker"), self.procs, strict=False):
-            fields = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-            out[name] = (int(fields[11]) + int(fields[12])) / tick
+            # The web launcher's CPU is its daphne children's.
+            pids = [proc.pid, *_children(proc.pid)] if name == "daphne" else [proc.pid]
+            out[name] = sum(_cpu_ticks(pid) for pid in pids) / tick
         return out
 
     def stop(self) -> None:
@@ -167,6 +169,21 @@ class Service:
                 p.wait(60)
             except subprocess.TimeoutExpired:
                 p.kill()
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+def _cpu_ticks(pid: int) -> int:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0
+    return int(fields[11]) + int(fields[12])
 
 
 def _db_pool() -> str:
@@ -212,15 +229,21 @@ async def service_round(port: int, key: str, prompts: list[str], max_tokens: int
     ttft: list[float] = []
     tokens: list[int] = []
     post: list[float] = []
+    ws_open: list[float] = []
+    # One client thread per request: every POST is in flight at once, as from 32 separate users
+    # (the loop's default executor has only cpu_count + 4 threads and would queue them here).
+    clients = ThreadPoolExecutor(max_workers=len(prompts), thread_name_prefix="bench-post")
 
     async def one(prompt: str) -> None:
         t0 = time.perf_counter()
         body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0}
-        job_id = await loop.run_in_executor(None, _post_job, port, key, body)
+        job_id = await loop.run_in_executor(clients, _post_job, port, key, body)
         post.append(time.perf_counter() - t0)
         first = None
         url = f"ws://127.0.0.1:{port}/ws/v1/jobs/{job_id}/?api_key={key}"
+        t_open = time.perf_counter()
         async with websockets.connect(url, open_timeout=120) as ws:
+            ws_open.append(time.perf_counter() - t_open)
             async for raw in ws:
                 msg = json.loads(raw)
                 if msg["type"] == "delta" and first is None:
@@ -233,9 +256,13 @@ async def service_round(port: int, key: str, prompts: list[str], max_tokens: int
         ttft.append(first or 0.0)
 
     t0 = time.perf_counter()
-    await asyncio.gather(*(one(p) for p in prompts))
+    try:
+        await asyncio.gather(*(one(p) for p in prompts))
+    finally:
+        clients.shutdown(wait=False)
     wall = time.perf_counter() - t0
-    return {"tok_s": sum(tokens) / wall, "ttft_s": ttft, "tokens": tokens, "wall_s": wall, "post_s": post}
+    return {"tok_s": sum(tokens) / wall, "ttft_s": ttft, "tokens": tokens, "wall_s": wall, "post_s": post,
+            "ws_open_s": ws_open}
 
 
 # --------------------------------------------------------------------------------------- main
@@ -248,6 +275,8 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--port", type=int, default=18765)
+    parser.add_argument("--out", default=None, help="also append the final JSON line to this file")
+    parser.add_argument("--web-processes", type=int, default=1, help="daphne processes (inference_service.serve_web)")
     args = parser.parse_args()
     faulthandler.register(signal.SIGUSR1)  # `kill -USR1 <pid>` prints where a slow run is
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # still stop the services on SIGTERM
@@ -258,7 +287,7 @@ def main() -> None:
     engine.start()
     log_dir = ROOT / "var" / "log"
     log_dir.mkdir(parents=True, exist_ok=True)
-    service = Service(model_path, args.port, log_dir)
+    service = Service(model_path, args.port, log_dir, web_processes=args.web_processes)
     try:
         # Prompts whose greedy continuation is never cut short by EOS (see the docstring).
         pool = candidate_prompts(tokenizer, args.concurrency * 4)
@@ -290,7 +319,7 @@ def main() -> None:
         engine.close()
 
     result = _report(engine_runs, service_runs, args, model_path)
-    dump_json_line(result)
+    dump_json_line(result, args.out)
 
 
 async def _probe(engine: EngineCore, prompts: list[list[int]], max_tokens: int) -> list[int]:
@@ -315,8 +344,8 @@ def _report(engine_runs: list[dict], service_runs: list[dict], args, model_path:
                 "ttft_ms_p50": round(1000 * percentile(ttft, 50), 1),
                 "ttft_ms_p90": round(1000 * percentile(ttft, 90), 1),
                 "tokens_per_run": sum(runs[0]["tokens"]),
-                **({"post_ms_p50": round(1000 * percentile([t for r in runs for t in r["post_s"]], 50), 1)}
-                   if "post_s" in runs[0] else {}),
+                **{f"{name}_ms_p50": round(1000 * percentile([t for r in runs for t in r[f"{name}_s"]], 50), 1)
+                   for name in ("post", "ws_open") if f"{name}_s" in runs[0]},
                 "runs_tok_s": [round(r["tok_s"], 1) for r in runs]}
 
     eng, svc = summary(engine_runs), summary(service_runs)
@@ -326,6 +355,7 @@ def _report(engine_runs: list[dict], service_runs: list[dict], args, model_path:
         "concurrency": args.concurrency,
         "max_tokens": args.max_tokens,
         "repeats": args.repeats,
+        "web_processes": args.web_processes,
         "engine": eng,
         "service": svc,
         "service_over_engine": round(svc["tok_s"] / eng["tok_s"], 3),
