@@ -89,7 +89,9 @@ def test_sigterm_drains_briefly_hands_back_the_rest_and_exits_cleanly(workers, r
     leaving = workers.start("w-leaving", WORKER_DRAIN_S="0.5")
     short_id = queue_job("Dear diary,", max_tokens=8)
     wait_status(short_id, (JobStatus.COMPLETED,))
-    long_id = queue_job("Once upon a time", max_tokens=800)
+    # Long enough to outlast the shutdown on an idle machine (the tiny model makes ~500 tokens/s
+    # alone, and Celery's warm shutdown alone takes ~1.5 s).
+    long_id = queue_job("Once upon a time", max_tokens=3000)
     wait_for(lambda: redis_db.xlen(job_stream_key(long_id)) >= 3, 120, "the long job to stream")
     started = time.monotonic()
     assert leaving.stop(timeout=60) == 0, leaving.log_tail()
@@ -100,4 +102,4 @@ def test_sigterm_drains_briefly_hands_back_the_rest_and_exits_cleanly(workers, r
     # It was re-dispatched on the way out: the next worker takes it without the reconciler.
     workers.start("w-taking-over")
     done = wait_status(long_id, (JobStatus.COMPLETED,))
-    assert (done.worker_id, done.completion_tokens) == ("w-taking-over", 800)
+    assert (done.worker_id, done.completion_tokens) == ("w-taking-over", 3000)
