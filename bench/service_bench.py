@@ -230,14 +230,11 @@ async def service_round(port: int, key: str, prompts: list[str], max_tokens: int
     tokens: list[int] = []
     post: list[float] = []
     ws_open: list[float] = []
-    # One client thread per request: every POST is in flight at once, as from 32 separate users
-    # (the loop's default executor has only cpu_count + 4 threads and would queue them here).
-    clients = ThreadPoolExecutor(max_workers=len(prompts), thread_name_prefix="bench-post")
 
     async def one(prompt: str) -> None:
         t0 = time.perf_counter()
         body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0}
-        job_id = await loop.run_in_executor(clients, _post_job, port, key, body)
+        job_id = await loop.run_in_executor(None, _post_job, port, key, body)
         post.append(time.perf_counter() - t0)
         first = None
         url = f"ws://127.0.0.1:{port}/ws/v1/jobs/{job_id}/?api_key={key}"
@@ -256,13 +253,40 @@ async def service_round(port: int, key: str, prompts: list[str], max_tokens: int
         ttft.append(first or 0.0)
 
     t0 = time.perf_counter()
-    try:
-        await asyncio.gather(*(one(p) for p in prompts))
-    finally:
-        clients.shutdown(wait=False)
+    await asyncio.gather(*(one(p) for p in prompts))
     wall = time.perf_counter() - t0
     return {"tok_s": sum(tokens) / wall, "ttft_s": ttft, "tokens": tokens, "wall_s": wall, "post_s": post,
             "ws_open_s": ws_open}
+
+
+async def ws_submit_round(port: int, key: str, prompts: list[str], max_tokens: int) -> dict:
+    """The same jobs submitted over ``/ws/v1/generate`` (submit and stream on one socket, no
+    HTTP request cycle). TTFT = start of the WebSocket connect -> first delta."""
+    import websockets
+
+    ttft: list[float] = []
+    tokens: list[int] = []
+
+    async def one(prompt: str) -> None:
+        t0 = time.perf_counter()
+        first = None
+        async with websockets.connect(f"ws://127.0.0.1:{port}/ws/v1/generate?api_key={key}", open_timeout=120) as ws:
+            await ws.send(json.dumps({"prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0}))
+            async for raw in ws:
+                msg = json.loads(raw)
+                if msg["type"] == "delta" and first is None:
+                    first = time.perf_counter() - t0
+                elif msg["type"] == "final":
+                    tokens.append(msg["usage"]["completion_tokens"])
+                    break
+                elif msg["type"] == "error":
+                    raise RuntimeError(msg)
+        ttft.append(first or 0.0)
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(one(p) for p in prompts))
+    wall = time.perf_counter() - t0
+    return {"tok_s": sum(tokens) / wall, "ttft_s": ttft, "tokens": tokens, "wall_s": wall}
 
 
 # --------------------------------------------------------------------------------------- main
@@ -275,6 +299,8 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--port", type=int, default=18765)
+    parser.add_argument("--ws-submit", action="store_true",
+                        help="also run each repeat's jobs through /ws/v1/generate (submit on the socket)")
     parser.add_argument("--out", default=None, help="also append the final JSON line to this file")
     parser.add_argument("--web-processes", type=int, default=1, help="daphne processes (inference_service.serve_web)")
     args = parser.parse_args()
@@ -303,7 +329,7 @@ def main() -> None:
         # Warm-up with all the prompts (8 tokens each): the engine side is warm from the probe
         # (its prefix cache holds these prompts), so the worker gets the same start.
         asyncio.run(_with_pool(service_round(args.port, key, texts, 8)))
-        engine_runs, service_runs = [], []
+        engine_runs, service_runs, ws_runs = [], [], []
         for _ in range(args.repeats):
             engine_runs.append(asyncio.run(engine_round(engine, prompt_ids, args.max_tokens)))
             before, client_before = service.cpu_seconds(), time.process_time()
@@ -311,6 +337,8 @@ def main() -> None:
             after = service.cpu_seconds()
             service_runs[-1]["cpu_s"] = {k: round(after[k] - before[k], 2) for k in after}
             service_runs[-1]["cpu_s"]["bench_client"] = round(time.process_time() - client_before, 2)
+            if args.ws_submit:
+                ws_runs.append(asyncio.run(_with_pool(ws_submit_round(args.port, key, texts, args.max_tokens))))
             print(f"engine {engine_runs[-1]['tok_s']:.0f} tok/s, service {service_runs[-1]['tok_s']:.0f} tok/s",
                   flush=True)
     finally:
@@ -318,7 +346,7 @@ def main() -> None:
         engine.stop()
         engine.close()
 
-    result = _report(engine_runs, service_runs, args, model_path)
+    result = _report(engine_runs, service_runs, ws_runs, args, model_path)
     dump_json_line(result, args.out)
 
 
@@ -335,7 +363,7 @@ async def _with_pool(coro):
     return await coro
 
 
-def _report(engine_runs: list[dict], service_runs: list[dict], args, model_path: Path) -> dict:
+def _report(engine_runs: list[dict], service_runs: list[dict], ws_runs: list[dict], args, model_path: Path) -> dict:
     def summary(runs: list[dict]) -> dict:
         ttft = [t for r in runs for t in r["ttft_s"]]
         return {"tok_s": round(median([r["tok_s"] for r in runs]), 1),
@@ -349,6 +377,12 @@ def _report(engine_runs: list[dict], service_runs: list[dict], args, model_path:
                 "runs_tok_s": [round(r["tok_s"], 1) for r in runs]}
 
     eng, svc = summary(engine_runs), summary(service_runs)
+    ws = {}
+    if ws_runs:
+        ws_svc = summary(ws_runs)
+        ws = {"service_ws_submit": ws_svc,
+              "ws_submit_over_engine": round(ws_svc["tok_s"] / eng["tok_s"], 3),
+              "added_ttft_ms_p50_ws_submit": round(ws_svc["ttft_ms_p50"] - eng["ttft_ms_p50"], 1)}
     return {
         "bench": "service",
         "model": str(model_path),
@@ -360,6 +394,7 @@ def _report(engine_runs: list[dict], service_runs: list[dict], args, model_path:
         "service": svc,
         "service_over_engine": round(svc["tok_s"] / eng["tok_s"], 3),
         "added_ttft_ms_p50": round(svc["ttft_ms_p50"] - eng["ttft_ms_p50"], 1),
+        **ws,
         "env": environment(),
     }
 
