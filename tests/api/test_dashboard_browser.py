@@ -32,7 +32,8 @@ class DevTools:
     def __init__(self, ws_url: str) -> None:
         from websockets.sync.client import connect
 
-        self._ws = connect(ws_url, max_size=None, open_timeout=10)
+        # websockets >= 16 wants connect() entered (a bare connect() object warns); close() ends it.
+        self._ws = connect(ws_url, max_size=None, open_timeout=10).__enter__()
         self._ids = itertools.count(1)
 
     def call(self, method: str, **params: Any) -> dict[str, Any]:
