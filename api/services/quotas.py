@@ -125,31 +125,60 @@ def api_key_tokens_used_today(*, api_key: ApiKey, now: dt.datetime | None = None
 
 
 def quota_check_job(*, api_key: ApiKey, prompt_tokens: int, max_tokens: int) -> None:
-    """Raise QuotaExceeded if one more job of this size would break the key's concurrency or daily
-    token quota. Call it inside the transaction that inserts the job, with the key row locked, so
-    two concurrent submissions cannot both take the last slot."""
+    """Lock the key's row (until the caller's transaction ends) and raise QuotaExceeded if one more
+    job of this size would break the key's concurrency or daily token quota. Call it inside the
+    transaction that inserts the job: the lock serializes the key's submissions, so two cannot
+    both take the last slot. The limits are read from the locked row (an operator may have just
+    changed them)."""
     now = timezone.now()
-    active, used = _key_usage(api_key=api_key, now=now)
-    if active >= api_key.max_concurrent_jobs:
+    max_concurrent, tokens_per_day, active, used = _lock_key_and_usage(api_key=api_key, now=now)
+    if active >= max_concurrent:
         raise QuotaExceeded(
-            f"Too many concurrent jobs: this API key may have {api_key.max_concurrent_jobs} queued or "
-            "running jobs at once.",
+            f"Too many concurrent jobs: this API key may have {max_concurrent} queued or running jobs at once.",
             code="concurrent_jobs_exceeded",
-            limit=api_key.max_concurrent_jobs,
+            limit=max_concurrent,
             remaining=0,
             reset_s=1.0,
         )
     needed = prompt_tokens + max_tokens
-    if used + needed > api_key.tokens_per_day:
+    if used + needed > tokens_per_day:
         _, end = _day_bounds(now)
         raise QuotaExceeded(
-            f"Daily token quota reached: {used} of {api_key.tokens_per_day} tokens used today and this "
+            f"Daily token quota reached: {used} of {tokens_per_day} tokens used today and this "
             f"job may need {needed}.",
             code="tokens_per_day_exceeded",
-            limit=api_key.tokens_per_day,
-            remaining=api_key.tokens_per_day - used,
+            limit=tokens_per_day,
+            remaining=tokens_per_day - used,
             reset_s=(end - now).total_seconds(),
         )
+
+
+_LOCK_KEY_SQL = "SELECT max_concurrent_jobs, tokens_per_day FROM {table} WHERE id = %s FOR UPDATE"
+
+
+def _lock_key_and_usage(*, api_key: ApiKey, now: dt.datetime) -> tuple[int, int, int, int]:
+    """(max concurrent jobs, tokens per day, active jobs, tokens used today), the key row locked.
+
+    The lock is held until the submission commits, so every round trip inside it is paid by every
+    submission of the key queued behind it. On PostgreSQL the lock and the usage query travel as
+    one round trip: two statements in one simple-protocol call, each with its own snapshot, so the
+    usage is read after the lock was granted (a single statement would read it from before)."""
+    start = connection.ops.adapt_datetimefield_value(_day_bounds(now)[0])
+    lock_sql = _LOCK_KEY_SQL.format(table=connection.ops.quote_name(ApiKey._meta.db_table))
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute(f"{lock_sql}; {_key_usage_sql()}", [api_key.id, start, api_key.id, start])
+            limits = cursor.fetchone()
+            cursor.nextset()
+            usage = cursor.fetchone()
+        else:  # SQLite: no row locks; its single writer serializes the submissions
+            cursor.execute(lock_sql.removesuffix(" FOR UPDATE"), [api_key.id])
+            limits = cursor.fetchone()
+            cursor.execute(_key_usage_sql(), [start, api_key.id, start])
+            usage = cursor.fetchone()
+    if limits is None:
+        raise ApiKey.DoesNotExist(f"API key {api_key.id} no longer exists")
+    return int(limits[0]), int(limits[1]), int(usage[0]), int(usage[1])
 
 
 def usage_rollup(*, day: dt.date) -> int:
