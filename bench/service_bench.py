@@ -236,27 +236,34 @@ async def service_round(port: int, key: str, prompts: list[str], max_tokens: int
         body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0}
         job_id = await loop.run_in_executor(None, _post_job, port, key, body)
         post.append(time.perf_counter() - t0)
-        first = None
         url = f"ws://127.0.0.1:{port}/ws/v1/jobs/{job_id}/?api_key={key}"
         t_open = time.perf_counter()
         async with websockets.connect(url, open_timeout=120) as ws:
             ws_open.append(time.perf_counter() - t_open)
-            async for raw in ws:
-                msg = json.loads(raw)
-                if msg["type"] == "delta" and first is None:
-                    first = time.perf_counter() - t0
-                elif msg["type"] == "final":
-                    tokens.append(msg["usage"]["completion_tokens"])
-                    break
-                elif msg["type"] == "error":
-                    raise RuntimeError(msg)
-        ttft.append(first or 0.0)
+            first, completion = await _read_stream(ws, t0)
+        ttft.append(first)
+        tokens.append(completion)
 
     t0 = time.perf_counter()
     await asyncio.gather(*(one(p) for p in prompts))
     wall = time.perf_counter() - t0
     return {"tok_s": sum(tokens) / wall, "ttft_s": ttft, "tokens": tokens, "wall_s": wall, "post_s": post,
             "ws_open_s": ws_open}
+
+
+async def _read_stream(ws, t0: float) -> tuple[float, int]:
+    """Read a job's messages until its final: (seconds from ``t0`` to the first delta, completion
+    tokens of the final)."""
+    first = None
+    async for raw in ws:
+        msg = json.loads(raw)
+        if msg["type"] == "delta" and first is None:
+            first = time.perf_counter() - t0
+        elif msg["type"] == "final":
+            return first or 0.0, msg["usage"]["completion_tokens"]
+        elif msg["type"] == "error":
+            raise RuntimeError(msg)
+    raise RuntimeError("the stream closed before its final message")
 
 
 async def ws_submit_round(port: int, key: str, prompts: list[str], max_tokens: int) -> dict:
@@ -269,19 +276,11 @@ async def ws_submit_round(port: int, key: str, prompts: list[str], max_tokens: i
 
     async def one(prompt: str) -> None:
         t0 = time.perf_counter()
-        first = None
         async with websockets.connect(f"ws://127.0.0.1:{port}/ws/v1/generate?api_key={key}", open_timeout=120) as ws:
             await ws.send(json.dumps({"prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0}))
-            async for raw in ws:
-                msg = json.loads(raw)
-                if msg["type"] == "delta" and first is None:
-                    first = time.perf_counter() - t0
-                elif msg["type"] == "final":
-                    tokens.append(msg["usage"]["completion_tokens"])
-                    break
-                elif msg["type"] == "error":
-                    raise RuntimeError(msg)
-        ttft.append(first or 0.0)
+            first, completion = await _read_stream(ws, t0)
+        ttft.append(first)
+        tokens.append(completion)
 
     t0 = time.perf_counter()
     await asyncio.gather(*(one(p) for p in prompts))
