@@ -122,8 +122,9 @@ CHANNEL_LAYERS = {
 CELERY_BROKER_URL = REDIS_URL
 CELERY_RESULT_BACKEND = None
 CELERY_TASK_IGNORE_RESULT = True
-# A job message is acknowledged after the task ran, so a worker killed mid-job leaves it in the
-# broker; the DB row + reconciler still make the final call on whether it runs again.
+# A message is acknowledged after its task ran. run_job only queues the id for the worker's
+# admission thread, so a job can be acked and not yet claimed; the DB row (still queued) and the
+# reconciler make the final call on whether it runs.
 CELERY_TASK_ACKS_LATE = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True

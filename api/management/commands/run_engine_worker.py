@@ -103,8 +103,9 @@ def _build(config: WorkerConfig) -> tuple[worker.EngineWorkerService, Any]:
 
 def _consume(config: WorkerConfig, pool: str, concurrency: int, loglevel: str) -> None:
     """Run a Celery worker in this process on the ``engine`` queue until it is told to stop.
-    ``run_job`` only claims and hands over, so a larger prefetch admits a burst of jobs without a
-    broker round trip per job (acks stay late: a message is acked after its claim)."""
+    ``run_job`` only hands the id over, so a larger prefetch admits a burst of jobs without a
+    broker round trip per job (a message is acked when run_job returns, before the admission thread
+    claims it: a job whose worker dies in between is still queued, and the reconciler resends it)."""
     from inference_service.celery import app
 
     celery_worker = app.Worker(
