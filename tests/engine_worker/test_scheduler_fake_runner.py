@@ -2,60 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from engine_worker.config import SchedulerConfig
 from engine_worker.request import Request, SamplingParams
 from engine_worker.scheduler import Scheduler
 from tests.engine_worker.engine_helpers import final, run_scheduler
-
-
-@dataclass
-class Resp:
-    uid: int
-    token: int
-    finish_reason: str | None = None
-    prompt_cache: object = None
-    all_tokens: object = None
-
-
-class ScriptedRunner:
-    """Emits token 100+n for the n-th token of every sequence; 'length' at max_tokens."""
-
-    instances: list[ScriptedRunner] = []
-
-    def __init__(self, model, config):
-        self.seqs: dict[int, list[int]] = {}  # uid -> [emitted, max_tokens]
-        self.next_uid = 0
-        self.fail_next = False
-        self.closed = False
-        ScriptedRunner.instances.append(self)
-
-    def insert(self, tokens, *, max_tokens, cache, all_tokens, sampler, logits_processors, stop_sequences):
-        uid = self.next_uid
-        self.next_uid += 1
-        self.seqs[uid] = [0, max_tokens]
-        return uid
-
-    def step(self):
-        if self.fail_next:
-            raise RuntimeError("device lost")
-        out = []
-        for uid, state in list(self.seqs.items()):
-            state[0] += 1
-            done = state[0] >= state[1]
-            out.append(Resp(uid, 100 + state[0], "length" if done else None))
-            if done:
-                del self.seqs[uid]
-        return out
-
-    def remove(self, uids, return_caches=False):
-        for uid in uids:
-            self.seqs.pop(uid, None)
-        return {}
-
-    def close(self):
-        self.closed = True
+from tests.engine_worker.fake_runner import ScriptedRunner
 
 
 class Tok:

@@ -4,52 +4,19 @@ grow with the length of the outputs (no copy of the tokens or text so far per to
 from __future__ import annotations
 
 import tracemalloc
-from dataclasses import dataclass
 
 from engine_worker.config import SchedulerConfig
 from engine_worker.request import Request, RequestOutput, SamplingParams
 from engine_worker.scheduler import Scheduler
 from tests.engine_worker.engine_helpers import run_scheduler
+from tests.engine_worker.fake_runner import ScriptedRunner
 
 
-@dataclass
-class Resp:
-    uid: int
-    token: int
-    finish_reason: str | None = None
-    prompt_cache: object = None
-    all_tokens: object = None
+class CountingRunner(ScriptedRunner):
+    """Tokens cycle through 100..149, so the detokenizer's table stays small for long outputs."""
 
-
-class CountingRunner:
-    """Token 100+k for the k-th token of every sequence; 'length' at max_tokens."""
-
-    def __init__(self, model, config):
-        self.seqs: dict[int, list[int]] = {}
-        self.next_uid = 0
-
-    def insert(self, tokens, *, max_tokens, **_):
-        self.next_uid += 1
-        self.seqs[self.next_uid] = [0, max_tokens]
-        return self.next_uid
-
-    def step(self):
-        out = []
-        for uid, state in list(self.seqs.items()):
-            state[0] += 1
-            done = state[0] >= state[1]
-            out.append(Resp(uid, 100 + state[0] % 50, "length" if done else None))
-            if done:
-                del self.seqs[uid]
-        return out
-
-    def remove(self, uids, return_caches=False):
-        for uid in uids:
-            self.seqs.pop(uid, None)
-        return {}
-
-    def close(self):
-        pass
+    def token(self, n: int) -> int:
+        return 100 + n % 50
 
 
 class Tok:

@@ -1,0 +1,57 @@
+"""A scripted stand-in for the generator runner: scheduler tests without a model."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class Resp:
+    uid: int
+    token: int
+    finish_reason: str | None = None
+    prompt_cache: object = None
+    all_tokens: object = None
+
+
+class ScriptedRunner:
+    """Emits token 100+n for the n-th token of every sequence; 'length' at max_tokens."""
+
+    instances: list[ScriptedRunner] = []
+
+    def __init__(self, model, config):
+        self.seqs: dict[int, list[int]] = {}  # uid -> [emitted, max_tokens]
+        self.next_uid = 0
+        self.fail_next = False
+        self.closed = False
+        ScriptedRunner.instances.append(self)
+
+    def insert(self, tokens, *, max_tokens, cache, all_tokens, sampler, logits_processors, stop_sequences):
+        uid = self.next_uid
+        self.next_uid += 1
+        self.seqs[uid] = [0, max_tokens]
+        return uid
+
+    def step(self):
+        if self.fail_next:
+            raise RuntimeError("device lost")
+        out = []
+        for uid, state in list(self.seqs.items()):
+            state[0] += 1
+            done = state[0] >= state[1]
+            out.append(Resp(uid, self.token(state[0]), "length" if done else None))
+            if done:
+                del self.seqs[uid]
+        return out
+
+    def token(self, n: int) -> int:
+        """The n-th token (1-based) of every sequence."""
+        return 100 + n
+
+    def remove(self, uids, return_caches=False):
+        for uid in uids:
+            self.seqs.pop(uid, None)
+        return {}
+
+    def close(self):
+        self.closed = True
