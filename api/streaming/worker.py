@@ -32,6 +32,7 @@ from api.streaming.admission import AdmissionThread
 from api.streaming.config import WorkerConfig
 from api.streaming.fanout import GroupSender
 from api.streaming.sink import streams_reset
+from engine_worker.errors import RequestError
 from engine_worker.protocol import to_dict
 from engine_worker.runtime import JobHost
 
@@ -105,8 +106,20 @@ class EngineWorkerService:
             streams_reset(redis_client=self._redis, sender=self._sender, job_ids=[str(job.id) for job in jobs])
         except redis.RedisError:
             logger.warning("could not reset the streams of %s jobs", len(jobs), exc_info=True)
-        refused = [str(job.id) for job in jobs if not self.host.submit(job_lifecycle.job_spec(job))]
-        if refused:  # draining: give them straight back so another worker takes them
+        refused = []
+        for job in jobs:
+            job_id = str(job.id)
+            try:
+                spec = job_lifecycle.job_spec(job)  # malformed stored params raise ValueError/TypeError
+                if not self.host.submit(spec):
+                    refused.append(job_id)  # draining
+            except (RequestError, ValueError, TypeError) as exc:  # this job cannot run anywhere: it fails alone
+                logger.warning("job %s cannot run: %s", job_id, exc)
+                job_lifecycle.job_fail(job_id=job_id, worker_id=self.worker_id, error=str(exc))
+            except Exception:  # the engine's trouble, not the job's: another worker may run it
+                logger.exception("could not start job %s here; handing it back", job_id)
+                refused.append(job_id)
+        if refused:  # give them straight back so another worker takes them
             self._hand_back(refused)
 
     def cancel(self, job_id: str) -> bool:

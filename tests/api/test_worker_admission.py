@@ -1,0 +1,56 @@
+"""EngineWorkerService's batch admission: one failing job neither blocks the rest of its batch
+nor loops forever between workers."""
+
+from __future__ import annotations
+
+import pytest
+
+from api.models import JobStatus
+from api.streaming.config import WorkerConfig
+from api.streaming.worker import EngineWorkerService
+from engine_worker.errors import EngineClosed, InvalidRequest
+from tests.api.factories import make_job
+
+pytestmark = pytest.mark.django_db
+
+
+class FakeHost:
+    """Accepts every job except the ones it is told to refuse."""
+
+    def __init__(self, *, invalid: set[str], engine_down: set[str]) -> None:
+        self.invalid, self.engine_down = invalid, engine_down
+        self.started: list[str] = []
+
+    def submit(self, spec) -> bool:
+        if spec.job_id in self.invalid:
+            raise InvalidRequest("max_tokens must be positive")
+        if spec.job_id in self.engine_down:
+            raise EngineClosed("engine stopped")
+        self.started.append(spec.job_id)
+        return True
+
+    def hand_back(self, job_ids: list[str]) -> list[str]:
+        return list(job_ids)
+
+
+def test_a_batch_starts_every_good_job_fails_a_bad_one_and_hands_back_on_engine_trouble(redis_client):
+    good_a, invalid, down, good_b = (make_job() for _ in range(4))
+    host = FakeHost(invalid={str(invalid.id)}, engine_down={str(down.id)})
+    dispatched: list[str] = []
+    config = WorkerConfig(worker_id="w1", model_path="", lease_s=30, heartbeat_s=2, drain_s=1,
+                          redispatch_after_s=30, stream_interval_s=0, prefetch=16)
+    service = EngineWorkerService(config=config, host=host, redis_client=redis_client, sender=None,
+                                  dispatch=dispatched.append)
+
+    service._admit_batch([str(job.id) for job in (good_a, invalid, down, good_b)])
+
+    assert host.started == [str(good_a.id), str(good_b.id)]
+    for job in (good_a, invalid, down, good_b):
+        job.refresh_from_db()
+    assert good_a.status == good_b.status == JobStatus.IN_PROGRESS
+    # The job's own fault: it fails alone, with the reason, and is not sent anywhere again.
+    assert (invalid.status, invalid.finish_reason) == (JobStatus.FAILED, "error")
+    assert "max_tokens" in invalid.error
+    # The engine's fault: back in the queue and re-sent at once for another worker.
+    assert (down.status, down.worker_id) == (JobStatus.QUEUED, None)
+    assert dispatched == [str(down.id)]
