@@ -113,8 +113,6 @@ def job_create(
     priority = max(api_key.priority, request.priority if request.priority is not None else api_key.priority)
     try:
         with transaction.atomic():
-            # Locks the key's row: its submissions serialize, so two cannot take the last slot.
-            quota_check_job(api_key=api_key, prompt_tokens=len(prompt_token_ids), max_tokens=max_tokens)
             job = Job.objects.create(
                 owner=owner,
                 api_key=api_key,
@@ -127,6 +125,8 @@ def job_create(
                 request_fingerprint=request.fingerprint(),
                 dispatch_count=1,  # sent on commit; job_dispatch takes it back if the send fails
             )
+            # Locks the key's row and counts this job in: a QuotaExceeded rolls the insert back.
+            quota_check_job(api_key=api_key, prompt_tokens=len(prompt_token_ids), max_tokens=max_tokens)
             transaction.on_commit(partial(job_dispatch, job_id=str(job.id), counted=True))
     except IntegrityError:
         # Two requests with the same Idempotency-Key raced; the other one inserted first.

@@ -125,14 +125,18 @@ def api_key_tokens_used_today(*, api_key: ApiKey, now: dt.datetime | None = None
 
 
 def quota_check_job(*, api_key: ApiKey, prompt_tokens: int, max_tokens: int) -> None:
-    """Lock the key's row (until the caller's transaction ends) and raise QuotaExceeded if one more
-    job of this size would break the key's concurrency or daily token quota. Call it inside the
-    transaction that inserts the job: the lock serializes the key's submissions, so two cannot
-    both take the last slot. The limits are read from the locked row (an operator may have just
-    changed them)."""
+    """Lock the key's row (until the caller's transaction ends) and raise QuotaExceeded if the
+    job just inserted by this transaction breaks the key's concurrency or daily token quota.
+
+    Call it after the INSERT, in the same transaction, and let the exception roll the insert back.
+    The usage is read once the lock is granted, so it counts every job committed by the key's
+    earlier submissions plus this one: two submissions cannot both take the last slot. Inserting
+    first keeps the INSERT's round trip out of the locked section, which every submission of the
+    key queued behind it would otherwise wait for. The limits come from the locked row (an
+    operator may have just changed them)."""
     now = timezone.now()
     max_concurrent, tokens_per_day, active, used = _lock_key_and_usage(api_key=api_key, now=now)
-    if active >= max_concurrent:
+    if active > max_concurrent:
         raise QuotaExceeded(
             f"Too many concurrent jobs: this API key may have {max_concurrent} queued or running jobs at once.",
             code="concurrent_jobs_exceeded",
@@ -140,20 +144,23 @@ def quota_check_job(*, api_key: ApiKey, prompt_tokens: int, max_tokens: int) -> 
             remaining=0,
             reset_s=1.0,
         )
-    needed = prompt_tokens + max_tokens
-    if used + needed > tokens_per_day:
+    if used > tokens_per_day:
+        needed = prompt_tokens + max_tokens
+        before = used - needed
         _, end = _day_bounds(now)
         raise QuotaExceeded(
-            f"Daily token quota reached: {used} of {tokens_per_day} tokens used today and this "
+            f"Daily token quota reached: {before} of {tokens_per_day} tokens used today and this "
             f"job may need {needed}.",
             code="tokens_per_day_exceeded",
             limit=tokens_per_day,
-            remaining=tokens_per_day - used,
+            remaining=max(0, tokens_per_day - before),
             reset_s=(end - now).total_seconds(),
         )
 
 
-_LOCK_KEY_SQL = "SELECT max_concurrent_jobs, tokens_per_day FROM {table} WHERE id = %s FOR UPDATE"
+# NO KEY UPDATE: serializes the key's submissions without blocking the foreign-key checks
+# (KEY SHARE) of jobs that reference the key.
+_LOCK_KEY_SQL = "SELECT max_concurrent_jobs, tokens_per_day FROM {table} WHERE id = %s FOR NO KEY UPDATE"
 
 
 def _lock_key_and_usage(*, api_key: ApiKey, now: dt.datetime) -> tuple[int, int, int, int]:
@@ -172,7 +179,7 @@ def _lock_key_and_usage(*, api_key: ApiKey, now: dt.datetime) -> tuple[int, int,
             cursor.nextset()
             usage = cursor.fetchone()
         else:  # SQLite: no row locks; its single writer serializes the submissions
-            cursor.execute(lock_sql.removesuffix(" FOR UPDATE"), [api_key.id])
+            cursor.execute(lock_sql.removesuffix(" FOR NO KEY UPDATE"), [api_key.id])
             limits = cursor.fetchone()
             cursor.execute(_key_usage_sql(), [start, api_key.id, start])
             usage = cursor.fetchone()
