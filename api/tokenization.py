@@ -84,3 +84,20 @@ def get_tokenizer(model_path: str | None = None) -> PromptTokenizer:
         except (OSError, ValueError) as exc:
             logger.error("Cannot load the tokenizer from %s: %s", path, exc)
             raise ServiceUnavailable(f"The model at {path} is not available.") from exc
+
+
+def warm_tokenizer_in_background() -> threading.Thread:
+    """Load the tokenizer on a thread now. Without it the first submission of every web process
+    paid for importing transformers and reading the tokenizer (seconds), and every request that
+    arrived meanwhile queued behind it. A failure is only logged: submissions answer 503 until
+    the model folder is readable."""
+
+    def warm() -> None:
+        try:
+            get_tokenizer()
+        except ServiceUnavailable:
+            pass  # get_tokenizer logged why
+
+    thread = threading.Thread(target=warm, name="tokenizer-warm-up", daemon=True)
+    thread.start()
+    return thread

@@ -4,18 +4,25 @@ from __future__ import annotations
 
 import os
 
-from django.core.asgi import get_asgi_application
+import django
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "inference_service.settings")
 
 # Django must be set up before anything imports models (the consumers do).
-django_http = get_asgi_application()
+django.setup(set_prefix=False)
+
+from inference_service.asgi_handler import OneHopASGIHandler  # noqa: E402
+
+django_http = OneHopASGIHandler()
 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.conf import settings  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 
 from api.routing import websocket_urlpatterns  # noqa: E402
+from api.tokenization import warm_tokenizer_in_background  # noqa: E402
+
+warm_tokenizer_in_background()
 
 http_app = ASGIStaticFilesHandler(django_http) if settings.SERVE_STATIC else django_http
 

@@ -42,3 +42,24 @@ def test_tokenizer_is_loaded_once_per_process(tiny_model_path):
 def test_missing_model_folder_is_a_service_error_not_a_crash(tmp_path):
     with pytest.raises(ServiceUnavailable):
         get_tokenizer(str(tmp_path / "nope"))
+
+
+def test_the_web_process_loads_the_tokenizer_before_its_first_request(settings, tiny_model_path, tmp_path):
+    from api import tokenization
+
+    copy = tmp_path / "model"  # a path no test has loaded yet
+    shutil.copytree(tiny_model_path, copy)
+    settings.MODEL_PATH = str(copy)
+    tokenization.warm_tokenizer_in_background().join(timeout=60)
+
+    misses = tokenization._load.cache_info().misses
+    get_tokenizer()
+    assert tokenization._load.cache_info().misses == misses  # already loaded: the request loads nothing
+
+
+def test_a_failed_warm_up_only_logs(settings, tmp_path, caplog):
+    from api import tokenization
+
+    settings.MODEL_PATH = str(tmp_path / "missing")
+    tokenization.warm_tokenizer_in_background().join(timeout=60)
+    assert "Cannot load the tokenizer" in caplog.text
