@@ -179,6 +179,9 @@ DEFAULT_KEY_MAX_TOKENS_PER_JOB = env_int("DEFAULT_KEY_MAX_TOKENS_PER_JOB", MAX_T
 # this long without a heartbeat before the reconciler re-dispatches them.
 JOB_QUEUE_TIMEOUT_S = env_int("JOB_QUEUE_TIMEOUT_S", 3600, minimum=1)
 JOB_LEASE_S = env_float("JOB_LEASE_S", 30.0, minimum=1.0)
+# New jobs are published to the engine queue from one thread per web process (api/services/
+# dispatcher.py); off: on the request's thread.
+JOB_DISPATCH_THREAD = env_bool("JOB_DISPATCH_THREAD", True)
 
 LOGGING = {
     "version": 1,

@@ -29,6 +29,7 @@ from api.errors import (
 )
 from api.models import ApiKey, Job, JobStatus
 from api.redis_client import get_redis
+from api.services.dispatcher import dispatcher
 from api.services.quotas import quota_check_job, quota_consume_request
 from api.tokenization import get_tokenizer
 
@@ -127,7 +128,7 @@ def job_create(
             )
             # Locks the key's row and counts this job in: a QuotaExceeded rolls the insert back.
             quota_check_job(api_key=api_key, prompt_tokens=len(prompt_token_ids), max_tokens=max_tokens)
-            transaction.on_commit(partial(job_dispatch, job_id=str(job.id), counted=True))
+            transaction.on_commit(partial(dispatcher.submit, str(job.id)))
     except IntegrityError:
         # Two requests with the same Idempotency-Key raced; the other one inserted first.
         if idempotency_key is None:

@@ -21,6 +21,13 @@ def _model_path(settings, tiny_model_path):
     settings.MODEL_PATH = str(tiny_model_path)
 
 
+@pytest.fixture(autouse=True)
+def _dispatch_on_the_callers_thread(settings):
+    """Publish on the test's thread: the dispatcher thread's own DB connection could not see the
+    test's uncommitted transaction. tests/api/test_dispatcher.py covers the thread."""
+    settings.JOB_DISPATCH_THREAD = False
+
+
 @pytest.fixture
 def redis_client():
     """The real Redis, flushed before and after the test. Refuses DB 0 (a developer's data)."""

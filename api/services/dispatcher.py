@@ -1,0 +1,102 @@
+"""Sends new jobs to the engine queue from one long-lived thread per web process.
+
+A submission used to publish its Celery message on the request's own thread. Django under ASGI
+runs each request on a fresh thread, and Celery keeps its result backend and kombu its Redis
+client per thread, so every POST rebuilt both before it could send: about a quarter of the
+view's CPU time. The request now commits its row, hands the id to this thread and answers; the
+thread publishes with a producer and backend that it keeps.
+
+Nothing is lost by answering first. The row is committed as ``queued`` with
+``dispatch_count=1`` before the hand-off. If the send fails, ``job_dispatch`` takes the count
+back and the reconciler resends. If the process dies with ids still waiting here, those rows
+stay ``queued`` and the reconciler resends them once ``JOB_REDISPATCH_AFTER_S`` has passed, as
+for any lost message. An orderly exit drains what is waiting (``atexit``).
+
+``settings.JOB_DISPATCH_THREAD = False`` publishes on the caller's thread instead (the unit
+tests, whose uncommitted test transaction another thread's connection could not see).
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import queue
+import threading
+import time
+
+from django.conf import settings
+from django.db import connection
+
+logger = logging.getLogger(__name__)
+
+_DRAIN_AT_EXIT_S = 5.0
+
+
+class JobDispatcher:
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[str] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)
+        self._pending = 0
+        self._thread: threading.Thread | None = None
+        self._pid: int | None = None
+
+    def submit(self, job_id: str) -> None:
+        """Publish ``job_id`` soon, on the dispatcher thread. Call it after the row committed."""
+        if not getattr(settings, "JOB_DISPATCH_THREAD", True):
+            _send(job_id)
+            return
+        with self._lock:
+            self._pending += 1
+            self._ensure_thread()
+        self._queue.put(job_id)
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until every submitted id has been sent (or its send failed). False on timeout."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._idle:
+            while self._pending:
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return False
+                self._idle.wait(remaining)
+        return True
+
+    def _ensure_thread(self) -> None:
+        # A forked child inherits the object but not the thread: start a new one there.
+        if self._thread is not None and self._thread.is_alive() and self._pid == os.getpid():
+            return
+        self._pid = os.getpid()
+        self._thread = threading.Thread(target=self._run, name="job-dispatcher", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            job_id = self._queue.get()
+            try:
+                _send(job_id)
+            finally:
+                with self._idle:
+                    self._pending -= 1
+                    if not self._pending:
+                        self._idle.notify_all()
+                        # The thread touches the DB only when a send fails; give that
+                        # connection back (to the pool) instead of holding it while idle.
+                        if connection.connection is not None:
+                            connection.close()
+
+
+def _send(job_id: str) -> None:
+    from api.services.jobs import job_dispatch  # jobs.py imports this module
+
+    job_dispatch(job_id=job_id, counted=True)
+
+
+dispatcher = JobDispatcher()
+
+
+@atexit.register
+def _drain_at_exit() -> None:
+    if not dispatcher.flush(timeout=_DRAIN_AT_EXIT_S):
+        logger.warning("Exiting with job messages unsent; the reconciler will send them")
