@@ -18,15 +18,15 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import parse_qs
 
-import redis.asyncio as aioredis
+from channels.consumer import get_handler_name
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
-from django.conf import settings
 
 from api.authentication import authenticate_api_key, bearer_token
 from api.errors import AuthenticationFailed, ServiceError, error_body, exception_handler
 from api.keys import job_group_name
 from api.models import ApiKey, Job
+from api.redis_client import get_async_redis
 from api.streaming.relay import JobStreamRelay
 
 logger = logging.getLogger(__name__)
@@ -41,7 +41,16 @@ class JobStreamConsumer(AsyncWebsocketConsumer):
     relay: JobStreamRelay | None = None
     group: str | None = None
     api_key: ApiKey | None = None
-    _redis: aioredis.Redis | None = None
+
+    async def dispatch(self, message: dict[str, Any]) -> None:
+        """Channels' dispatch, without its ``aclose_old_connections()`` before every message.
+        That is a hop to the process's one sync thread per message, a live delta included, to
+        close connections that thread never opens here: every DB call of these consumers runs
+        through ``database_sync_to_async``, which closes its own thread's connections."""
+        handler = getattr(self, get_handler_name(message), None)
+        if handler is None:
+            raise ValueError(f"No handler for message type {message['type']}")
+        await handler(message)
 
     async def connect(self) -> None:
         await self.accept()  # custom close codes need an accepted socket
@@ -66,8 +75,8 @@ class JobStreamConsumer(AsyncWebsocketConsumer):
 
     async def stream_job(self, job_id: str, after: int) -> None:
         """Join the job's group, then replay the stream (the order matters, see relay.py)."""
-        self._redis = aioredis.Redis.from_url(settings.REDIS_URL, decode_responses=True)
-        self.relay = JobStreamRelay(job_id=job_id, after=after, redis_client=self._redis, send=self._send_message)
+        self.relay = JobStreamRelay(job_id=job_id, after=after, redis_client=get_async_redis(),
+                                    send=self._send_message)
         self.group = job_group_name(job_id)
         await self.channel_layer.group_add(self.group, self.channel_name)
         await self.relay.replay()
@@ -77,8 +86,6 @@ class JobStreamConsumer(AsyncWebsocketConsumer):
             await self.channel_layer.group_discard(self.group, self.channel_name)
         if self.relay is not None:
             self.relay.close()
-        if self._redis is not None:
-            await self._redis.aclose()
 
     # Channel-layer events (sent by the engine worker's sink).
     async def job_delta(self, event: dict[str, Any]) -> None:

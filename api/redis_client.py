@@ -1,15 +1,23 @@
-"""The web process's Redis connection (one pool per process)."""
+"""The web process's Redis connections: one pool per process for sync code, one per event loop
+for the WebSocket consumers."""
 
 from __future__ import annotations
 
+import asyncio
+import weakref
 from functools import lru_cache
 
 import redis
+import redis.asyncio as aioredis
 from django.conf import settings
 
 # Short timeouts: a request must fail fast (and fall back, where it can) when Redis is down,
 # rather than hang a web thread.
 SOCKET_TIMEOUT_S = 2.0
+
+_async_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, aioredis.Redis]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 @lru_cache(maxsize=1)
@@ -20,3 +28,14 @@ def get_redis() -> redis.Redis:
         socket_timeout=SOCKET_TIMEOUT_S,
         socket_connect_timeout=SOCKET_TIMEOUT_S,
     )
+
+
+def get_async_redis() -> aioredis.Redis:
+    """The asyncio client of the running event loop (daphne runs one per process), shared by
+    every consumer on it. A client per WebSocket cost a pool, a TCP connect and the protocol
+    handshake per connection: in a 32-job burst, a sixth of daphne's time. Do not close it."""
+    per_url = _async_clients.setdefault(asyncio.get_running_loop(), {})
+    client = per_url.get(settings.REDIS_URL)
+    if client is None:
+        client = per_url[settings.REDIS_URL] = aioredis.Redis.from_url(settings.REDIS_URL, decode_responses=True)
+    return client

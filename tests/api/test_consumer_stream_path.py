@@ -1,0 +1,66 @@
+"""The WebSocket stream path through the real ASGI application, Redis and the channel layer:
+no per-message thread hop, and one Redis client per event loop shared by the consumers."""
+
+from __future__ import annotations
+
+import asyncio
+from unittest import mock
+
+import pytest
+from channels.layers import get_channel_layer
+from channels.testing import WebsocketCommunicator
+
+from api.keys import job_group_name, job_stream_key
+from api.models import JobStatus
+from api.redis_client import get_async_redis
+from api.streaming import messages
+from engine_worker.protocol import OutputChunk
+from inference_service.asgi import application
+from tests.api.factories import make_api_key, make_job
+
+pytestmark = pytest.mark.django_db(transaction=True)  # the consumers' DB calls run on other threads
+
+TEXTS = ["Once", " upon", " a", " time"]
+
+
+def _chunk(job_id: str, seq: int) -> OutputChunk:
+    return OutputChunk(job_id=job_id, seq=seq, text=TEXTS[seq - 1], completion_tokens=seq)
+
+
+def test_live_deltas_reach_the_socket_without_a_thread_hop_per_message(redis_client):
+    api_key, secret = make_api_key()
+    job = make_job(api_key=api_key, status=JobStatus.IN_PROGRESS)
+    job_id = str(job.id)
+    for seq in (1, 2):  # already produced when the client connects: replayed from the stream
+        redis_client.xadd(job_stream_key(job_id), messages.chunk_entry(_chunk(job_id, seq)))
+
+    async def scenario() -> list[dict]:
+        communicator = WebsocketCommunicator(application, f"/ws/v1/jobs/{job_id}/?api_key={secret}")
+        connected, _ = await communicator.connect(timeout=10)
+        assert connected
+        received = [await communicator.receive_json_from(timeout=10) for _ in range(2)]
+        layer = get_channel_layer()
+        for seq in (3, 4):  # live: stream first, then the group, as the worker's sink does
+            redis_client.xadd(job_stream_key(job_id), messages.chunk_entry(_chunk(job_id, seq)))
+            await layer.group_send(job_group_name(job_id), {"type": messages.EVENT_DELTA, "seq": seq,
+                                                           "text": TEXTS[seq - 1], "completion_tokens": seq})
+            received.append(await communicator.receive_json_from(timeout=10))
+        await communicator.disconnect()
+        return received
+
+    with mock.patch("channels.consumer.aclose_old_connections") as hop:
+        received = asyncio.run(scenario())
+
+    assert [(m["type"], m["seq"], m["text"]) for m in received] == [("delta", i, TEXTS[i - 1]) for i in (1, 2, 3, 4)]
+    # Channels' own dispatch makes this hop for the connect and for every channel-layer message.
+    assert hop.call_count == 0
+
+
+def test_consumers_on_one_event_loop_share_one_redis_client(redis_client):
+    async def two_clients():
+        return get_async_redis(), get_async_redis()
+
+    first, second = asyncio.run(two_clients())
+    other_loop, _ = asyncio.run(two_clients())
+    assert first is second
+    assert other_loop is not first  # a client's connections belong to the loop that made them
