@@ -1,0 +1,53 @@
+"""The worker's sink writes running jobs' text for polling clients: all of them in one UPDATE per
+interval, whatever step each job started at."""
+
+from __future__ import annotations
+
+from unittest import mock
+
+import pytest
+
+from api.models import Job, JobStatus
+from api.services import job_lifecycle
+from api.streaming import sink as sink_module
+from api.streaming.sink import RedisJobSink
+from engine_worker.protocol import OutputChunk, StepBatch
+from tests.api.factories import make_job
+
+pytestmark = pytest.mark.django_db
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_jobs_that_start_on_different_steps_share_one_progress_write(redis_client, monkeypatch):
+    clock = Clock()
+    monkeypatch.setattr(sink_module.time, "monotonic", clock)
+    jobs = [str(make_job(status=JobStatus.IN_PROGRESS, worker_id="w").id) for _ in range(3)]
+    sink = RedisJobSink(worker_id="w", redis_client=redis_client, sender=None, progress_interval_s=1.0)
+    writes = mock.Mock(wraps=job_lifecycle.jobs_record_progress)
+    monkeypatch.setattr(job_lifecycle, "jobs_record_progress", writes)
+
+    seq = {job_id: 0 for job_id in jobs}
+    for step in range(32):  # 32 steps of 0.125 s; job i starts at step 3 * i
+        clock.now += 0.125
+        running = [job_id for i, job_id in enumerate(jobs) if step >= 3 * i]
+        for job_id in running:
+            seq[job_id] += 1
+        sink.publish(StepBatch(chunks=tuple(
+            OutputChunk(job_id=job_id, seq=seq[job_id], text=f"<{seq[job_id]}>", completion_tokens=seq[job_id])
+            for job_id in running)))
+
+    # 4 s of steps: one write per second for all running jobs. A timer per job wrote on 12 steps.
+    assert writes.call_count == 4
+    last = {p.job_id: p for p in writes.call_args.kwargs["progress"]}
+    assert set(last) == set(jobs)
+    for job_id in jobs:
+        row = Job.objects.get(id=job_id)
+        assert row.last_seq == last[job_id].last_seq and row.completion_tokens == row.last_seq
+        assert row.output_text == "".join(f"<{n}>" for n in range(1, row.last_seq + 1))
