@@ -10,6 +10,7 @@ from rest_framework.request import Request
 
 from api.errors import AuthenticationFailed
 from api.models import ApiKey
+from api.selectors.api_keys import api_key_with_owner
 from api.services.api_keys import api_key_touch, hash_secret
 
 
@@ -19,7 +20,7 @@ def authenticate_api_key(raw: str | None) -> ApiKey:
     Synchronous (ORM); a consumer calls it through ``database_sync_to_async``."""
     if not raw:
         raise AuthenticationFailed("Missing API key. Send 'Authorization: Bearer <key>'.", code="missing_api_key")
-    api_key = ApiKey.objects.select_related("owner").filter(hashed_key=hash_secret(raw)).first()
+    api_key = api_key_with_owner(hashed_key=hash_secret(raw))
     if api_key is None or not api_key.owner.is_active:
         raise AuthenticationFailed("Invalid API key.", code="invalid_api_key")
     if api_key.revoked_at is not None:

@@ -21,9 +21,12 @@ from api.selectors.jobs import job_queue_position
 from api.services.api_keys import api_key_create
 from api.services.jobs import JobRequest, job_create
 from api.services.quotas import _key_usage
+from api.authentication import authenticate_api_key
+from api.models import ApiKey
+from django.forms.models import model_to_dict
 
 user = User.objects.create(username="sqlite")
-key, _ = api_key_create(owner=user, max_concurrent_jobs=3, tokens_per_day=10**6)
+key, secret = api_key_create(owner=user, max_concurrent_jobs=3, tokens_per_day=10**6)
 jobs = [job_create(owner=user, api_key=key, request=JobRequest(prompt="hello world", max_tokens=7))[0]
         for _ in range(3)]
 try:
@@ -32,9 +35,12 @@ try:
 except QuotaExceeded as exc:
     refused = exc.code
 active, tokens = _key_usage(api_key=key, now=timezone.now())
+found, orm = authenticate_api_key(secret), ApiKey.objects.select_related("owner").get(id=key.id)
 print(json.dumps({
     "positions": [job_queue_position(job=job) for job in jobs],
     "active": active, "tokens": tokens, "prompt_len": len(jobs[0].prompt_token_ids), "refused": refused,
+    "auth_same": model_to_dict(found) == model_to_dict(orm) and found.created_at == orm.created_at
+                 and timezone.is_aware(found.created_at) and found.owner.date_joined == orm.owner.date_joined,
 }))
 """
 
@@ -54,3 +60,5 @@ def test_quota_usage_and_queue_position_on_sqlite(tmp_path, tiny_model_path):
     assert result["active"] == 3
     assert result["tokens"] == 3 * (result["prompt_len"] + 7)
     assert result["refused"] == "concurrent_jobs_exceeded"
+    # The key lookup's own statement gives the ORM's instances (SQLite returns datetimes as text).
+    assert result["auth_same"] is True
