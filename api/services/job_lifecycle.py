@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import uuid
 from dataclasses import dataclass
-from typing import Any
+from functools import cache
 
-from django.db import transaction
-from django.db.models import Case, F, PositiveIntegerField, Q, TextField, Value, When
+from django.db import connection, transaction
+from django.db.models import F, Q
 from django.utils import timezone
 
 from api.models import Job, JobStatus
@@ -119,20 +120,33 @@ class Progress:
 
 
 def jobs_record_progress(*, worker_id: str, progress: list[Progress]) -> int:
-    """The text so far of running jobs (throttled by the caller), for polling clients: one UPDATE
-    for all of them."""
+    """The text so far of running jobs (throttled by the caller), for polling clients: one
+    statement executed for all of them in one transaction.
+
+    Plain SQL: the ORM form (a CASE per column with a WHEN per job) took ~50 ms of the worker's
+    CPU for 32 jobs to compile, every interval, while the engine thread waited for the GIL."""
     if not progress:
         return 0
+    pk = Job._meta.pk
+    params = [
+        (p.text, p.last_seq, p.completion_tokens, pk.get_db_prep_value(uuid.UUID(p.job_id), connection),
+         JobStatus.IN_PROGRESS.value, worker_id)
+        for p in progress
+    ]
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.executemany(_progress_sql(), params)
+        return cursor.rowcount
 
-    def per_job(field: str, output: Any) -> Case:
-        return Case(*(When(id=p.job_id, then=Value(getattr(p, field))) for p in progress), output_field=output)
 
-    return Job.objects.filter(
-        id__in=[p.job_id for p in progress], status=JobStatus.IN_PROGRESS, worker_id=worker_id
-    ).update(
-        output_text=per_job("text", TextField()),
-        last_seq=per_job("last_seq", PositiveIntegerField()),
-        completion_tokens=per_job("completion_tokens", PositiveIntegerField()),
+@cache
+def _progress_sql() -> str:
+    q = connection.ops.quote_name
+    column = {name: q(Job._meta.get_field(name).column)
+              for name in ("output_text", "last_seq", "completion_tokens", "id", "status", "worker_id")}
+    return (
+        f"UPDATE {q(Job._meta.db_table)} SET {column['output_text']} = %s, {column['last_seq']} = %s, "
+        f"{column['completion_tokens']} = %s "
+        f"WHERE {column['id']} = %s AND {column['status']} = %s AND {column['worker_id']} = %s"
     )
 
 

@@ -35,10 +35,17 @@ try:
 except QuotaExceeded as exc:
     refused = exc.code
 active, tokens = _key_usage(api_key=key, now=timezone.now())
+positions = [job_queue_position(job=job) for job in jobs]
+from api.services import job_lifecycle as lc
+lc.jobs_claim(job_ids=[str(jobs[0].id)], worker_id="w", lease_s=30)
+written = lc.jobs_record_progress(worker_id="w", progress=[
+    lc.Progress(job_id=str(j.id), text="so far", last_seq=2, completion_tokens=3) for j in jobs])
+jobs[0].refresh_from_db()
 found, orm = authenticate_api_key(secret), ApiKey.objects.select_related("owner").get(id=key.id)
 print(json.dumps({
-    "positions": [job_queue_position(job=job) for job in jobs],
+    "positions": positions,
     "active": active, "tokens": tokens, "prompt_len": len(jobs[0].prompt_token_ids), "refused": refused,
+    "progress": [written, jobs[0].output_text, jobs[0].last_seq, jobs[0].completion_tokens],
     "auth_same": model_to_dict(found) == model_to_dict(orm) and found.created_at == orm.created_at
                  and timezone.is_aware(found.created_at) and found.owner.date_joined == orm.owner.date_joined,
 }))
@@ -60,5 +67,6 @@ def test_quota_usage_and_queue_position_on_sqlite(tmp_path, tiny_model_path):
     assert result["active"] == 3
     assert result["tokens"] == 3 * (result["prompt_len"] + 7)
     assert result["refused"] == "concurrent_jobs_exceeded"
+    assert result["progress"] == [1, "so far", 2, 3]  # only the job this worker holds
     # The key lookup's own statement gives the ORM's instances (SQLite returns datetimes as text).
     assert result["auth_same"] is True
