@@ -27,6 +27,7 @@ from api.errors import AuthenticationFailed, ServiceError, error_body, exception
 from api.keys import job_group_name
 from api.models import ApiKey, Job
 from api.redis_client import get_async_redis
+from api.streaming.group_batch import messages_for
 from api.streaming.relay import JobStreamRelay
 
 logger = logging.getLogger(__name__)
@@ -88,6 +89,11 @@ class JobStreamConsumer(AsyncWebsocketConsumer):
             self.relay.close()
 
     # Channel-layer events (sent by the engine worker's sink).
+    async def job_batch(self, event: dict[str, Any]) -> None:
+        """Several events at once, for the consumers of this process (group_batch.py)."""
+        for message in messages_for(self.channel_name, event):
+            await self.dispatch(message)
+
     async def job_delta(self, event: dict[str, Any]) -> None:
         if self.relay is not None:
             await self.relay.on_delta(int(event["seq"]), event["text"], event.get("completion_tokens"))

@@ -64,3 +64,32 @@ def test_consumers_on_one_event_loop_share_one_redis_client(redis_client):
     other_loop, _ = asyncio.run(two_clients())
     assert first is second
     assert other_loop is not first  # a client's connections belong to the loop that made them
+
+
+def test_one_batch_message_feeds_every_socket_of_the_process_its_own_events(redis_client):
+    from api.streaming.group_batch import group_send_many
+
+    api_key, secret = make_api_key()
+    job_ids = [str(make_job(api_key=api_key, status=JobStatus.IN_PROGRESS).id) for _ in range(2)]
+
+    async def scenario() -> list[list[dict]]:
+        sockets = []
+        for job_id in job_ids:
+            communicator = WebsocketCommunicator(application, f"/ws/v1/jobs/{job_id}/?api_key={secret}")
+            assert (await communicator.connect(timeout=10))[0]
+            sockets.append(communicator)
+        events = []
+        for seq in (1, 2, 3):  # interleaved, as one sink batch of several steps would carry them
+            for job_id in job_ids:
+                redis_client.xadd(job_stream_key(job_id), messages.chunk_entry(_chunk(job_id, seq)))
+                events.append((job_group_name(job_id), {"type": messages.EVENT_DELTA, "seq": seq,
+                                                        "text": TEXTS[seq - 1], "completion_tokens": seq}))
+        await group_send_many(get_channel_layer(), events)
+        got = [[await s.receive_json_from(timeout=10) for _ in range(3)] for s in sockets]
+        for s in sockets:
+            await s.disconnect()
+        return got
+
+    got = asyncio.run(scenario())
+    for job_id, received in zip(job_ids, got, strict=True):
+        assert [(m["job_id"], m["seq"], m["text"]) for m in received] == [(job_id, i, TEXTS[i - 1]) for i in (1, 2, 3)]
