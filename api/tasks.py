@@ -1,6 +1,6 @@
 """Celery tasks.
 
-``run_job`` runs on engine workers (queue ``engine``, a non-forking pool). It hands the job id to
+``run_job`` (and ``run_jobs``, the same for a few ids in one message) runs on engine workers (queue ``engine``, a non-forking pool). It hands the job id to
 the worker's admission thread, which claims what has arrived in one UPDATE and starts it in the
 in-process engine (api/streaming/admission.py). A duplicate delivery finds the job already
 claimed and does nothing; a job whose message was acknowledged but never claimed (the worker
@@ -35,6 +35,17 @@ def run_job(job_id: str) -> bool:
         logger.warning("run_job(%s) reached a process without an engine; ignored", job_id)
         return False
     return service.admit(str(job_id))
+
+
+@shared_task(name="api.tasks.run_jobs", acks_late=True, ignore_result=True)
+def run_jobs(job_ids: list[str]) -> int:
+    """``run_job`` for several jobs in one message (a web process's burst of submissions, see
+    api/services/dispatcher.py). Returns how many this worker admitted."""
+    service = worker.current()
+    if service is None:
+        logger.warning("run_jobs(%s jobs) reached a process without an engine; ignored", len(job_ids))
+        return 0
+    return sum(service.admit(str(job_id)) for job_id in job_ids)
 
 
 def dispatch_job(job_id: str) -> None:

@@ -12,6 +12,12 @@ back and the reconciler resends. If the process dies with ids still waiting here
 stay ``queued`` and the reconciler resends them once ``JOB_REDISPATCH_AFTER_S`` has passed, as
 for any lost message. An orderly exit drains what is waiting (``atexit``).
 
+Ids that queued up while the thread was sending go out together, up to ``MAX_IDS_PER_MESSAGE``
+in one ``run_jobs`` message: a burst of 32 submissions becomes a handful of messages, each of
+which costs the engine worker's Celery consumer several milliseconds of the CPU its engine
+thread needs. The cap keeps a burst spread over several messages, so several engine workers
+still share it.
+
 ``settings.JOB_DISPATCH_THREAD = False`` publishes on the caller's thread instead (the unit
 tests, whose uncommitted test transaction another thread's connection could not see).
 """
@@ -31,6 +37,7 @@ from django.db import connection
 logger = logging.getLogger(__name__)
 
 _DRAIN_AT_EXIT_S = 5.0
+MAX_IDS_PER_MESSAGE = 8
 
 
 class JobDispatcher:
@@ -45,7 +52,7 @@ class JobDispatcher:
     def submit(self, job_id: str) -> None:
         """Publish ``job_id`` soon, on the dispatcher thread. Call it after the row committed."""
         if not getattr(settings, "JOB_DISPATCH_THREAD", True):
-            _send(job_id)
+            _send([job_id])
             return
         with self._lock:
             self._pending += 1
@@ -73,12 +80,17 @@ class JobDispatcher:
 
     def _run(self) -> None:
         while True:
-            job_id = self._queue.get()
+            job_ids = [self._queue.get()]
+            while len(job_ids) < MAX_IDS_PER_MESSAGE:
+                try:
+                    job_ids.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
             try:
-                _send(job_id)
+                _send(job_ids)
             finally:
                 with self._idle:
-                    self._pending -= 1
+                    self._pending -= len(job_ids)
                     if not self._pending:
                         self._idle.notify_all()
                         # The thread touches the DB only when a send fails; give that
@@ -87,10 +99,10 @@ class JobDispatcher:
                             connection.close()
 
 
-def _send(job_id: str) -> None:
-    from api.services.jobs import job_dispatch  # jobs.py imports this module
+def _send(job_ids: list[str]) -> None:
+    from api.services.jobs import jobs_dispatch  # jobs.py imports this module
 
-    job_dispatch(job_id=job_id, counted=True)
+    jobs_dispatch(job_ids=job_ids)
 
 
 dispatcher = JobDispatcher()

@@ -130,6 +130,7 @@ def test_celery_routes_jobs_to_the_engine_queue_and_schedules_reconciliation():
 
     assert app.main == "inference_service"
     assert app.conf.task_routes["api.tasks.run_job"] == {"queue": "engine"}
+    assert app.conf.task_routes["api.tasks.run_jobs"] == {"queue": "engine"}
     schedule = {entry["task"]: entry["schedule"] for entry in app.conf.beat_schedule.values()}
     assert schedule == {
         "api.tasks.reconcile_jobs": 10.0,
