@@ -120,6 +120,7 @@ class Service:
             self.env["OPENBLAS_NUM_THREADS"] = os.environ["BENCH_SERVICE_OPENBLAS_THREADS"]
         self.procs: list[subprocess.Popen] = []
         self.web_processes = web_processes
+        self.worker_id = f"bench-{os.getpid()}"
 
     def start(self) -> str:
         import redis
@@ -132,15 +133,25 @@ class Service:
         # psycopg[pool] is installed; the worker keeps its persistent connections.
         self._spawn("daphne", [py, "-m", "inference_service.serve_web", "-b", "127.0.0.1", "-p", str(self.port),
                                "--processes", str(self.web_processes)], {"DB_POOL": _db_pool()})
-        self._spawn("worker", [py, "manage.py", "run_engine_worker", "--worker-id", "bench", "--loglevel", "WARNING"],
+        self._spawn("worker", [py, "manage.py", "run_engine_worker", "--worker-id", self.worker_id, "--loglevel", "WARNING"],
                     {"DB_POOL": "0"})
         r = redis.Redis.from_url(self.env["REDIS_URL"])
         deadline = time.monotonic() + 300
-        while not (r.exists("engine:workers:bench") and _port_open(self.port)):
+        while not (r.exists(f"engine:workers:{self.worker_id}") and _port_open(self.port)):
             if time.monotonic() > deadline or any(p.poll() is not None for p in self.procs):
                 raise RuntimeError(f"service did not start; see {self.log_dir}")
             time.sleep(0.2)
+        self.check_alone(r)
         return key
+
+    def check_alone(self, r) -> None:
+        """Refuse to measure when another engine worker consumes this Redis DB (a leftover of an
+        interrupted run, say): it would take some of the jobs, and with another model or load
+        turn a run into nonsense (seen once: half the jobs took 80 s instead of 7)."""
+        time.sleep(2.5)  # a heartbeat period (WORKER_HEARTBEAT_S, 2 s): a live worker re-publishes after the flush
+        others = sorted(k.decode() for k in r.keys("engine:workers:*") if k.decode() != f"engine:workers:{self.worker_id}")
+        if others:
+            raise RuntimeError(f"other engine workers consume {self.env['REDIS_URL']}: {others}; stop them first")
 
     def _manage(self, *args: str) -> str:
         return subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=self.env, check=True,
