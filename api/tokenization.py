@@ -86,18 +86,16 @@ def get_tokenizer(model_path: str | None = None) -> PromptTokenizer:
             raise ServiceUnavailable(f"The model at {path} is not available.") from exc
 
 
-def warm_tokenizer_in_background() -> threading.Thread:
-    """Load the tokenizer on a thread now. Without it the first submission of every web process
-    paid for importing transformers and reading the tokenizer (seconds), and every request that
-    arrived meanwhile queued behind it. A failure is only logged: submissions answer 503 until
-    the model folder is readable."""
+def load_tokenizer_at_start() -> bool:
+    """Load the tokenizer now, while the web process starts (the ASGI module calls this).
 
-    def warm() -> None:
-        try:
-            get_tokenizer()
-        except ServiceUnavailable:
-            pass  # get_tokenizer logged why
-
-    thread = threading.Thread(target=warm, name="tokenizer-warm-up", daemon=True)
-    thread.start()
-    return thread
+    Without it the first submission of every web process paid for importing transformers and
+    reading the tokenizer (seconds), and every request that arrived meanwhile queued behind it.
+    Synchronous on purpose: loading it on a thread raced with other imports of transformers (its
+    lazy module handed a half-initialised package to mlx_lm's import in the main thread). A
+    failure is only logged: submissions answer 503 until the model folder is readable."""
+    try:
+        get_tokenizer()
+    except ServiceUnavailable:
+        return False  # get_tokenizer logged why
+    return True

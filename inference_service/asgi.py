@@ -20,9 +20,9 @@ from django.conf import settings  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 
 from api.routing import websocket_urlpatterns  # noqa: E402
-from api.tokenization import warm_tokenizer_in_background  # noqa: E402
+from api.tokenization import load_tokenizer_at_start  # noqa: E402
 
-warm_tokenizer_in_background()
+load_tokenizer_at_start()
 
 http_app = ASGIStaticFilesHandler(django_http) if settings.SERVE_STATIC else django_http
 

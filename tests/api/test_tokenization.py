@@ -50,7 +50,7 @@ def test_the_web_process_loads_the_tokenizer_before_its_first_request(settings, 
     copy = tmp_path / "model"  # a path no test has loaded yet
     shutil.copytree(tiny_model_path, copy)
     settings.MODEL_PATH = str(copy)
-    tokenization.warm_tokenizer_in_background().join(timeout=60)
+    assert tokenization.load_tokenizer_at_start()
 
     misses = tokenization._load.cache_info().misses
     get_tokenizer()
@@ -61,5 +61,5 @@ def test_a_failed_warm_up_only_logs(settings, tmp_path, caplog):
     from api import tokenization
 
     settings.MODEL_PATH = str(tmp_path / "missing")
-    tokenization.warm_tokenizer_in_background().join(timeout=60)
+    assert not tokenization.load_tokenizer_at_start()
     assert "Cannot load the tokenizer" in caplog.text
