@@ -255,11 +255,16 @@ async def service_round(port: int, key: str, prompts: list[str], max_tokens: int
         ttft.append(first)
         tokens.append(completion)
 
+    return await _round(one, prompts, ttft, tokens, post_s=post, ws_open_s=ws_open)
+
+
+async def _round(one, prompts: list[str], ttft: list[float], tokens: list[int], **extra: list[float]) -> dict:
+    """Run ``one(prompt)`` for every prompt at once; tok/s over the wall time of the whole round
+    (``one`` fills ``ttft``, ``tokens`` and the lists in ``extra``)."""
     t0 = time.perf_counter()
     await asyncio.gather(*(one(p) for p in prompts))
     wall = time.perf_counter() - t0
-    return {"tok_s": sum(tokens) / wall, "ttft_s": ttft, "tokens": tokens, "wall_s": wall, "post_s": post,
-            "ws_open_s": ws_open}
+    return {"tok_s": sum(tokens) / wall, "ttft_s": ttft, "tokens": tokens, "wall_s": wall, **extra}
 
 
 async def _read_stream(ws, t0: float) -> tuple[float, int]:
@@ -293,10 +298,7 @@ async def ws_submit_round(port: int, key: str, prompts: list[str], max_tokens: i
         ttft.append(first)
         tokens.append(completion)
 
-    t0 = time.perf_counter()
-    await asyncio.gather(*(one(p) for p in prompts))
-    wall = time.perf_counter() - t0
-    return {"tok_s": sum(tokens) / wall, "ttft_s": ttft, "tokens": tokens, "wall_s": wall}
+    return await _round(one, prompts, ttft, tokens)
 
 
 # --------------------------------------------------------------------------------------- main
