@@ -123,8 +123,8 @@ def jobs_record_progress(*, worker_id: str, progress: list[Progress]) -> int:
     """The text so far of running jobs (throttled by the caller), for polling clients: one
     statement executed for all of them in one transaction.
 
-    Plain SQL: the ORM form (a CASE per column with a WHEN per job) took ~50 ms of the worker's
-    CPU for 32 jobs to compile, every interval, while the engine thread waited for the GIL."""
+    Plain SQL: the ORM form (a CASE per column with a WHEN per job) took 38.7 ms of the worker's
+    CPU for 32 jobs (this takes 6.8), mostly compiling, while the engine thread waited for the GIL."""
     if not progress:
         return 0
     pk = Job._meta.pk

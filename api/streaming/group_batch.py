@@ -8,7 +8,7 @@ capacity and expiry, ``__asgi_channel__`` for process-local channels, the layer'
 using only the layer's public methods and attributes:
 
 1. one pipeline per connection: expire stale members, then read the members of every group;
-2. one EVAL per connection: add one ``batch`` message to each key that has member channels
+2. one EVAL per connection: add one ``job.batch`` message to each key that has member channels
    (every process-local channel of one daphne process shares its process's key).
 
 Within a batch each channel's messages keep the order given, and batches get increasing scores.
@@ -47,8 +47,8 @@ return over
 async def group_send_many(layer: Any, events: list[tuple[str, dict[str, Any]]]) -> None:
     """Send each ``(group, message)`` to the group's channels, in order per channel.
 
-    What reaches a Redis key is one ``batch`` message per call, whatever the number of events:
-    ``{"type": "batch", "__asgi_channel__": [channels...], "events": {channel: [messages...]}}``.
+    What reaches a Redis key is one ``job.batch`` message per call, whatever the number of events:
+    ``{"type": "job.batch", "__asgi_channel__": [channels...], "events": {channel: [messages...]}}``.
     The consumers of one daphne process share one key, and channels_redis pops, decodes and
     routes every entry of it with a few round trips of its own; with a message per job and
     step, that receive path was a fifth of daphne's CPU during a 32-job burst. A consumer takes
