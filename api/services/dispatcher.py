@@ -89,14 +89,14 @@ class JobDispatcher:
             try:
                 _send(job_ids)
             finally:
+                # The thread touches the DB only when a send fails; give that connection back
+                # (to the pool) rather than hold it.
+                if connection.connection is not None:
+                    connection.close()
                 with self._idle:
                     self._pending -= len(job_ids)
                     if not self._pending:
                         self._idle.notify_all()
-                        # The thread touches the DB only when a send fails; give that
-                        # connection back (to the pool) instead of holding it while idle.
-                        if connection.connection is not None:
-                            connection.close()
 
 
 def _send(job_ids: list[str]) -> None:

@@ -175,32 +175,34 @@ def job_dispatch(*, job_id: str, counted: bool = False) -> bool:
 
     ``counted``: the row's ``dispatch_count`` already includes this send (job_create writes 1 in
     its INSERT, saving an UPDATE per submission); it is taken back if the send fails."""
-    try:
-        from api.tasks import run_job  # lazy: keeps Celery's import graph out of web start-up
-
-        run_job.delay(job_id)
-    except Exception:  # noqa: BLE001 - any broker/import failure; the DB row is the truth
-        logger.warning("Dispatch of job %s failed; the reconciler will retry", job_id, exc_info=True)
-        if counted:
-            Job.objects.filter(id=job_id, dispatch_count__gt=0).update(dispatch_count=F("dispatch_count") - 1)
+    if counted:
+        return jobs_dispatch(job_ids=[job_id])
+    if not _publish([job_id]):
         return False
-    if not counted:
-        Job.objects.filter(id=job_id).update(dispatch_count=F("dispatch_count") + 1)
+    Job.objects.filter(id=job_id).update(dispatch_count=F("dispatch_count") + 1)
     return True
 
 
 def jobs_dispatch(*, job_ids: list[str]) -> bool:
-    """:func:`job_dispatch` (``counted``) for several jobs in one message. A failed send takes
-    back every count, and the reconciler sends them again."""
-    if len(job_ids) == 1:
-        return job_dispatch(job_id=job_ids[0], counted=True)
-    try:
-        from api.tasks import run_jobs
+    """:func:`job_dispatch` (``counted``) for one or several jobs in one message. A failed send
+    takes back every count, and the reconciler sends them again."""
+    if _publish(job_ids):
+        return True
+    Job.objects.filter(id__in=job_ids, dispatch_count__gt=0).update(dispatch_count=F("dispatch_count") - 1)
+    return False
 
-        run_jobs.delay(job_ids)
-    except Exception:  # noqa: BLE001 - as job_dispatch
-        logger.warning("Dispatch of %s jobs failed; the reconciler will retry", len(job_ids), exc_info=True)
-        Job.objects.filter(id__in=job_ids, dispatch_count__gt=0).update(dispatch_count=F("dispatch_count") - 1)
+
+def _publish(job_ids: list[str]) -> bool:
+    """One ``run_job`` message, or one ``run_jobs`` message for several ids. False if it failed."""
+    try:
+        from api.tasks import run_job, run_jobs  # lazy: keeps Celery's import graph out of web start-up
+
+        if len(job_ids) == 1:
+            run_job.delay(job_ids[0])
+        else:
+            run_jobs.delay(job_ids)
+    except Exception:  # noqa: BLE001 - any broker/import failure; the DB row is the truth
+        logger.warning("Dispatch of %s failed; the reconciler will retry", ", ".join(job_ids), exc_info=True)
         return False
     return True
 
