@@ -11,12 +11,12 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "inference_service.settings")
 # Django must be set up before anything imports models (the consumers do).
 django.setup(set_prefix=False)
 
-from inference_service.asgi_handler import OneHopASGIHandler  # noqa: E402
-
-django_http = OneHopASGIHandler()
-
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.conf import settings  # noqa: E402
+
+from inference_service.asgi_handler import OneHopASGIHandler  # noqa: E402
+
+django_http = OneHopASGIHandler(threads=settings.WEB_REQUEST_THREADS)
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 
 from api.routing import websocket_urlpatterns  # noqa: E402

@@ -182,6 +182,8 @@ JOB_LEASE_S = env_float("JOB_LEASE_S", 30.0, minimum=1.0)
 # New jobs are published to the engine queue from one thread per web process (api/services/
 # dispatcher.py); off: on the request's thread.
 JOB_DISPATCH_THREAD = env_bool("JOB_DISPATCH_THREAD", True)
+# Threads per web process that run requests' sync code (inference_service/asgi_handler.py).
+WEB_REQUEST_THREADS = env_int("WEB_REQUEST_THREADS", 8, minimum=1)
 
 LOGGING = {
     "version": 1,

@@ -1,50 +1,117 @@
-"""HTTP through the ASGI application: Django's middleware and view run in one thread hop."""
+"""HTTP through the ASGI application: a request's sync code runs in one hop, on a pooled thread."""
 
 from __future__ import annotations
 
 import asyncio
-from unittest import mock
+import threading
 
 import pytest
-from asgiref.sync import SyncToAsync
-from channels.testing import HttpCommunicator
+from django.core import signals
+from django.http import HttpResponse, StreamingHttpResponse
+from django.test import override_settings
+from django.urls import path
 
-from inference_service.asgi import application
+from inference_service.asgi import application, django_http
+from inference_service.asgi_handler import OneHopASGIHandler
 
 pytestmark = pytest.mark.django_db(transaction=True)  # the request runs on a thread of its own
 
+seen: list[tuple[str, str]] = []  # (what ran, the thread's name)
 
-def _request(path: str, method: str = "GET") -> tuple[dict, int]:
-    """(response, SyncToAsync calls made while serving it)."""
-    real_call = SyncToAsync.__call__
-    calls = 0
 
-    async def counting(self, *args, **kwargs):
-        nonlocal calls
-        calls += 1
-        return await real_call(self, *args, **kwargs)
+def _plain(request):
+    seen.append(("view", threading.current_thread().name))
+    return HttpResponse("plain")
+
+
+def _streaming(request):
+    seen.append(("view", threading.current_thread().name))
+    async def parts():
+        yield b"one,"
+        yield b"two"
+
+    return StreamingHttpResponse(parts())
+
+
+urlpatterns = [path("plain", _plain), path("streaming", _streaming)]
+
+
+def _get(app, path_: str) -> dict:
+    """GET ``path_`` from the ASGI ``app``: {"status", "headers", "body"}. (Channels'
+    HttpCommunicator rejects the body-less closing message of Django's streaming responses.)"""
+    scope = {"type": "http", "http_version": "1.1", "method": "GET", "scheme": "http", "path": path_,
+             "raw_path": path_.encode(), "query_string": b"", "root_path": "", "headers": [(b"host", b"localhost")],
+             "client": ("127.0.0.1", 1), "server": ("localhost", 80)}
+    sent: list[dict] = []
 
     async def run():
-        communicator = HttpCommunicator(application, method, path, headers=[(b"host", b"localhost")])
-        return await communicator.get_response(timeout=10)
+        inbox: asyncio.Queue = asyncio.Queue()
+        await inbox.put({"type": "http.request", "body": b""})
 
-    with mock.patch.object(SyncToAsync, "__call__", counting):
-        response = asyncio.run(run())
-    return response, calls
+        async def send(message):
+            sent.append(message)
+
+        await asyncio.wait_for(app(scope, inbox.get, send), timeout=10)
+
+    asyncio.run(run())
+    start, chunks = sent[0], sent[1:]
+    assert start["type"] == "http.response.start" and not chunks[-1].get("more_body", False)
+    return {"status": start["status"], "headers": start["headers"], "body": b"".join(m.get("body", b"") for m in chunks)}
 
 
-def test_a_request_takes_three_thread_hops_not_one_per_middleware_hook():
-    response, hops = _request("/no-such-page")
-    assert response["status"] == 404
-    # request_started signal, the middleware chain with the view, response.close(). Django's own
-    # handler makes one per process_request/process_response of each of the seven middleware.
-    assert hops <= 3, hops
+@pytest.fixture
+def trace_signals():
+    seen.clear()
+
+    def started(**_):
+        seen.append(("started", threading.current_thread().name))
+
+    def finished(**_):
+        seen.append(("finished", threading.current_thread().name))
+
+    signals.request_started.connect(started)
+    signals.request_finished.connect(finished)
+    yield seen
+    signals.request_started.disconnect(started)
+    signals.request_finished.disconnect(finished)
+
+
+@override_settings(ROOT_URLCONF=__name__)
+@pytest.mark.parametrize("path_, body", [("/plain", b"plain"), ("/streaming", b"one,two")])
+def test_signals_and_view_run_on_one_request_thread(trace_signals, path_, body):
+    response = _get(application, path_)
+    assert response["status"] == 200
+    assert response["body"] == body
+    # request_started (close_old_connections), the view and request_finished (connections closed
+    # or returned to the pool) all touch the same thread's connections, as under WSGI.
+    assert [name for name, _ in trace_signals] == ["started", "view", "finished"]
+    assert len({thread for _, thread in trace_signals}) == 1
+    assert trace_signals[0][1].startswith("django-request")
+
+
+@override_settings(ROOT_URLCONF=__name__)
+def test_requests_reuse_the_pool_threads_instead_of_starting_new_ones(trace_signals):
+    handler = OneHopASGIHandler(threads=2)
+    for _ in range(10):
+        assert _get(handler, "/plain")["status"] == 200
+    # Django's handler starts a thread for each request (and one more to join it); names are
+    # unique per thread where idents get reused.
+    view_threads = {thread for name, thread in trace_signals if name == "view"}
+    assert len(view_threads) <= 2
+
+
+def test_the_pool_size_comes_from_settings(settings):
+    assert django_http.threads == settings.WEB_REQUEST_THREADS
 
 
 def test_the_middleware_still_applies():
-    response, _ = _request("/api/v1/models")
+    response = _get(application, "/api/v1/models")
     headers = {name.decode().lower(): value.decode() for name, value in response["headers"]}
     assert response["status"] == 401  # DRF ran: no API key
     assert headers["x-frame-options"] == "DENY"  # XFrameOptionsMiddleware
     assert headers["x-content-type-options"] == "nosniff"  # SecurityMiddleware
     assert headers["content-type"].startswith("application/json")
+
+
+def test_an_unknown_path_is_django_404():
+    assert _get(application, "/no-such-page")["status"] == 404
