@@ -197,7 +197,6 @@ def _create_job(api_key: ApiKey, body: Any) -> Job:
         raise ServiceError("The message must be a JSON object (a job body).", code="invalid_request")
     serializer = JobCreateSerializer(data=body)
     serializer.is_valid(raise_exception=True)
-    job, _created = job_create(
+    return job_create(
         owner=api_key.owner, api_key=api_key, request=JobRequest.from_validated(serializer.validated_data)
-    )
-    return job
+    ).job

@@ -9,7 +9,7 @@ import logging
 import uuid
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from typing import Any, NamedTuple
 
 import redis
 from django.contrib.auth.models import AbstractBaseUser
@@ -30,7 +30,8 @@ from api.errors import (
 from api.models import ApiKey, Job, JobStatus
 from api.redis_client import get_redis
 from api.services.dispatcher import dispatcher
-from api.services.quotas import quota_check_job, quota_consume_request
+from api.services.job_insert import job_insert
+from api.services.quotas import RateLimitState, quota_check_job, quota_consume_request
 from api.tokenization import get_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -80,20 +81,31 @@ class JobRequest:
         return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()
 
 
+class JobSubmission(NamedTuple):
+    """What :func:`job_create` did. For a new job, ``queue_position`` (jobs ahead of it when it
+    was inserted) and ``rate_limit`` (where the key stands after this request) come with it; for
+    an idempotent replay of an earlier job they are None (nothing was inserted or counted)."""
+
+    job: Job
+    created: bool
+    queue_position: int | None = None
+    rate_limit: RateLimitState | None = None
+
+
 def job_create(
     *, owner: AbstractBaseUser, api_key: ApiKey, request: JobRequest, idempotency_key: str | None = None
-) -> tuple[Job, bool]:
+) -> JobSubmission:
     """Create a queued job and dispatch it to the engine once the transaction commits.
 
-    Returns ``(job, created)``; ``created`` is False when ``idempotency_key`` names an earlier job
-    with the same body (that job is returned; a different body raises IdempotencyKeyReused).
-    Raises InvalidRequest/MaxTokensTooLarge/PromptTooLong for requests the engine could not run,
-    and QuotaExceeded when a quota of ``api_key`` is used up."""
+    ``created`` is False when ``idempotency_key`` names an earlier job with the same body (that
+    job is returned; a different body raises IdempotencyKeyReused). Raises
+    InvalidRequest/MaxTokensTooLarge/PromptTooLong for requests the engine could not run, and
+    QuotaExceeded when a quota of ``api_key`` is used up."""
     if idempotency_key is not None:
         _check_idempotency_key(idempotency_key)
         existing = _job_for_idempotency_key(owner=owner, key=idempotency_key, fingerprint=request.fingerprint())
         if existing is not None:
-            return existing, False
+            return JobSubmission(existing, False)
 
     prompt_token_ids, param = _tokenize(request)
     context = get_tokenizer().info.context_length
@@ -107,14 +119,14 @@ def job_create(
         max_tokens = min(_default_max_tokens(), api_key.max_tokens_per_job, room)
     if len(prompt_token_ids) + max_tokens > context:
         raise PromptTooLong(limit=context, prompt_tokens=len(prompt_token_ids), max_tokens=max_tokens, param=param)
-    quota_consume_request(api_key=api_key)
+    rate_limit = quota_consume_request(api_key=api_key)
 
     params = {**SAMPLING_DEFAULTS, **request.sampling, "max_tokens": max_tokens}
     # A key's priority class is the most urgent its jobs can be; a request may only ask for less.
     priority = max(api_key.priority, request.priority if request.priority is not None else api_key.priority)
     try:
         with transaction.atomic():
-            job = Job.objects.create(
+            job = Job(
                 owner=owner,
                 api_key=api_key,
                 prompt=request.prompt or "",
@@ -126,6 +138,7 @@ def job_create(
                 request_fingerprint=request.fingerprint(),
                 dispatch_count=1,  # sent on commit; job_dispatch takes it back if the send fails
             )
+            queue_position = job_insert(job)
             # Locks the key's row and counts this job in: a QuotaExceeded rolls the insert back.
             quota_check_job(api_key=api_key, prompt_tokens=len(prompt_token_ids), max_tokens=max_tokens)
             transaction.on_commit(partial(dispatcher.submit, str(job.id)))
@@ -136,8 +149,8 @@ def job_create(
         existing = _job_for_idempotency_key(owner=owner, key=idempotency_key, fingerprint=request.fingerprint())
         if existing is None:
             raise
-        return existing, False
-    return job, True
+        return JobSubmission(existing, False)
+    return JobSubmission(job, True, queue_position, rate_limit)
 
 
 def _default_max_tokens() -> int:

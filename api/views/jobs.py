@@ -62,26 +62,23 @@ class JobListCreateView(APIView):
     def post(self, request: Request) -> Response:
         serializer = JobCreateSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        job, created = job_create(
+        submission = job_create(
             owner=request.user,
             api_key=request.auth,
             request=JobRequest.from_validated(serializer.validated_data),
             idempotency_key=request.headers.get("Idempotency-Key"),
         )
-        body = {
-            "id": job.id,
-            "object": "job",
-            "status": job.status,
-            "queue_position": job_queue_position(job=job),
-            "created_at": job.created_at,
-        }
+        job = submission.job
+        position = submission.queue_position if submission.created else job_queue_position(job=job)
+        body = {"id": job.id, "object": "job", "status": job.status, "queue_position": position,
+                "created_at": job.created_at}
         headers = {"Location": f"/api/v1/jobs/{job.id}"}
-        rate = quota_request_rate_state(api_key=request.auth)
+        rate = submission.rate_limit or quota_request_rate_state(api_key=request.auth)
         if rate is not None:
             headers.update(rate.headers())
         return Response(
             JobCreatedSerializer(body).data,
-            status=status.HTTP_202_ACCEPTED if created else status.HTTP_200_OK,
+            status=status.HTTP_202_ACCEPTED if submission.created else status.HTTP_200_OK,
             headers=headers,
         )
 

@@ -45,8 +45,8 @@ def test_concurrent_retries_with_one_idempotency_key_create_one_job(transactiona
     )
 
     assert all(isinstance(r, tuple) for r in results), results
-    assert len({str(job.id) for job, _ in results}) == 1
-    assert sum(created for _, created in results) == 1
+    assert len({str(r.job.id) for r in results}) == 1
+    assert sum(r.created for r in results) == 1
     assert Job.objects.count() == 1
 
 

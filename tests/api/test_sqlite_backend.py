@@ -27,8 +27,11 @@ from django.forms.models import model_to_dict
 
 user = User.objects.create(username="sqlite")
 key, secret = api_key_create(owner=user, max_concurrent_jobs=3, tokens_per_day=10**6)
-jobs = [job_create(owner=user, api_key=key, request=JobRequest(prompt="hello world", max_tokens=7))[0]
-        for _ in range(3)]
+submissions = [job_create(owner=user, api_key=key, request=JobRequest(prompt="hello world", max_tokens=7))
+               for _ in range(3)]
+jobs = [s.job for s in submissions]
+from api.models import Job
+inserted_same = all(model_to_dict(j) == model_to_dict(Job.objects.get(id=j.id)) for j in jobs)
 try:
     job_create(owner=user, api_key=key, request=JobRequest(prompt="hello world", max_tokens=7))
     refused = None
@@ -43,7 +46,8 @@ written = lc.jobs_record_progress(worker_id="w", progress=[
 jobs[0].refresh_from_db()
 found, orm = authenticate_api_key(secret), ApiKey.objects.select_related("owner").get(id=key.id)
 print(json.dumps({
-    "positions": positions,
+    "positions": positions, "insert_positions": [s.queue_position for s in submissions],
+    "inserted_same": inserted_same,
     "active": active, "tokens": tokens, "prompt_len": len(jobs[0].prompt_token_ids), "refused": refused,
     "progress": [written, jobs[0].output_text, jobs[0].last_seq, jobs[0].completion_tokens],
     "auth_same": model_to_dict(found) == model_to_dict(orm) and found.created_at == orm.created_at
@@ -64,6 +68,8 @@ def test_quota_usage_and_queue_position_on_sqlite(tmp_path, tiny_model_path):
     result = json.loads(out.stdout.strip().splitlines()[-1])
     # Positions count only the jobs ahead (a text/datetime mismatch made a job count itself).
     assert result["positions"] == [0, 1, 2]
+    assert result["insert_positions"] == [0, 1, 2]  # the INSERT's RETURNING subquery agrees
+    assert result["inserted_same"] is True  # the raw INSERT stored what the instance holds
     assert result["active"] == 3
     assert result["tokens"] == 3 * (result["prompt_len"] + 7)
     assert result["refused"] == "concurrent_jobs_exceeded"
