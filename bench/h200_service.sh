@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# The service benchmark on the lent GPU machine (device tool, nvidia-h200: 16 cores, no registry).
+#
+# That machine has Python 3.12, PyTorch's image and transformers, but no Django stack, no Redis and
+# no PostgreSQL. Prepare once here, in the repo root (.whl/ is git-ignored):
+#   * .whl/*.whl, .whl/gpu-env.sh: mlx on CUDA, as ../shared/tools/gpu-env.sh says;
+#   * .whl/svc/*.whl: the service's wheels for cp312 (pip download --only-binary=:all:
+#     --python-version 3.12 --platform manylinux_2_28_x86_64 ... of pyproject's service packages
+#     and websockets), less those the image already has (attrs, click, idna, msgpack, packaging,
+#     python-dateutil, pyyaml, six, typing-extensions);
+#   * .whl/bin/: this machine's redis-server with the two libraries Ubuntu's image lacks
+#     (libjemalloc.so.2, liblzf.so.1);
+#   * for DB=postgres: .whl/pg.tar.xz, PostgreSQL 16 out of the pgserver wheel (pgserver.libs/ and
+#     pgserver/pginstall/{bin/postgres,bin/initdb,bin/pg_ctl,lib/postgresql,share/postgresql}),
+#     and .whl/svc/ holds psycopg, psycopg-binary and psycopg-pool.
+#   The carry limit is 64 MiB: Django's wheel travels without its translations (LC_MESSAGES).
+# Then: device run, carry [".whl"], command "[DB=postgres] bash bench/h200_service.sh [service_bench args]".
+# The database is SQLite (the embedded default) or, with DB=postgres, a local PostgreSQL as deployed;
+# Redis is a local redis-server.
+set -euo pipefail
+source .whl/gpu-env.sh
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/svc/*.whl
+export MLX_DISABLE_OPENBLAS=1
+LD_LIBRARY_PATH=$PWD/.whl/bin .whl/bin/redis-server --port 6379 --save '' --appendonly no --daemonize yes \
+    --logfile /tmp/redis.log
+for _ in $(seq 50); do python3 -c 'import redis; redis.Redis().ping()' 2>/dev/null && break; sleep 0.1; done
+if [ "${DB:-sqlite}" = postgres ]; then
+    if ! python3 -c 'import psycopg; psycopg.connect("postgresql://postgres@127.0.0.1:5432/postgres").close()' 2>/dev/null; then
+        mkdir -p /tmp/pg && tar xJf .whl/pg.tar.xz -C /tmp/pg && chmod -R a+rX /tmp/pg
+        PGBIN=/tmp/pg/pgserver/pginstall/bin
+        id pgrun >/dev/null 2>&1 || useradd -M pgrun  # PostgreSQL refuses to run as root
+        mkdir -p /tmp/pgdata && chown pgrun /tmp/pgdata
+        su pgrun -s /bin/bash -c "$PGBIN/initdb -D /tmp/pgdata -U postgres -A trust >/tmp/initdb.log 2>&1 &&
+            $PGBIN/pg_ctl -D /tmp/pgdata -l /tmp/pg.log -o '-p 5432 -k /tmp -c max_connections=300' start -w"
+    fi
+    unset BENCH_DATABASE_URL  # service_bench's default: a service_bench database on 127.0.0.1:5432
+else
+    export BENCH_DATABASE_URL=sqlite:////tmp/service_bench.sqlite3
+fi
+MODEL=${MODEL:-var/models/tiny}
+[ -d "$MODEL" ] || python3 -m engine_worker.model.builder "$MODEL" ${MODEL_ARGS:-}
+python3 bench/service_bench.py --model "$MODEL" "$@"
