@@ -19,6 +19,7 @@ from django.db import connections
 from django.db.models import Field
 
 from api.models import Job, JobStatus
+from api.selectors.jobs import job_queue_position
 
 
 @dataclass(frozen=True)
@@ -30,8 +31,11 @@ class _Statement:
 def job_insert(job: Job, *, using: str = "default") -> int:
     """INSERT ``job`` (a new, unsaved instance) and return how many queued jobs are ahead of it in
     the engine's admission order (priority, then arrival): see ``selectors.jobs.job_queue_position``."""
-    statement = _statement(using)
     connection = connections[using]
+    if not connection.features.can_return_columns_from_insert:  # SQLite before 3.35: no RETURNING
+        job.save(force_insert=True, using=using)
+        return job_queue_position(job=job)
+    statement = _statement(using)
     params = [field.get_db_prep_save(field.pre_save(job, True), connection) for field in statement.fields]
     params += [JobStatus.QUEUED.value, job.priority, job.priority,
                connection.ops.adapt_datetimefield_value(job.queued_at)]

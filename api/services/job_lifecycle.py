@@ -18,10 +18,11 @@ import uuid
 from dataclasses import dataclass
 from functools import cache
 
-from django.db import connection, transaction
+from django.db import connection, connections, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
+from api.db_rows import RowShape, build, row_shape
 from api.models import Job, JobStatus
 from engine_worker.protocol import FinalResult, JobSpec
 
@@ -48,22 +49,54 @@ def job_claim(*, job_id: str, worker_id: str, lease_s: float) -> Job | None:
 
 
 def jobs_claim(*, job_ids: list[str], worker_id: str, lease_s: float) -> list[Job]:
-    """:func:`job_claim` for several jobs in one UPDATE (a worker admits a burst in a few round
-    trips, not two per job). Returns the jobs this call claimed, in the order of ``job_ids``."""
+    """:func:`job_claim` for several jobs in one statement: ``UPDATE ... RETURNING`` the claimed
+    rows (one round trip where the ORM needs four: BEGIN, UPDATE, a SELECT of the rows, COMMIT).
+    Returns the jobs this call claimed, in the order of ``job_ids``."""
     if not job_ids:
         return []
     now = timezone.now()
+    values = {"status": JobStatus.IN_PROGRESS.value, "worker_id": worker_id,
+              "lease_expires_at": now + dt.timedelta(seconds=lease_s), "started_at": now, "first_token_at": None,
+              "output_text": "", "last_seq": 0, "completion_tokens": 0}
+    if not connection.features.can_return_columns_from_insert:  # SQLite before 3.35: no RETURNING
+        return _jobs_claim_orm(job_ids, worker_id, now, values)
+    pk = Job._meta.pk
+    ids = list(dict.fromkeys(str(job_id) for job_id in job_ids))
+    statement = _claim_statement(connection.alias)
+    params = [Job._meta.get_field(name).get_db_prep_save(values[name], connection) for name in _CLAIM_FIELDS]
+    params += [pk.get_db_prep_value(pk.to_python(job_id), connection) for job_id in ids]
+    params += [JobStatus.QUEUED.value, False]
+    with connection.cursor() as cursor:
+        cursor.execute(statement.sql.format(ids=", ".join(["%s"] * len(ids))), params)
+        rows = {str(job.id): job for job in (build(statement.shape, row, connection.alias) for row in cursor.fetchall())}
+    return [rows[job_id] for job_id in ids if job_id in rows]
+
+
+@dataclass(frozen=True)
+class _ClaimStatement:
+    sql: str  # with an {ids} placeholder for the IN list
+    shape: RowShape
+
+
+@cache
+def _claim_statement(alias: str) -> _ClaimStatement:
+    ops = connections[alias].ops
+    q = ops.quote_name
+    shape = row_shape(Job)
+    column = lambda name: q(Job._meta.get_field(name).column)  # noqa: E731
+    assignments = ", ".join(f"{column(name)} = %s" for name in _CLAIM_FIELDS)
+    sql = (f"UPDATE {q(Job._meta.db_table)} SET {assignments} WHERE {column('id')} IN ({{ids}}) "
+           f"AND {column('status')} = %s AND {column('cancel_requested')} = %s RETURNING {shape.column_list(q)}")
+    return _ClaimStatement(sql=sql, shape=shape)
+
+
+_CLAIM_FIELDS = ("status", "worker_id", "lease_expires_at", "started_at", "first_token_at", "output_text",
+                 "last_seq", "completion_tokens")
+
+
+def _jobs_claim_orm(job_ids: list[str], worker_id: str, now: dt.datetime, values: dict) -> list[Job]:
     with transaction.atomic():
-        claimed = Job.objects.filter(id__in=job_ids, status=JobStatus.QUEUED, cancel_requested=False).update(
-            status=JobStatus.IN_PROGRESS,
-            worker_id=worker_id,
-            lease_expires_at=now + dt.timedelta(seconds=lease_s),
-            started_at=now,
-            first_token_at=None,
-            output_text="",
-            last_seq=0,
-            completion_tokens=0,
-        )
+        claimed = Job.objects.filter(id__in=job_ids, status=JobStatus.QUEUED, cancel_requested=False).update(**values)
         if not claimed:
             return []
         # The rows this UPDATE changed, and only those: they stay locked until the commit.

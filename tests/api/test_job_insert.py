@@ -68,3 +68,4 @@ def test_nothing_listens_to_job_save_signals():
     # job_insert sends no pre_save/post_save; a receiver added for Job would silently miss inserts.
     assert not signals.pre_save.has_listeners(Job)
     assert not signals.post_save.has_listeners(Job)
+

@@ -164,3 +164,26 @@ def test_a_batch_claim_takes_only_claimable_jobs_in_the_order_given():
     # A second delivery of the same batch claims nothing.
     assert lc.jobs_claim(job_ids=ids, worker_id="w2", lease_s=30) == []
     assert lc.jobs_claim(job_ids=[], worker_id="w2", lease_s=30) == []
+
+
+def test_a_claim_is_one_update_returning_the_orms_instances():
+    from django.db import connection
+    from django.forms.models import model_to_dict
+    from django.test.utils import CaptureQueriesContext
+
+    from api.models import Job
+
+    jobs = [make_job(), make_job()]
+    with CaptureQueriesContext(connection) as queries:
+        claimed = lc.jobs_claim(job_ids=[str(j.id) for j in jobs], worker_id="w1", lease_s=30)
+
+    # One round trip: no BEGIN/SELECT/COMMIT around the UPDATE.
+    assert len(queries.captured_queries) == 1
+    assert queries.captured_queries[0]["sql"].startswith("UPDATE") and " RETURNING " in queries.captured_queries[0]["sql"]
+    for job in claimed:
+        stored = Job.objects.get(id=job.id)
+        assert model_to_dict(job) == model_to_dict(stored)
+        assert (job.started_at, job.lease_expires_at, job.created_at) == (
+            stored.started_at, stored.lease_expires_at, stored.created_at)
+        assert not job._state.adding
+

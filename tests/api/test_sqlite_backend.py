@@ -40,14 +40,24 @@ except QuotaExceeded as exc:
 active, tokens = _key_usage(api_key=key, now=timezone.now())
 positions = [job_queue_position(job=job) for job in jobs]
 from api.services import job_lifecycle as lc
-lc.jobs_claim(job_ids=[str(jobs[0].id)], worker_id="w", lease_s=30)
+claimed = lc.jobs_claim(job_ids=[str(jobs[0].id)], worker_id="w", lease_s=30)
+claim_same = model_to_dict(claimed[0]) == model_to_dict(Job.objects.get(id=jobs[0].id)) and \
+    claimed[0].started_at == Job.objects.get(id=jobs[0].id).started_at is not None
 written = lc.jobs_record_progress(worker_id="w", progress=[
     lc.Progress(job_id=str(j.id), text="so far", last_seq=2, completion_tokens=3) for j in jobs])
 jobs[0].refresh_from_db()
 found, orm = authenticate_api_key(secret), ApiKey.objects.select_related("owner").get(id=key.id)
+# SQLite before 3.35 has no RETURNING: the INSERT and the claim fall back to the ORM.
+from django.db import connection
+connection.features.can_return_columns_from_insert = False
+key.max_concurrent_jobs = 10; key.save()
+old = [job_create(owner=user, api_key=key, request=JobRequest(prompt="hi", max_tokens=7)) for _ in range(2)]
+fallback = [[s.queue_position for s in old],
+            [str(j.id) for j in lc.jobs_claim(job_ids=[str(s.job.id) for s in old], worker_id="w", lease_s=30)]
+            == [str(s.job.id) for s in old]]
 print(json.dumps({
     "positions": positions, "insert_positions": [s.queue_position for s in submissions],
-    "inserted_same": inserted_same,
+    "inserted_same": inserted_same, "claim_same": claim_same, "fallback": fallback,
     "active": active, "tokens": tokens, "prompt_len": len(jobs[0].prompt_token_ids), "refused": refused,
     "progress": [written, jobs[0].output_text, jobs[0].last_seq, jobs[0].completion_tokens],
     "auth_same": model_to_dict(found) == model_to_dict(orm) and found.created_at == orm.created_at
@@ -70,6 +80,9 @@ def test_quota_usage_and_queue_position_on_sqlite(tmp_path, tiny_model_path):
     assert result["positions"] == [0, 1, 2]
     assert result["insert_positions"] == [0, 1, 2]  # the INSERT's RETURNING subquery agrees
     assert result["inserted_same"] is True  # the raw INSERT stored what the instance holds
+    assert result["claim_same"] is True  # the claim's UPDATE ... RETURNING rows, converted as the ORM does
+    # Without RETURNING: positions behind the two jobs still queued, and both jobs claimed.
+    assert result["fallback"] == [[2, 3], True]
     assert result["active"] == 3
     assert result["tokens"] == 3 * (result["prompt_len"] + 7)
     assert result["refused"] == "concurrent_jobs_exceeded"
