@@ -28,6 +28,8 @@ created if missing). daphne runs with ``DB_POOL=1`` (psycopg's connection pool) 
     python bench/service_bench.py [--model PATH] [--concurrency 32] [--max-tokens 128] [--repeats 2]
 
 The LAST printed line is one JSON object, with ``service_over_engine`` and ``added_ttft_ms_p50``.
+``service.stages_ms_p50`` splits the REST jobs' TTFT by the rows' timestamps: POST start -> INSERT
+-> the worker's claim -> the engine's first token -> the first delta at the client.
 """
 
 from __future__ import annotations
@@ -153,6 +155,17 @@ class Service:
         if others:
             raise RuntimeError(f"other engine workers consume {self.env['REDIS_URL']}: {others}; stop them first")
 
+    def job_timestamps(self, job_ids: list[str]) -> dict[str, list[float | None]]:
+        """created_at, started_at, first_token_at of each job, as Unix times."""
+        script = (
+            "import json, sys; from api.models import Job; "
+            f"ids = {json.dumps(job_ids)}; "
+            "ts = lambda d: d.timestamp() if d else None; "
+            "print(json.dumps({str(j.id): [ts(j.created_at), ts(j.started_at), ts(j.first_token_at)] "
+            "for j in Job.objects.filter(id__in=ids)}))"
+        )
+        return json.loads(self._manage("shell", "-c", script).strip().splitlines()[-1])
+
     def _manage(self, *args: str) -> str:
         return subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=self.env, check=True,
                               capture_output=True, text=True).stdout
@@ -242,8 +255,10 @@ async def service_round(port: int, key: str, prompts: list[str], max_tokens: int
     post: list[float] = []
     ws_open: list[float] = []
 
+    traces: list[tuple[str, float, float]] = []
+
     async def one(prompt: str) -> None:
-        t0 = time.perf_counter()
+        t0, t0_wall = time.perf_counter(), time.time()
         body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0}
         job_id = await loop.run_in_executor(None, _post_job, port, key, body)
         post.append(time.perf_counter() - t0)
@@ -254,8 +269,30 @@ async def service_round(port: int, key: str, prompts: list[str], max_tokens: int
             first, completion = await _read_stream(ws, t0)
         ttft.append(first)
         tokens.append(completion)
+        traces.append((job_id, t0_wall, t0_wall + first))  # wall clock: the database's timestamps are too
 
-    return await _round(one, prompts, ttft, tokens, post_s=post, ws_open_s=ws_open)
+    result = await _round(one, prompts, ttft, tokens, post_s=post, ws_open_s=ws_open)
+    result["traces"] = traces
+    return result
+
+
+STAGES = ("submit_to_insert", "insert_to_claim", "claim_to_first_token", "first_token_to_client")
+
+
+def stage_times(traces: list[tuple[str, float, float]], stamps: dict[str, list[float | None]]) -> dict[str, list[float]]:
+    """Each REST job's path in seconds, from the client's clock and the row's timestamps (same
+    host, same wall clock): POST start -> the row's created_at (set in the view, just before the
+    INSERT) -> started_at (the worker's claim) -> first_token_at (the engine's first token) -> the
+    first delta at the client."""
+    out: dict[str, list[float]] = {name: [] for name in STAGES}
+    for job_id, t0, client_first in traces:
+        created, started, first_token = stamps.get(job_id) or (None, None, None)
+        if None in (created, started, first_token):
+            continue
+        points = (t0, created, started, first_token, client_first)
+        for name, a, b in zip(STAGES, points, points[1:], strict=False):
+            out[name].append(b - a)
+    return out
 
 
 async def _round(one, prompts: list[str], ttft: list[float], tokens: list[int], **extra: list[float]) -> dict:
@@ -353,12 +390,15 @@ def main() -> None:
                 ws_runs.append(asyncio.run(_with_pool(ws_submit_round(args.port, key, texts, args.max_tokens))))
             print(f"engine {engine_runs[-1]['tok_s']:.0f} tok/s, service {service_runs[-1]['tok_s']:.0f} tok/s",
                   flush=True)
+        traces = [t for run in service_runs for t in run.pop("traces")]
+        stages = stage_times(traces, service.job_timestamps([t[0] for t in traces]))
     finally:
         service.stop()
         engine.stop()
         engine.close()
 
     result = _report(engine_runs, service_runs, ws_runs, args, model_path)
+    result["service"]["stages_ms_p50"] = {name: round(1000 * percentile(v, 50), 1) for name, v in stages.items() if v}
     dump_json_line(result, args.out)
 
 
