@@ -179,9 +179,9 @@ DEFAULT_KEY_MAX_TOKENS_PER_JOB = env_int("DEFAULT_KEY_MAX_TOKENS_PER_JOB", MAX_T
 # this long without a heartbeat before the reconciler re-dispatches them.
 JOB_QUEUE_TIMEOUT_S = env_int("JOB_QUEUE_TIMEOUT_S", 3600, minimum=1)
 JOB_LEASE_S = env_float("JOB_LEASE_S", 30.0, minimum=1.0)
-# New jobs are published to the engine queue from one thread per web process (api/services/
-# dispatcher.py); off: on the request's thread.
-JOB_DISPATCH_THREAD = env_bool("JOB_DISPATCH_THREAD", True)
+# New jobs are published to the engine queue on the request's thread once the row commits; on:
+# from one thread per web process instead (api/services/dispatcher.py says when that pays).
+JOB_DISPATCH_THREAD = env_bool("JOB_DISPATCH_THREAD", False)
 # Threads per web process that run requests' sync code (inference_service/asgi_handler.py).
 WEB_REQUEST_THREADS = env_int("WEB_REQUEST_THREADS", 8, minimum=1)
 

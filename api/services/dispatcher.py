@@ -1,10 +1,15 @@
-"""Sends new jobs to the engine queue from one long-lived thread per web process.
+"""Sends new jobs to the engine queue: on the request's thread once its row commits (the default),
+or, with ``JOB_DISPATCH_THREAD`` on, from one long-lived thread per web process.
 
-A submission used to publish its Celery message on the request's own thread. Django under ASGI
-runs each request on a fresh thread, and Celery keeps its result backend and kombu its Redis
-client per thread, so every POST rebuilt both before it could send: about a quarter of the
-view's CPU time. The request now commits its row, hands the id to this thread and answers; the
-thread publishes with a producer and backend that it keeps.
+The thread was made when Django under ASGI ran each request on a fresh thread: Celery keeps its
+result backend and kombu its Redis client per thread, so every POST rebuilt both before it could
+send, about a quarter of the view's CPU time. Requests now run on long-lived threads
+(inference_service/asgi_handler.py), which keep both, and a send costs ~0.5 ms. Measured on the
+2-core VM (``bench/service_bench.py``, two runs per side), publishing on the request's thread got
+the job to the worker sooner: insert -> claim 8-9 ms against 10-14 ms for one job, 40-55 ms
+against 67-72 ms at 32 jobs. On the thread, the send competed with the client's WebSocket
+connect in the same process. The thread remains for a broker with a slow round trip, which it
+keeps off the response.
 
 Nothing is lost by answering first. The row is committed as ``queued`` with
 ``dispatch_count=1`` before the hand-off. If the send fails, ``job_dispatch`` takes the count
@@ -18,8 +23,8 @@ which costs the engine worker's Celery consumer several milliseconds of the CPU 
 thread needs. The cap keeps a burst spread over several messages, so several engine workers
 still share it.
 
-``settings.JOB_DISPATCH_THREAD = False`` publishes on the caller's thread instead (the unit
-tests, whose uncommitted test transaction another thread's connection could not see).
+With ``settings.JOB_DISPATCH_THREAD`` off, ``submit`` publishes on the caller's thread, one
+message per job.
 """
 
 from __future__ import annotations
@@ -51,7 +56,7 @@ class JobDispatcher:
 
     def submit(self, job_id: str) -> None:
         """Publish ``job_id`` soon, on the dispatcher thread. Call it after the row committed."""
-        if not getattr(settings, "JOB_DISPATCH_THREAD", True):
+        if not getattr(settings, "JOB_DISPATCH_THREAD", False):
             _send([job_id])
             return
         with self._lock:

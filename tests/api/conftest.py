@@ -23,8 +23,9 @@ def _model_path(settings, tiny_model_path):
 
 @pytest.fixture(autouse=True)
 def _dispatch_on_the_callers_thread(settings):
-    """Publish on the test's thread: the dispatcher thread's own DB connection could not see the
-    test's uncommitted transaction. tests/api/test_dispatcher.py covers the thread."""
+    """Publish on the test's thread (the default, set here in case the environment turns the
+    thread on): the dispatcher thread's own DB connection could not see the test's uncommitted
+    transaction. tests/api/test_dispatcher.py covers the thread."""
     settings.JOB_DISPATCH_THREAD = False
 
 

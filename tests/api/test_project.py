@@ -146,3 +146,14 @@ def test_models_and_migrations_are_in_sync():
     from django.core.management import call_command
 
     call_command("makemigrations", "--check", "--dry-run", stdout=StringIO())
+
+
+def test_new_jobs_are_published_on_the_request_thread_unless_asked_otherwise():
+    # Requests run on long-lived threads now; publishing right after the commit reached the
+    # worker sooner than the dispatcher thread did (api/services/dispatcher.py).
+    default = _settings_in_subprocess({}, "s.JOB_DISPATCH_THREAD, s.WEB_REQUEST_THREADS")
+    assert default.returncode == 0, default.stderr
+    assert default.stdout.strip().splitlines()[-1] == "False 8"
+    on = _settings_in_subprocess({"JOB_DISPATCH_THREAD": "1", "WEB_REQUEST_THREADS": "3"},
+                                 "s.JOB_DISPATCH_THREAD, s.WEB_REQUEST_THREADS")
+    assert on.stdout.strip().splitlines()[-1] == "True 3"
