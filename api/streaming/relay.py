@@ -137,7 +137,13 @@ class JobStreamRelay:
             async with self._lock:
                 if self.done:
                     return
+                before = self.last_seq
                 final = await self._forward_stream(upto=None)
+                if final is not None or self.last_seq != before:
+                    # The live group dropped these: the stream had them after a silence.
+                    logger.warning("job %s: %s chunks%s recovered from the stream after %.1f s without live messages",
+                                   self.job_id, self.last_seq - before, " and the final" if final else "",
+                                   time.monotonic() - self._heard_at)
                 if final is not None:
                     await self._finish(final)
                 elif ticks % DB_CHECK_EVERY == 0:
