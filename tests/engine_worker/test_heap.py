@@ -14,9 +14,15 @@ def test_the_first_freeze_moves_live_objects_out_of_gc_scans_and_later_calls_do_
         assert heap.freeze_startup_heap() is True
         frozen = gc.get_freeze_count()
         assert frozen > 0
+        # A second call freezes nothing more. (The count itself may drop: a frozen object that
+        # another thread releases leaves the permanent generation.)
+        freezes = []
+        monkeypatch.setattr(gc, "freeze", lambda: freezes.append(1))
         assert heap.freeze_startup_heap() is False
-        assert gc.get_freeze_count() == frozen
+        assert freezes == []
+        assert gc.get_freeze_count() <= frozen
     finally:
+        monkeypatch.undo()
         gc.freeze()  # leave the process frozen, as the first engine start left it
 
 
