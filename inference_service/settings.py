@@ -104,7 +104,7 @@ REDIS_URL = env_str("REDIS_URL", "redis://127.0.0.1:6379/0")
 
 CHANNEL_LAYERS = {
     "default": {
-        "BACKEND": "channels_redis.core.RedisChannelLayer",
+        "BACKEND": "inference_service.channel_layer.CancelSafeRedisChannelLayer",  # see its docstring
         # redis-py 8 defaults every socket to a 5 s timeout, the same as channels_redis's blocking
         # wait for a consumer's next message (BZPOPMIN 5 s): a WebSocket quiet for 5 s then died
         # with "Timeout reading". The socket must outlive the wait.
