@@ -6,8 +6,8 @@ non-forking pool in this process. ``run_job`` admits jobs and returns at once, s
 consumer feeds any number of jobs into the engine's continuous batch.
 
 SIGTERM (or Ctrl-C): Celery stops consuming, running jobs get ``WORKER_DRAIN_S`` seconds to
-finish, the rest are handed back to the queue, and the engine thread is stopped before the
-interpreter exits (mlx can abort at exit otherwise).
+finish, the rest are handed back to the queue, the engine thread is stopped, and the process exits
+without the interpreter's finalization (native threads can abort it; see _exit_without_finalization).
 
 Environment (besides the Django settings and ``ENGINE_*`` engine config):
 ``WORKER_ID``; ``JOB_LEASE_S`` (30) a held job's lease, renewed every ``WORKER_HEARTBEAT_S`` (2);
@@ -19,6 +19,8 @@ plain deltas; ``WORKER_PREFETCH`` (16) job messages taken at once; ``JOB_STREAM_
 from __future__ import annotations
 
 import logging
+import os
+import sys
 from typing import Any
 
 from django.core.management.base import BaseCommand
@@ -61,6 +63,23 @@ class Command(BaseCommand):
                 worker.install(None)
                 engine.stop()
                 engine.close()
+        _exit_without_finalization()
+
+
+def _exit_without_finalization() -> None:
+    """Leave the process now that everything is stopped, handed back and written, skipping the
+    interpreter's finalization. Native libraries (mlx, OpenBLAS) keep threads of their own, and
+    tearing their static objects down while a daemon thread of Python's may still call into them
+    is a race we cannot order: one clean-clone CI run saw the worker print "terminate called
+    without an active exception" and die with SIGABRT after its orderly stop (not reproduced in six
+    reruns). Nothing is left to do at this point: the jobs are handed back and the engine is closed."""
+    from django.db import connections
+
+    connections.close_all()
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _keep_database_connections() -> None:
