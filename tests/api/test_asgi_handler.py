@@ -115,3 +115,13 @@ def test_the_middleware_still_applies():
 
 def test_an_unknown_path_is_django_404():
     assert _get(application, "/no-such-page")["status"] == 404
+
+
+def test_the_admin_login_page_renders_with_its_csrf_cookie_and_its_static_files():
+    page = _get(application, "/admin/login/")
+    assert page["status"] == 200
+    assert b"csrfmiddlewaretoken" in page["body"]
+    cookies = [value.decode() for name, value in page["headers"] if name.lower() == b"set-cookie"]
+    assert any(cookie.startswith("csrftoken=") for cookie in cookies)
+    css = _get(application, "/static/admin/css/base.css")
+    assert css["status"] == 200 and b"{" in css["body"]
