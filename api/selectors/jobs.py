@@ -38,6 +38,19 @@ def job_list(*, owner: AbstractBaseUser, status: str | None = None) -> QuerySet[
     return jobs
 
 
+def jobs_ahead_sql(table: str, alias: str | None = None) -> str:
+    """``SELECT COUNT(*)`` of the queued jobs ahead of one in admission order (priority, then
+    arrival). Parameters: the queued status, the job's priority twice, its ``queued_at``."""
+    source = f"{table} AS {alias}" if alias else table
+    col = f"{alias}." if alias else ""
+    return (f"SELECT COUNT(*) FROM {source} WHERE {col}status = %s AND "
+            f"({col}priority < %s OR ({col}priority = %s AND {col}queued_at < %s))")
+
+
+def jobs_ahead_params(job: Job) -> list:
+    return [JobStatus.QUEUED.value, job.priority, job.priority, connection.ops.adapt_datetimefield_value(job.queued_at)]
+
+
 def job_queue_position(*, job: Job) -> int | None:
     """How many queued jobs are ahead of this one (0: next to be admitted), in the engine's
     admission order (priority, then arrival). None once the job has left the queue."""
@@ -45,12 +58,8 @@ def job_queue_position(*, job: Job) -> int | None:
         return None
     # Raw SQL: every submission answers with its position, and the ORM's compile of this COUNT
     # cost more CPU than running it (the index on (status, priority, queued_at) serves it).
-    table = connection.ops.quote_name(Job._meta.db_table)
     with connection.cursor() as cursor:
-        cursor.execute(
-            f"SELECT COUNT(*) FROM {table} WHERE status = %s AND (priority < %s OR (priority = %s AND queued_at < %s))",
-            [JobStatus.QUEUED.value, job.priority, job.priority, connection.ops.adapt_datetimefield_value(job.queued_at)],
-        )
+        cursor.execute(jobs_ahead_sql(connection.ops.quote_name(Job._meta.db_table)), jobs_ahead_params(job))
         return int(cursor.fetchone()[0])
 
 

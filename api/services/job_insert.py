@@ -18,8 +18,8 @@ from functools import cache
 from django.db import connections
 from django.db.models import Field
 
-from api.models import Job, JobStatus
-from api.selectors.jobs import job_queue_position
+from api.models import Job
+from api.selectors.jobs import job_queue_position, jobs_ahead_params, jobs_ahead_sql
 
 
 @dataclass(frozen=True)
@@ -37,8 +37,7 @@ def job_insert(job: Job, *, using: str = "default") -> int:
         return job_queue_position(job=job)
     statement = _statement(using)
     params = [field.get_db_prep_save(field.pre_save(job, True), connection) for field in statement.fields]
-    params += [JobStatus.QUEUED.value, job.priority, job.priority,
-               connection.ops.adapt_datetimefield_value(job.queued_at)]
+    params += jobs_ahead_params(job)
     with connection.cursor() as cursor:
         cursor.execute(statement.sql, params)
         position = cursor.fetchone()[0]
@@ -54,8 +53,7 @@ def _statement(using: str) -> _Statement:
     fields = list(Job._meta.concrete_fields)
     columns = ", ".join(quote(f.column) for f in fields)
     values = ", ".join(["%s"] * len(fields))
-    # Jobs ahead: the same COUNT as job_queue_position. Whether the subquery sees the new row does
-    # not matter: the row is never strictly ahead of itself.
-    ahead = (f"SELECT COUNT(*) FROM {table} AS ahead WHERE ahead.status = %s AND "
-             f"(ahead.priority < %s OR (ahead.priority = %s AND ahead.queued_at < %s))")
+    # Jobs ahead: job_queue_position's COUNT. Whether the subquery sees the new row does not
+    # matter: the row is never strictly ahead of itself.
+    ahead = jobs_ahead_sql(table, alias="ahead")
     return _Statement(sql=f"INSERT INTO {table} ({columns}) VALUES ({values}) RETURNING ({ahead})", fields=fields)
