@@ -52,7 +52,6 @@ class OneHopASGIHandler(ASGIHandler):
         except RequestAborted:
             return
         try:
-            set_script_prefix(get_script_prefix(scope))
             loop = asyncio.get_running_loop()
             response = await loop.run_in_executor(self._executor, self._respond, scope, body_file)
             try:
@@ -67,6 +66,9 @@ class OneHopASGIHandler(ASGIHandler):
 
     def _respond(self, scope, body_file) -> HttpResponse:
         """The sync part of a request, on a request thread (see the module docstring)."""
+        # Set here, not on the event loop: the prefix lives in this thread's context, where
+        # reverse() and redirects read it.
+        set_script_prefix(get_script_prefix(scope))
         signals.request_started.send(sender=self.__class__, scope=scope)
         request, response = self.create_request(scope, body_file)
         if request is not None:

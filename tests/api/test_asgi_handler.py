@@ -125,3 +125,38 @@ def test_the_admin_login_page_renders_with_its_csrf_cookie_and_its_static_files(
     assert any(cookie.startswith("csrftoken=") for cookie in cookies)
     css = _get(application, "/static/admin/css/base.css")
     assert css["status"] == 200 and b"{" in css["body"]
+
+
+def test_urls_reversed_in_a_view_carry_the_scripts_root_path():
+    from django.urls import reverse
+
+    urls = []
+
+    def view(request):
+        urls.append(reverse("prefixed-plain"))
+        return HttpResponse("ok")
+
+    handler = OneHopASGIHandler(threads=1)
+    scope_path = "/svc/plain"
+
+    async def run():
+        scope = {"type": "http", "http_version": "1.1", "method": "GET", "scheme": "http", "path": scope_path,
+                 "raw_path": scope_path.encode(), "query_string": b"", "root_path": "/svc",
+                 "headers": [(b"host", b"localhost")], "client": ("127.0.0.1", 1), "server": ("localhost", 80)}
+        inbox: asyncio.Queue = asyncio.Queue()
+        await inbox.put({"type": "http.request", "body": b""})
+
+        async def send(message):
+            pass
+
+        await handler(scope, inbox.get, send)
+
+    with override_settings(ROOT_URLCONF=__name__):
+        global urlpatterns
+        saved = urlpatterns
+        urlpatterns = [path("plain", view, name="prefixed-plain")]
+        try:
+            asyncio.run(run())
+        finally:
+            urlpatterns = saved
+    assert urls == ["/svc/plain"]
