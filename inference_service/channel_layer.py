@@ -51,6 +51,8 @@ class CancelSafeRedisChannelLayer(RedisChannelLayer):
     def _give_back_later(self, done: asyncio.Future[Any], index: int, channel: str) -> None:
         if done.cancelled() or done.exception() is not None or done.result() is None:
             return
+        if done.get_loop().is_closed():  # the process is shutting down; the backup key keeps it
+            return
         task = asyncio.ensure_future(self._give_back(index, channel, done.result()))
         self._give_backs.add(task)
         task.add_done_callback(self._give_backs.discard)
