@@ -13,15 +13,13 @@ django.setup(set_prefix=False)
 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.conf import settings  # noqa: E402
-
-from inference_service.asgi_handler import OneHopASGIHandler  # noqa: E402
-
-django_http = OneHopASGIHandler(threads=settings.WEB_REQUEST_THREADS)
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 
 from api.routing import websocket_urlpatterns  # noqa: E402
 from api.tokenization import load_tokenizer_at_start  # noqa: E402
+from inference_service.asgi_handler import OneHopASGIHandler  # noqa: E402
 
+django_http = OneHopASGIHandler(threads=settings.WEB_REQUEST_THREADS)
 load_tokenizer_at_start()
 
 http_app = ASGIStaticFilesHandler(django_http) if settings.SERVE_STATIC else django_http

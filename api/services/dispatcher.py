@@ -55,7 +55,8 @@ class JobDispatcher:
         self._pid: int | None = None
 
     def submit(self, job_id: str) -> None:
-        """Publish ``job_id`` soon, on the dispatcher thread. Call it after the row committed."""
+        """Publish ``job_id``: now, on this thread, or with ``JOB_DISPATCH_THREAD`` soon, on the
+        dispatcher thread. Call it after the row committed."""
         if not getattr(settings, "JOB_DISPATCH_THREAD", False):
             _send([job_id])
             return
