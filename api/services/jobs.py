@@ -30,8 +30,13 @@ from api.errors import (
 from api.models import ApiKey, Job, JobStatus
 from api.redis_client import get_redis
 from api.services.dispatcher import dispatcher
-from api.services.job_insert import job_insert
-from api.services.quotas import RateLimitState, quota_check_job, quota_consume_request
+from api.services.job_insert import can_insert_within_quota, job_insert, job_insert_within_quota
+from api.services.quotas import (
+    RateLimitState,
+    quota_check_job,
+    quota_consume_request,
+    quota_raise_if_exceeded,
+)
 from api.tokenization import get_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -124,24 +129,31 @@ def job_create(
     params = {**SAMPLING_DEFAULTS, **request.sampling, "max_tokens": max_tokens}
     # A key's priority class is the most urgent its jobs can be; a request may only ask for less.
     priority = max(api_key.priority, request.priority if request.priority is not None else api_key.priority)
+    job = Job(
+        owner=owner,
+        api_key=api_key,
+        prompt=request.prompt or "",
+        messages=request.messages,
+        prompt_token_ids=prompt_token_ids,
+        params=params,
+        priority=priority,
+        idempotency_key=idempotency_key,
+        request_fingerprint=request.fingerprint(),
+        dispatch_count=1,  # sent once committed; job_dispatch takes it back if the send fails
+    )
     try:
-        with transaction.atomic():
-            job = Job(
-                owner=owner,
-                api_key=api_key,
-                prompt=request.prompt or "",
-                messages=request.messages,
-                prompt_token_ids=prompt_token_ids,
-                params=params,
-                priority=priority,
-                idempotency_key=idempotency_key,
-                request_fingerprint=request.fingerprint(),
-                dispatch_count=1,  # sent on commit; job_dispatch takes it back if the send fails
-            )
-            queue_position = job_insert(job)
-            # Locks the key's row and counts this job in: a QuotaExceeded rolls the insert back.
-            quota_check_job(api_key=api_key, prompt_tokens=len(prompt_token_ids), max_tokens=max_tokens)
-            transaction.on_commit(partial(dispatcher.submit, str(job.id)))
+        if can_insert_within_quota():
+            # PostgreSQL: INSERT, quota gate and COMMIT in one round trip (job_insert.py).
+            now = timezone.now()
+            queue_position, usage = job_insert_within_quota(job, now=now)
+            quota_raise_if_exceeded(usage, prompt_tokens=len(prompt_token_ids), max_tokens=max_tokens, now=now)
+            dispatcher.submit(str(job.id))
+        else:
+            with transaction.atomic():
+                queue_position = job_insert(job)
+                # Locks the key's row and counts this job in: a QuotaExceeded rolls the insert back.
+                quota_check_job(api_key=api_key, prompt_tokens=len(prompt_token_ids), max_tokens=max_tokens)
+                transaction.on_commit(partial(dispatcher.submit, str(job.id)))
     except IntegrityError:
         # Two requests with the same Idempotency-Key raced; the other one inserted first.
         if idempotency_key is None:

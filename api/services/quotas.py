@@ -7,6 +7,7 @@ import datetime as dt
 import logging
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import redis
 from django.db import connection
@@ -90,11 +91,11 @@ def _day_bounds(now: dt.datetime) -> tuple[dt.datetime, dt.datetime]:
 # jobs plus a reservation of prompt + max_tokens for jobs still queued or running.
 _KEY_USAGE_SQL = """
 SELECT
-  COALESCE(SUM(CASE WHEN status IN ({active}) THEN 1 ELSE 0 END), 0),
+  COALESCE(SUM(CASE WHEN status IN ({active}) THEN 1 ELSE 0 END), 0) AS active_jobs,
   COALESCE(SUM(CASE
     WHEN created_at < %s THEN 0
     WHEN status IN ({active}) THEN {prompt_len} + {max_tokens}
-    ELSE prompt_tokens + completion_tokens END), 0)
+    ELSE prompt_tokens + completion_tokens END), 0) AS tokens_used
 FROM {table}
 WHERE api_key_id = %s AND (status IN ({active}) OR created_at >= %s)
 """
@@ -124,36 +125,53 @@ def api_key_tokens_used_today(*, api_key: ApiKey, now: dt.datetime | None = None
     return _key_usage(api_key=api_key, now=now or timezone.now())[1]
 
 
+@dataclass(frozen=True)
+class KeyUsage:
+    """A key's limits (from its locked row) and its usage, this submission's job included."""
+
+    max_concurrent_jobs: int
+    tokens_per_day: int
+    active_jobs: int
+    tokens_used: int
+
+    def exceeded(self) -> bool:
+        return self.active_jobs > self.max_concurrent_jobs or self.tokens_used > self.tokens_per_day
+
+
 def quota_check_job(*, api_key: ApiKey, prompt_tokens: int, max_tokens: int) -> None:
     """Lock the key's row (until the caller's transaction ends) and raise QuotaExceeded if the
     job just inserted by this transaction breaks the key's concurrency or daily token quota.
 
     Call it after the INSERT, in the same transaction, and let the exception roll the insert back.
     The usage is read once the lock is granted, so it counts every job committed by the key's
-    earlier submissions plus this one: two submissions cannot both take the last slot. Inserting
-    first keeps the INSERT's round trip out of the locked section, which every submission of the
-    key queued behind it would otherwise wait for. The limits come from the locked row (an
-    operator may have just changed them)."""
+    earlier submissions plus this one: two submissions cannot both take the last slot. The limits
+    come from the locked row (an operator may have just changed them). On PostgreSQL outside a
+    transaction, ``job_insert_within_quota`` does all of this in one round trip instead."""
     now = timezone.now()
-    max_concurrent, tokens_per_day, active, used = _lock_key_and_usage(api_key=api_key, now=now)
-    if active > max_concurrent:
+    usage = _lock_key_and_usage(api_key=api_key, now=now)
+    quota_raise_if_exceeded(usage, prompt_tokens=prompt_tokens, max_tokens=max_tokens, now=now)
+
+
+def quota_raise_if_exceeded(usage: KeyUsage, *, prompt_tokens: int, max_tokens: int, now: dt.datetime) -> None:
+    """QuotaExceeded (429) if ``usage`` breaks the concurrency or the daily token quota."""
+    if usage.active_jobs > usage.max_concurrent_jobs:
         raise QuotaExceeded(
-            f"Too many concurrent jobs: this API key may have {max_concurrent} queued or running jobs at once.",
+            f"Too many concurrent jobs: this API key may have {usage.max_concurrent_jobs} queued or running jobs at once.",
             code="concurrent_jobs_exceeded",
-            limit=max_concurrent,
+            limit=usage.max_concurrent_jobs,
             remaining=0,
             reset_s=1.0,
         )
-    if used > tokens_per_day:
+    if usage.tokens_used > usage.tokens_per_day:
         needed = prompt_tokens + max_tokens
-        before = used - needed
+        before = usage.tokens_used - needed
         _, end = _day_bounds(now)
         raise QuotaExceeded(
-            f"Daily token quota reached: {before} of {tokens_per_day} tokens used today and this "
+            f"Daily token quota reached: {before} of {usage.tokens_per_day} tokens used today and this "
             f"job may need {needed}.",
             code="tokens_per_day_exceeded",
-            limit=tokens_per_day,
-            remaining=max(0, tokens_per_day - before),
+            limit=usage.tokens_per_day,
+            remaining=max(0, usage.tokens_per_day - before),
             reset_s=(end - now).total_seconds(),
         )
 
@@ -163,15 +181,19 @@ def quota_check_job(*, api_key: ApiKey, prompt_tokens: int, max_tokens: int) -> 
 _LOCK_KEY_SQL = "SELECT max_concurrent_jobs, tokens_per_day FROM {table} WHERE id = %s FOR NO KEY UPDATE"
 
 
-def _lock_key_and_usage(*, api_key: ApiKey, now: dt.datetime) -> tuple[int, int, int, int]:
-    """(max concurrent jobs, tokens per day, active jobs, tokens used today), the key row locked.
+def _lock_key_sql() -> str:
+    return _LOCK_KEY_SQL.format(table=connection.ops.quote_name(ApiKey._meta.db_table))
+
+
+def _lock_key_and_usage(*, api_key: ApiKey, now: dt.datetime) -> KeyUsage:
+    """The key's limits and usage, the key row locked.
 
     The lock is held until the submission commits, so every round trip inside it is paid by every
     submission of the key queued behind it. On PostgreSQL the lock and the usage query travel as
     one round trip: two statements in one simple-protocol call, each with its own snapshot, so the
     usage is read after the lock was granted (a single statement would read it from before)."""
     start = connection.ops.adapt_datetimefield_value(_day_bounds(now)[0])
-    lock_sql = _LOCK_KEY_SQL.format(table=connection.ops.quote_name(ApiKey._meta.db_table))
+    lock_sql = _lock_key_sql()
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql":
             cursor.execute(f"{lock_sql}; {_key_usage_sql()}", [api_key.id, start, api_key.id, start])
@@ -185,7 +207,42 @@ def _lock_key_and_usage(*, api_key: ApiKey, now: dt.datetime) -> tuple[int, int,
             usage = cursor.fetchone()
     if limits is None:
         raise ApiKey.DoesNotExist(f"API key {api_key.id} no longer exists")
-    return int(limits[0]), int(limits[1]), int(usage[0]), int(usage[1])
+    return KeyUsage(int(limits[0]), int(limits[1]), int(usage[0]), int(usage[1]))
+
+
+# PostgreSQL, after a job's INSERT in the same transaction (job_insert_within_quota): lock the
+# key row, then, in a statement whose snapshot is taken once the lock is granted, read the key's
+# limits and usage and delete the job again if it breaks a quota. The decision is made in the
+# database, so the lock is held for no client round trip: only until the COMMIT that follows in
+# the same call.
+_GATE_SQL = """
+WITH key_usage AS ({usage}),
+     key_limits AS (SELECT max_concurrent_jobs, tokens_per_day FROM {key_table} WHERE id = %s),
+     refused AS (
+       DELETE FROM {job_table} WHERE id = %s AND EXISTS (
+         SELECT 1 FROM key_usage, key_limits
+         WHERE key_usage.active_jobs > key_limits.max_concurrent_jobs
+            OR key_usage.tokens_used > key_limits.tokens_per_day))
+SELECT key_limits.max_concurrent_jobs, key_limits.tokens_per_day, key_usage.active_jobs, key_usage.tokens_used
+FROM key_usage, key_limits
+"""
+
+
+def quota_gate_sql() -> str:
+    """The statements :func:`job_insert_within_quota` runs after the INSERT (PostgreSQL). Their
+    parameters: :func:`quota_gate_params`. The last statement's row gives the :class:`KeyUsage`,
+    and the job was deleted exactly when ``KeyUsage.exceeded()`` (the same comparison); no row
+    means the key no longer exists. (PostgreSQL runs a data-modifying WITH whether or not the
+    query reads it.)"""
+    quote = connection.ops.quote_name
+    gate = _GATE_SQL.format(usage=_key_usage_sql(), key_table=quote(ApiKey._meta.db_table),
+                            job_table=quote(Job._meta.db_table))
+    return f"{_lock_key_sql()}; {gate}"
+
+
+def quota_gate_params(*, api_key_id: Any, job_id: Any, now: dt.datetime) -> list[Any]:
+    start = connection.ops.adapt_datetimefield_value(_day_bounds(now)[0])
+    return [api_key_id, start, api_key_id, start, api_key_id, job_id]
 
 
 def usage_rollup(*, day: dt.date) -> int:
