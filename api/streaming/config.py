@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from django.conf import settings
 
-from inference_service.env import env_float, env_int, env_str
+from inference_service.env import env_bool, env_float, env_int, env_str
 
 
 @dataclass(frozen=True)
@@ -26,6 +26,7 @@ class WorkerConfig:
     redispatch_after_s: float  # a queued job not claimed this long after dispatch is sent again
     stream_interval_s: float  # least time between two writes of plain deltas (see JobHost)
     prefetch: int  # job messages the Celery consumer takes at once (admission is quick)
+    output_process: bool = True  # publish outputs from a child process (engine_worker/runtime/pipe_sink.py)
 
     @classmethod
     def from_env(cls) -> WorkerConfig:
@@ -41,6 +42,7 @@ class WorkerConfig:
             # the messages per token, in every process downstream, drop several times.
             stream_interval_s=env_float("WORKER_STREAM_INTERVAL_MS", 40.0, minimum=0.0) / 1000.0,
             prefetch=env_int("WORKER_PREFETCH", 16, minimum=1),
+            output_process=env_bool("WORKER_OUTPUT_PROCESS", True),
         )
 
 

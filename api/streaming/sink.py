@@ -10,8 +10,9 @@ For each :class:`StepBatch` (one or more engine steps, at most one chunk per job
 
 Finals reach the database first so a client that sees ``final`` and then reads the job finds it
 finished; the stream before the group so a consumer that notices a gap can fill it from the
-stream; bookkeeping that no client waits for comes last, off the time to first token. Runs on the
-worker's I/O thread, never on the engine thread.
+stream; bookkeeping that no client waits for comes last, off the time to first token. Runs in the
+worker's output process (sink_process.py), or with ``WORKER_OUTPUT_PROCESS=0`` on the worker's
+I/O thread; never on the engine thread.
 """
 
 from __future__ import annotations

@@ -41,6 +41,18 @@ logger = logging.getLogger(__name__)
 _current: EngineWorkerService | None = None
 
 
+def keep_database_connections() -> None:
+    """A worker is a long-running process, not a request handler: keep its connections open.
+    (Celery's Django fixup closes connections after every task when CONN_MAX_AGE is 0, the web
+    default, which would make each job admission reconnect to the database.)"""
+    from django.conf import settings
+    from django.db import connections
+
+    for alias in settings.DATABASES:
+        settings.DATABASES[alias]["CONN_MAX_AGE"] = None
+        connections[alias].settings_dict["CONN_MAX_AGE"] = None
+
+
 def install(service: EngineWorkerService | None) -> None:
     global _current
     _current = service

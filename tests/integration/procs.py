@@ -47,6 +47,19 @@ class Proc:
     def log_tail(self, n: int = 4000) -> str:
         return self.log_path.read_bytes()[-n:].decode(errors="replace")
 
+    def children(self, command_part: str) -> list[int]:
+        """Pids of this process's children whose command line contains ``command_part``."""
+        found = []
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit() and _ppid(int(entry.name)) == self.pid:
+                try:
+                    cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                except OSError:
+                    continue
+                if command_part in cmdline:
+                    found.append(int(entry.name))
+        return found
+
     def kill9(self) -> None:
         os.kill(self.pid, signal.SIGKILL)
         self.popen.wait(30)
@@ -62,6 +75,24 @@ class Proc:
                 self.popen.wait(30)
         self._log.close()
         return self.popen.returncode
+
+
+def _ppid(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def exited(pid: int) -> bool:
+    """Gone, or a zombie waiting to be reaped."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+OUTPUT_PROCESS = "api.streaming.sink_process"
 
 
 def start_worker(env: dict[str, str], worker_id: str, log_dir: Path) -> Proc:

@@ -15,7 +15,7 @@ from api.keys import job_stream_key, worker_heartbeat_key
 from api.models import JobStatus
 from api.tasks import reconcile_jobs
 from tests.integration.jobs import job, queue_job, wait_status
-from tests.integration.procs import wait_for
+from tests.integration.procs import OUTPUT_PROCESS, exited, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -31,7 +31,10 @@ def test_job_of_a_worker_killed_with_sigkill_completes_on_a_new_worker(workers, 
     beat = wait_for(lambda: _heartbeat_running(redis_db, "w-killed", job_id), 30, "a heartbeat with the job")
     assert beat["model"] == "tiny" and beat["device"] == "cpu" and beat["memory"]["active_bytes"] > 0
     wait_for(lambda: job(job_id).lease_expires_at > lease, 30, "the lease to be renewed")
+    [output_pid] = first.children(OUTPUT_PROCESS)  # the worker publishes through its output process
     first.kill9()
+    # Its output process reads the end of the pipe, writes what it had and exits.
+    wait_for(lambda: exited(output_pid), 30, "the killed worker's output process to exit")
 
     # Nothing finishes it while no worker holds the lease: it stays in_progress until the lease
     # expires and the reconciler hands it on.
@@ -93,8 +96,13 @@ def test_sigterm_drains_briefly_hands_back_the_rest_and_exits_cleanly(workers, r
     # alone, and Celery's warm shutdown alone takes ~1.5 s).
     long_id = queue_job("Once upon a time", max_tokens=3000)
     wait_for(lambda: redis_db.xlen(job_stream_key(long_id)) >= 3, 120, "the long job to stream")
+    [output_pid] = leaving.children(OUTPUT_PROCESS)
     started = time.monotonic()
     assert leaving.stop(timeout=60) == 0, leaving.log_tail()
+    # The worker closed its output process's pipe and waited for it: the short job's final and
+    # everything else it piped were written before the worker exited.
+    assert exited(output_pid)
+    assert b"output process of w-leaving" in leaving.log_path.read_bytes()
     assert time.monotonic() - started < 30
     handed_back = job(long_id)
     assert handed_back.status == JobStatus.QUEUED and handed_back.worker_id is None

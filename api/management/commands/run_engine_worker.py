@@ -13,7 +13,9 @@ Environment (besides the Django settings and ``ENGINE_*`` engine config):
 ``WORKER_ID``; ``JOB_LEASE_S`` (30) a held job's lease, renewed every ``WORKER_HEARTBEAT_S`` (2);
 ``WORKER_DRAIN_S`` (30); ``JOB_REDISPATCH_AFTER_S`` (30) after which the reconciler re-sends a
 queued job nobody claimed; ``WORKER_STREAM_INTERVAL_MS`` (40) least time between two writes of
-plain deltas; ``WORKER_PREFETCH`` (16) job messages taken at once; ``JOB_STREAM_TTL_S`` (6 h).
+plain deltas; ``WORKER_PREFETCH`` (16) job messages taken at once; ``JOB_STREAM_TTL_S`` (6 h);
+``WORKER_OUTPUT_PROCESS`` (1) publish outputs from a child process (api/streaming/sink_process.py),
+0 to publish from this process's I/O thread.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from django.core.management.base import BaseCommand
 
 from api.streaming import worker
 from api.streaming.config import WorkerConfig
+from api.streaming.worker import keep_database_connections
 
 logger = logging.getLogger(__name__)
 
@@ -44,11 +47,11 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         from dataclasses import replace
 
-        _keep_database_connections()
+        keep_database_connections()
         config = WorkerConfig.from_env()
         if options["worker_id"]:
             config = replace(config, worker_id=options["worker_id"])
-        service, engine = _build(config)
+        service, engine, sink = _build(config)
         worker.install(service)
         service.start()
         logger.info("engine worker %s ready (model %s)", config.worker_id, config.model_path)
@@ -63,6 +66,8 @@ class Command(BaseCommand):
                 worker.install(None)
                 engine.stop()
                 engine.close()
+                if hasattr(sink, "close"):  # the output process writes what it has, then exits
+                    sink.close(config.drain_s + 10.0)
         _exit_without_finalization()
 
 
@@ -82,42 +87,37 @@ def _exit_without_finalization() -> None:
     os._exit(0)
 
 
-def _keep_database_connections() -> None:
-    """A worker is a long-running process, not a request handler: keep its connections open.
-    (Celery's Django fixup closes connections after every task when CONN_MAX_AGE is 0, the web
-    default, which would make each job admission reconnect to the database.)"""
-    from django.conf import settings
-    from django.db import connections
-
-    for alias in settings.DATABASES:
-        settings.DATABASES[alias]["CONN_MAX_AGE"] = None
-        connections[alias].settings_dict["CONN_MAX_AGE"] = None
-
-
-def _build(config: WorkerConfig) -> tuple[worker.EngineWorkerService, Any]:
-    """Load the model in this process, start the engine thread, wire the runtime to Redis."""
+def _build(config: WorkerConfig) -> tuple[worker.EngineWorkerService, Any, Any]:
+    """Start the output process, load the model in this process, start the engine thread, wire
+    the runtime to Redis. Returns the service, the engine and the sink."""
     from pathlib import Path
 
     from api.redis_client import get_redis
+    from api.streaming import sink_process
     from api.streaming.fanout import GroupSender
     from api.streaming.sink import RedisJobSink
     from api.tasks import dispatch_job
     from engine_worker.engine_core import EngineConfig, EngineCore
     from engine_worker.loader import context_length, load_model
     from engine_worker.runtime import JobHost
+    from engine_worker.runtime.pipe_sink import PipeSink
 
+    redis_client = get_redis()
+    sender = GroupSender()  # this process's own sends: stream resets at admission
+    if config.output_process:
+        sink: Any = PipeSink(sink_process.argv(config.worker_id), cwd=sink_process.project_root())
+        sink.start()  # before any mlx array exists in this process
+    else:
+        sink = RedisJobSink(worker_id=config.worker_id, redis_client=redis_client, sender=sender)
     model, tokenizer = load_model(config.model_path)
     engine = EngineCore(model, tokenizer, EngineConfig.from_env())
     engine.start()
-    redis_client = get_redis()
-    sender = GroupSender()
-    sink = RedisJobSink(worker_id=config.worker_id, redis_client=redis_client, sender=sender)
     host = JobHost(engine, sink, model_name=Path(config.model_path).name, context_length=context_length(model),
                    stream_interval_s=config.stream_interval_s)
     service = worker.EngineWorkerService(
         config=config, host=host, redis_client=redis_client, sender=sender, dispatch=dispatch_job
     )
-    return service, engine
+    return service, engine, sink
 
 
 def _consume(config: WorkerConfig, pool: str, concurrency: int, loglevel: str) -> None:
