@@ -180,9 +180,14 @@ class Service:
         tick = os.sysconf("SC_CLK_TCK")
         out = {}
         for name, proc in zip(("daphne", "worker"), self.procs, strict=False):
-            # The web launcher's CPU is its daphne children's.
-            pids = [proc.pid, *_children(proc.pid)] if name == "daphne" else [proc.pid]
-            out[name] = sum(_cpu_ticks(pid) for pid in pids) / tick
+            # The web launcher's CPU is its daphne children's; the worker's child is its output
+            # process (api/streaming/sink_process.py), reported on its own.
+            children = _children(proc.pid)
+            if name == "daphne":
+                out[name] = sum(_cpu_ticks(pid) for pid in [proc.pid, *children]) / tick
+            else:
+                out[name] = _cpu_ticks(proc.pid) / tick
+                out["worker_output"] = sum(_cpu_ticks(pid) for pid in children) / tick
         return out
 
     def stop(self) -> None:
