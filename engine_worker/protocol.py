@@ -116,6 +116,9 @@ class StepBatch:
     chunks: tuple[OutputChunk, ...] = ()
     finals: tuple[FinalResult, ...] = ()
     first_tokens: tuple[FirstToken, ...] = ()
+    # Jobs this worker started since the previous batch. A sink clears what an earlier attempt of
+    # each left in its stream before it writes this batch's chunks (none of theirs are older).
+    started: tuple[str, ...] = ()
 
     def __bool__(self) -> bool:
-        return bool(self.chunks or self.finals or self.first_tokens)
+        return bool(self.chunks or self.finals or self.first_tokens or self.started)

@@ -2,8 +2,9 @@
 
 ``run_job`` (the Celery consumer's thread) only hands a job id over and returns, so a burst of
 messages is consumed at broker speed. This thread takes every id waiting at that moment and
-passes them to ``admit_batch`` together: one claim UPDATE and one Redis round trip per batch,
-instead of two database round trips per job fighting the engine thread for the GIL one by one.
+passes them to ``admit_batch`` together: one claim UPDATE per batch, instead of two database
+round trips per job fighting the engine thread for the GIL one by one. (Clearing an earlier
+attempt's stream rides with the job's first output batch, in the sink.)
 
 The message is acknowledged when ``run_job`` returns, before the claim. That is safe because the
 database row is the truth: a job whose worker died in between is still ``queued``, and the

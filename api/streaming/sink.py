@@ -2,6 +2,8 @@
 
 For each :class:`StepBatch` (one or more engine steps, at most one chunk per job), in this order:
 
+0. the streams of jobs the worker just started are cleared of an earlier attempt's entries (live
+   clients are told to reset);
 1. database: finals (the job's status, text and usage);
 2. one Redis pipeline: XADD every chunk and final to its job's stream, refresh the streams' TTL;
 3. the channel layer: one group message per chunk and final (live fan-out, at most once);
@@ -48,6 +50,7 @@ class RedisJobSink:
         self._tokens: dict[str, tuple[int, int]] = {}  # job id -> (last seq, completion tokens)
 
     def publish(self, batch: StepBatch) -> None:
+        self._reset_streams(batch)
         self._database(self._write_finals, batch)
         self._write_streams(batch)
         self._fan_out(batch)
@@ -126,6 +129,16 @@ class RedisJobSink:
             pipe.execute()
         except redis.RedisError:
             logger.exception("stream write failed for %s jobs; polling and the final in the DB still work", len(keys))
+
+    def _reset_streams(self, batch: StepBatch) -> None:
+        """Clear the streams of jobs started here (an earlier attempt's entries) before any chunk
+        of theirs is written; this batch and later ones hold their first chunks."""
+        if not batch.started:
+            return
+        try:
+            streams_reset(redis_client=self._redis, sender=self._sender, job_ids=list(batch.started))
+        except redis.RedisError:
+            logger.warning("could not reset the streams of %s jobs", len(batch.started), exc_info=True)
 
     # -- channel layer ------------------------------------------------------------------------
 

@@ -31,7 +31,6 @@ from api.services import job_lifecycle
 from api.streaming.admission import AdmissionThread
 from api.streaming.config import WorkerConfig
 from api.streaming.fanout import GroupSender
-from api.streaming.sink import streams_reset
 from engine_worker.errors import RequestError
 from engine_worker.protocol import to_dict
 from engine_worker.runtime import JobHost
@@ -114,10 +113,6 @@ class EngineWorkerService:
         if len(jobs) < len(job_ids):
             logger.info("%s of %s deliveries not claimable by %s; ignored",
                         len(job_ids) - len(jobs), len(job_ids), self.worker_id)
-        try:
-            streams_reset(redis_client=self._redis, sender=self._sender, job_ids=[str(job.id) for job in jobs])
-        except redis.RedisError:
-            logger.warning("could not reset the streams of %s jobs", len(jobs), exc_info=True)
         refused = []
         for job in jobs:
             job_id = str(job.id)

@@ -46,9 +46,16 @@ class ChunkCoalescer:
     def __init__(self, clock: Callable[[], float] = time.time) -> None:
         self._clock = clock
         self._jobs: dict[str, JobProgress] = {}
+        self._started: list[str] = []
 
     def track(self, job_id: str, prompt_tokens: int) -> None:
+        """Start following a job; its id goes out in the next batch's ``started``."""
         self._jobs[job_id] = JobProgress(job_id=job_id, prompt_tokens=prompt_tokens)
+        self._started.append(job_id)
+
+    def has_started(self) -> bool:
+        """Whether jobs were tracked since the last :meth:`fold`."""
+        return bool(self._started)
 
     def is_tracked(self, job_id: str) -> bool:
         return job_id in self._jobs
@@ -92,7 +99,8 @@ class ChunkCoalescer:
                     done.append(self._finish(job, out.finish_reason or "stop", out.error, out.completion_tokens))
         for job_id, texts in pending.items():
             chunks.append(self._emit(self._jobs[job_id], "".join(texts)))
-        return StepBatch(chunks=tuple(chunks), finals=tuple(done), first_tokens=tuple(first_tokens))
+        started, self._started = tuple(self._started), []
+        return StepBatch(chunks=tuple(chunks), finals=tuple(done), first_tokens=tuple(first_tokens), started=started)
 
     def cancel(self, job_id: str) -> FinalResult | None:
         """End a job as aborted with the text streamed so far; None if it is not tracked."""

@@ -138,7 +138,7 @@ class IOThread:
                 barriers.append(item.event)
             elif item is _STOP:
                 stopping = True
-        if steps or finals:
+        if steps or finals or self._coalescer.has_started():
             self._publish(self._coalescer.fold(steps, finals))
         for event in barriers:
             event.set()

@@ -51,3 +51,17 @@ def test_jobs_that_start_on_different_steps_share_one_progress_write(redis_clien
         row = Job.objects.get(id=job_id)
         assert row.last_seq == last[job_id].last_seq and row.completion_tokens == row.last_seq
         assert row.output_text == "".join(f"<{n}>" for n in range(1, row.last_seq + 1))
+
+
+def test_a_started_job_s_earlier_stream_is_cleared_before_its_first_chunk(redis_client):
+    from api.keys import job_stream_key
+
+    job_id = str(make_job(status=JobStatus.IN_PROGRESS, worker_id="w").id)
+    key = job_stream_key(job_id)
+    redis_client.xadd(key, {"type": "delta", "seq": "1", "text": "old attempt"})
+    sink = RedisJobSink(worker_id="w", redis_client=redis_client, sender=None)
+
+    sink.publish(StepBatch(chunks=(OutputChunk(job_id=job_id, seq=1, text="new", completion_tokens=1),),
+                           started=(job_id,)))
+
+    assert [fields["text"] for _, fields in redis_client.xrange(key)] == ["new"]

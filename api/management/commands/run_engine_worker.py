@@ -103,11 +103,12 @@ def _build(config: WorkerConfig) -> tuple[worker.EngineWorkerService, Any, Any]:
     from engine_worker.runtime.pipe_sink import PipeSink
 
     redis_client = get_redis()
-    sender = GroupSender()  # this process's own sends: stream resets at admission
+    sender = None
     if config.output_process:
         sink: Any = PipeSink(sink_process.argv(config.worker_id), cwd=sink_process.project_root())
         sink.start()  # before any mlx array exists in this process
     else:
+        sender = GroupSender()
         sink = RedisJobSink(worker_id=config.worker_id, redis_client=redis_client, sender=sender)
     model, tokenizer = load_model(config.model_path)
     engine = EngineCore(model, tokenizer, EngineConfig.from_env())

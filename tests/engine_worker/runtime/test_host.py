@@ -202,7 +202,7 @@ def test_stream_interval_folds_deltas_but_never_delays_first_tokens_or_finals(en
     for i, final in enumerate(finals):
         assert "".join(c.text for c in sink.chunks(f"i-{i}")) == final.text
     for previous, now, batch in zip(sink.times, sink.times[1:], sink.batches[1:], strict=False):
-        ordinary = not batch.first_tokens and not batch.finals
+        ordinary = not (batch.first_tokens or batch.finals or batch.started)  # starts are commands: urgent
         if ordinary:
             assert now - previous >= 0.29, "a plain delta batch came sooner than the interval"
     first_batch_of = {ft.job_id: n for n, b in enumerate(sink.batches) for ft in b.first_tokens}
@@ -235,3 +235,18 @@ def test_jobs_of_an_engine_that_dies_get_no_final_and_are_handed_back_at_once(en
     assert sink.final("doomed") is None  # not reported as failed: it goes back to the queue
     assert host.hand_back(remaining) == ["doomed"]
     host.stop()
+
+
+def test_a_started_job_is_announced_once_in_a_batch_before_its_first_chunk(engine, tiny_model):
+    # The sink clears an earlier attempt's stream when it sees the id in ``started``: that must
+    # come before (or with) the new attempt's first chunk, and only once per attempt.
+    _, tokenizer = tiny_model
+    sink = MemorySink()
+    host = make_host(engine, sink)
+    assert host.submit(spec(tokenizer, "job-a", PROMPTS[0], max_tokens=8))
+    sink.wait_final("job-a", 60)
+    host.stop()
+
+    announced = [i for i, b in enumerate(sink.batches) if "job-a" in b.started]
+    first_chunk = next(i for i, b in enumerate(sink.batches) if any(c.job_id == "job-a" for c in b.chunks))
+    assert len(announced) == 1 and announced[0] <= first_chunk
