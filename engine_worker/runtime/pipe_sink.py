@@ -22,6 +22,9 @@ Order and delivery:
 * If the child dies, the next ``publish`` starts a new one and sends the batch again. Batches that
   the dead child had read but not written are lost to the live path. A lost final's job is no
   longer held: its lease lapses, and the reconciler runs it again.
+* A child that keeps dying (``MAX_RESTARTS`` starts within ``RESTART_WINDOW_S``: it cannot import,
+  say) is a broken worker, not a lost batch: ``on_failure`` is called once (the worker then shuts
+  down, so its jobs go back to the queue), and every later ``publish`` raises :class:`SinkError`.
 
 Frames are a 4-byte big-endian length, then a pickle. Both ends are this project's own processes.
 """
@@ -34,6 +37,9 @@ import signal
 import struct
 import subprocess
 import threading
+import time
+from collections import deque
+from collections.abc import Callable
 from typing import BinaryIO
 
 from engine_worker.protocol import StepBatch
@@ -42,17 +48,23 @@ from engine_worker.runtime.sink import OutputSink, SinkError
 logger = logging.getLogger(__name__)
 
 _HEADER = struct.Struct(">I")
+MAX_RESTARTS = 3
+RESTART_WINDOW_S = 60.0
 
 
 class PipeSink:
     """Parent side. ``argv`` starts the child, which calls :func:`serve_pipe` on its stdin."""
 
-    def __init__(self, argv: list[str], *, env: dict[str, str] | None = None, cwd: str | None = None) -> None:
+    def __init__(self, argv: list[str], *, env: dict[str, str] | None = None, cwd: str | None = None,
+                 on_failure: Callable[[], None] | None = None) -> None:
         self._argv = argv
         self._env = env
         self._cwd = cwd
+        self._on_failure = on_failure
         self._lock = threading.Lock()
         self._child: subprocess.Popen[bytes] | None = None
+        self._restarts: deque[float] = deque(maxlen=MAX_RESTARTS)
+        self._failed = False
 
     def start(self) -> None:
         """Start the child. Call it before the model is loaded: the fork of ``subprocess`` execs
@@ -65,7 +77,7 @@ class PipeSink:
         frame = _HEADER.pack(len(frame)) + frame
         with self._lock:
             for attempt in (1, 2):
-                child = self._child if self._child is not None and self._child.poll() is None else self._spawn()
+                child = self._child if self._child is not None and self._child.poll() is None else self._restart()
                 try:
                     child.stdin.write(frame)  # type: ignore[union-attr]
                     child.stdin.flush()  # type: ignore[union-attr]
@@ -99,6 +111,18 @@ class PipeSink:
     @property
     def pid(self) -> int | None:
         return self._child.pid if self._child is not None else None
+
+    def _restart(self) -> subprocess.Popen[bytes]:
+        now = time.monotonic()
+        if self._failed or (len(self._restarts) == MAX_RESTARTS and now - self._restarts[0] < RESTART_WINDOW_S):
+            if not self._failed:
+                self._failed = True
+                logger.critical("output process died %s times in %.0f s; giving up", MAX_RESTARTS, RESTART_WINDOW_S)
+                if self._on_failure is not None:
+                    self._on_failure()
+            raise SinkError("the output process keeps dying")
+        self._restarts.append(now)
+        return self._spawn()
 
     def _spawn(self) -> subprocess.Popen[bytes]:
         self._child = subprocess.Popen(self._argv, stdin=subprocess.PIPE, env=self._env, cwd=self._cwd,

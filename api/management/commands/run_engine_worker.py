@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 from typing import Any
 
@@ -105,7 +106,8 @@ def _build(config: WorkerConfig) -> tuple[worker.EngineWorkerService, Any, Any]:
     redis_client = get_redis()
     sender = None
     if config.output_process:
-        sink: Any = PipeSink(sink_process.argv(config.worker_id), cwd=sink_process.project_root())
+        sink: Any = PipeSink(sink_process.argv(config.worker_id), cwd=sink_process.project_root(),
+                             on_failure=_output_process_failed)
         sink.start()  # before any mlx array exists in this process
     else:
         sender = GroupSender()
@@ -119,6 +121,13 @@ def _build(config: WorkerConfig) -> tuple[worker.EngineWorkerService, Any, Any]:
         config=config, host=host, redis_client=redis_client, sender=sender, dispatch=dispatch_job
     )
     return service, engine, sink
+
+
+def _output_process_failed() -> None:
+    """The output process cannot be kept running: stop this worker through the SIGTERM path, so
+    its jobs go back to the queue and its supervisor restarts it."""
+    logger.critical("the output process keeps dying; shutting the engine worker down")
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _consume(config: WorkerConfig, pool: str, concurrency: int, loglevel: str) -> None:

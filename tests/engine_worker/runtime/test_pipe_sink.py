@@ -16,6 +16,7 @@ import pytest
 
 from engine_worker.protocol import FinalResult, OutputChunk, StepBatch
 from engine_worker.runtime.pipe_sink import PipeSink
+from engine_worker.runtime.sink import SinkError
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -130,6 +131,23 @@ def _wait_for_lines(out: Path, n: int) -> None:
     deadline = time.monotonic() + 30
     while len(_lines(out)) < n and time.monotonic() < deadline:
         time.sleep(0.02)
+
+
+def test_a_child_that_keeps_dying_fails_the_sink_once_and_for_all(tmp_path):
+    failures = []
+    broken = [sys.executable, "-c", "raise SystemExit(3)"]  # exits at once, as on an import error
+    sink = PipeSink(broken, cwd=str(ROOT), on_failure=lambda: failures.append(1))
+    sink.start()
+
+    with pytest.raises(SinkError):
+        for i in range(20):
+            sink.publish(_batch(i))
+            time.sleep(0.1)  # let each new child die
+    with pytest.raises(SinkError):
+        sink.publish(_batch(99))
+
+    assert failures == [1]
+    sink.close()
 
 
 def _alive(pid: int) -> bool:
