@@ -19,6 +19,7 @@ from django.utils import timezone
 
 from api import keys
 from api.errors import (
+    AuthenticationFailed,
     IdempotencyKeyReused,
     InvalidRequest,
     JobNotCancellable,
@@ -104,8 +105,9 @@ def job_create(
 
     ``created`` is False when ``idempotency_key`` names an earlier job with the same body (that
     job is returned; a different body raises IdempotencyKeyReused). Raises
-    InvalidRequest/MaxTokensTooLarge/PromptTooLong for requests the engine could not run, and
-    QuotaExceeded when a quota of ``api_key`` is used up."""
+    InvalidRequest/MaxTokensTooLarge/PromptTooLong for requests the engine could not run,
+    QuotaExceeded when a quota of ``api_key`` is used up, and AuthenticationFailed when the key
+    was deleted while the request ran."""
     if idempotency_key is not None:
         _check_idempotency_key(idempotency_key)
         existing = _job_for_idempotency_key(owner=owner, key=idempotency_key, fingerprint=request.fingerprint())
@@ -154,6 +156,9 @@ def job_create(
                 # Locks the key's row and counts this job in: a QuotaExceeded rolls the insert back.
                 quota_check_job(api_key=api_key, prompt_tokens=len(prompt_token_ids), max_tokens=max_tokens)
                 transaction.on_commit(partial(dispatcher.submit, str(job.id)))
+    except ApiKey.DoesNotExist:
+        # The key was deleted after this request authenticated with it: as for any unknown key.
+        raise AuthenticationFailed("Invalid API key.", code="invalid_api_key") from None
     except IntegrityError:
         # Two requests with the same Idempotency-Key raced; the other one inserted first.
         if idempotency_key is None:

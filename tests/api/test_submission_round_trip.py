@@ -10,7 +10,7 @@ from django.db import IntegrityError, connection
 from django.test.utils import CaptureQueriesContext
 from psycopg.pq import TransactionStatus
 
-from api.errors import QuotaExceeded
+from api.errors import AuthenticationFailed, QuotaExceeded
 from api.models import ApiKey, Job, JobStatus
 from api.services.job_insert import can_insert_within_quota, job_insert_within_quota
 from api.services.jobs import JobRequest, job_create
@@ -79,8 +79,10 @@ def test_a_key_deleted_after_authentication_inserts_nothing(transactional_db, re
     api_key, _ = make_api_key()
     ApiKey.objects.filter(id=api_key.id).delete()
 
-    with pytest.raises(ApiKey.DoesNotExist):
+    with pytest.raises(AuthenticationFailed) as refused:  # a 401, as for any unknown key
         _submit(api_key)
+
+    assert refused.value.status_code == 401
 
     assert Job.objects.count() == 0 and dispatched == []
     assert _idle()
