@@ -16,7 +16,7 @@ from django.utils import timezone
 
 from api import keys
 from api.errors import QuotaExceeded
-from api.models import ACTIVE_STATUSES, ApiKey, Job, UsageRecord
+from api.models import ACTIVE_STATUSES, ApiKey, Job, KeyDayTokens, UsageRecord
 from api.redis_client import get_redis
 
 logger = logging.getLogger(__name__)
@@ -89,7 +89,19 @@ def _day_bounds(now: dt.datetime) -> tuple[dt.datetime, dt.datetime]:
 # runs inside every submission's locked section, and compiling the equivalent ORM aggregate cost
 # ~3 ms of CPU per POST (more than the query itself). Tokens are the engine's counts for finished
 # jobs plus a reservation of prompt + max_tokens for jobs still queued or running.
-_KEY_USAGE_SQL = """
+#
+# PostgreSQL reads the finished jobs' tokens from KeyDayTokens (kept by a trigger, see the model)
+# and sums only the key's active jobs, whatever the day's volume. SQLite sums the day's jobs.
+_KEY_USAGE_SQL = {
+    "postgresql": """
+SELECT
+  COUNT(*) AS active_jobs,
+  COALESCE(SUM(CASE WHEN created_at >= %s THEN {prompt_len} + {max_tokens} ELSE 0 END), 0)
+    + COALESCE((SELECT tokens FROM {day_table} WHERE api_key_id = %s AND day = %s), 0) AS tokens_used
+FROM {table}
+WHERE api_key_id = %s AND status IN ({active})
+""",
+    "sqlite": """
 SELECT
   COALESCE(SUM(CASE WHEN status IN ({active}) THEN 1 ELSE 0 END), 0) AS active_jobs,
   COALESCE(SUM(CASE
@@ -98,7 +110,8 @@ SELECT
     ELSE prompt_tokens + completion_tokens END), 0) AS tokens_used
 FROM {table}
 WHERE api_key_id = %s AND (status IN ({active}) OR created_at >= %s)
-"""
+""",
+}
 _JSON_SQL = {
     "postgresql": ("jsonb_array_length(prompt_token_ids)", "CAST(params->>'max_tokens' AS integer)"),
     "sqlite": ("json_array_length(prompt_token_ids)", "CAST(json_extract(params, '$.max_tokens') AS integer)"),
@@ -108,15 +121,24 @@ _JSON_SQL = {
 def _key_usage_sql() -> str:
     prompt_len, max_tokens = _JSON_SQL[connection.vendor]
     active = ", ".join(f"'{status.value}'" for status in ACTIVE_STATUSES)
-    return _KEY_USAGE_SQL.format(active=active, prompt_len=prompt_len, max_tokens=max_tokens,
-                                 table=connection.ops.quote_name(Job._meta.db_table))
+    quote = connection.ops.quote_name
+    return _KEY_USAGE_SQL[connection.vendor].format(
+        active=active, prompt_len=prompt_len, max_tokens=max_tokens, table=quote(Job._meta.db_table),
+        day_table=quote(KeyDayTokens._meta.db_table))
+
+
+def _key_usage_params(*, api_key_id: Any, now: dt.datetime) -> list[Any]:
+    start = _day_bounds(now)[0]
+    if connection.vendor == "postgresql":
+        return [start, api_key_id, start.date(), api_key_id]
+    adapted = connection.ops.adapt_datetimefield_value(start)  # SQLite compares text
+    return [adapted, api_key_id, adapted]
 
 
 def _key_usage(*, api_key: ApiKey, now: dt.datetime) -> tuple[int, int]:
     """(jobs queued or running, tokens charged since UTC midnight) of a key, in one query."""
-    start = connection.ops.adapt_datetimefield_value(_day_bounds(now)[0])  # SQLite compares text
     with connection.cursor() as cursor:
-        cursor.execute(_key_usage_sql(), [start, api_key.id, start])
+        cursor.execute(_key_usage_sql(), _key_usage_params(api_key_id=api_key.id, now=now))
         active, tokens = cursor.fetchone()
     return int(active), int(tokens)
 
@@ -192,18 +214,18 @@ def _lock_key_and_usage(*, api_key: ApiKey, now: dt.datetime) -> KeyUsage:
     submission of the key queued behind it. On PostgreSQL the lock and the usage query travel as
     one round trip: two statements in one simple-protocol call, each with its own snapshot, so the
     usage is read after the lock was granted (a single statement would read it from before)."""
-    start = connection.ops.adapt_datetimefield_value(_day_bounds(now)[0])
+    usage_params = _key_usage_params(api_key_id=api_key.id, now=now)
     lock_sql = _lock_key_sql()
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql":
-            cursor.execute(f"{lock_sql}; {_key_usage_sql()}", [api_key.id, start, api_key.id, start])
+            cursor.execute(f"{lock_sql}; {_key_usage_sql()}", [api_key.id, *usage_params])
             limits = cursor.fetchone()
             cursor.nextset()
             usage = cursor.fetchone()
         else:  # SQLite: no row locks; its single writer serializes the submissions
             cursor.execute(lock_sql.removesuffix(" FOR NO KEY UPDATE"), [api_key.id])
             limits = cursor.fetchone()
-            cursor.execute(_key_usage_sql(), [start, api_key.id, start])
+            cursor.execute(_key_usage_sql(), usage_params)
             usage = cursor.fetchone()
     if limits is None:
         raise ApiKey.DoesNotExist(f"API key {api_key.id} no longer exists")
@@ -241,8 +263,7 @@ def quota_gate_sql() -> str:
 
 
 def quota_gate_params(*, api_key_id: Any, job_id: Any, now: dt.datetime) -> list[Any]:
-    start = connection.ops.adapt_datetimefield_value(_day_bounds(now)[0])
-    return [api_key_id, start, api_key_id, start, api_key_id, job_id]
+    return [api_key_id, *_key_usage_params(api_key_id=api_key_id, now=now), api_key_id, job_id]
 
 
 def usage_rollup(*, day: dt.date) -> int:
