@@ -107,3 +107,10 @@ def test_a_key_with_finished_jobs_can_still_be_deleted(redis_client):
 
     job.refresh_from_db()
     assert job.api_key_id is None and not KeyDayTokens.objects.exists()
+
+
+def test_the_trigger_knows_the_active_statuses_the_code_uses():
+    import importlib
+
+    migration = importlib.import_module("api.migrations.0002_key_day_tokens")
+    assert migration.ACTIVE == "(" + ", ".join(f"'{status.value}'" for status in ACTIVE_STATUSES) + ")"
