@@ -48,12 +48,21 @@ def job_claim(*, job_id: str, worker_id: str, lease_s: float) -> Job | None:
     return claimed[0] if claimed else None
 
 
-def jobs_claim(*, job_ids: list[str], worker_id: str, lease_s: float) -> list[Job]:
+def jobs_claim(*, job_ids: list[str], worker_id: str, lease_s: float, ahead: int = 0) -> list[Job]:
     """:func:`job_claim` for several jobs in one statement: ``UPDATE ... RETURNING`` the claimed
     rows (one round trip where the ORM needs four: BEGIN, UPDATE, a SELECT of the rows, COMMIT).
-    Returns the jobs this call claimed, in the order of ``job_ids``."""
+    Returns the jobs this call claimed, in the order of ``job_ids``.
+
+    ``ahead`` (PostgreSQL): also claim up to that many other queued jobs from the head of the
+    queue (priority, then arrival), skipping rows another worker is claiming. Their own messages
+    arrive later and find them claimed, as any duplicate delivery does. A worker woken by one
+    message thus takes every job committed by then, instead of one job per message: its Celery
+    consumer handles a message in ~4 ms on the GPU host while the engine runs, and a burst of 32
+    submissions waited in line for it. They come after ``job_ids``' jobs, in queue order."""
     if not job_ids:
         return []
+    if connection.vendor != "postgresql":  # SKIP LOCKED: PostgreSQL's
+        ahead = 0
     now = timezone.now()
     values = {"status": JobStatus.IN_PROGRESS.value, "worker_id": worker_id,
               "lease_expires_at": now + dt.timedelta(seconds=lease_s), "started_at": now, "first_token_at": None,
@@ -65,16 +74,23 @@ def jobs_claim(*, job_ids: list[str], worker_id: str, lease_s: float) -> list[Jo
     statement = _claim_statement(connection.alias)
     params = [Job._meta.get_field(name).get_db_prep_save(values[name], connection) for name in _CLAIM_FIELDS]
     params += [pk.get_db_prep_value(pk.to_python(job_id), connection) for job_id in ids]
+    ahead_sql = ""
+    if ahead > 0:
+        ahead_sql = statement.ahead_sql
+        params += [JobStatus.QUEUED.value, False, *params[len(params) - len(ids):], ahead]
     params += [JobStatus.QUEUED.value, False]
     with connection.cursor() as cursor:
-        cursor.execute(statement.sql.format(ids=", ".join(["%s"] * len(ids))), params)
+        placeholders = ", ".join(["%s"] * len(ids))
+        cursor.execute(statement.sql.format(ids=placeholders, ahead=ahead_sql.format(ids=placeholders)), params)
         rows = {str(job.id): job for job in (build(statement.shape, row, connection.alias) for row in cursor.fetchall())}
-    return [rows[job_id] for job_id in ids if job_id in rows]
+    named = [rows.pop(job_id) for job_id in ids if job_id in rows]
+    return named + sorted(rows.values(), key=lambda job: (job.priority, job.queued_at))
 
 
 @dataclass(frozen=True)
 class _ClaimStatement:
-    sql: str  # with an {ids} placeholder for the IN list
+    sql: str  # with an {ids} placeholder for the IN list and an {ahead} one for ahead_sql
+    ahead_sql: str  # " OR id IN (the queue's head, less the {ids})": status, cancel_requested, ids, limit
     shape: RowShape
 
 
@@ -85,9 +101,13 @@ def _claim_statement(alias: str) -> _ClaimStatement:
     shape = row_shape(Job)
     column = lambda name: q(Job._meta.get_field(name).column)  # noqa: E731
     assignments = ", ".join(f"{column(name)} = %s" for name in _CLAIM_FIELDS)
-    sql = (f"UPDATE {q(Job._meta.db_table)} SET {assignments} WHERE {column('id')} IN ({{ids}}) "
+    table = q(Job._meta.db_table)
+    sql = (f"UPDATE {table} SET {assignments} WHERE ({column('id')} IN ({{ids}}){{ahead}}) "
            f"AND {column('status')} = %s AND {column('cancel_requested')} = %s RETURNING {shape.column_list(q)}")
-    return _ClaimStatement(sql=sql, shape=shape)
+    ahead_sql = (f" OR {column('id')} IN (SELECT {column('id')} FROM {table} WHERE {column('status')} = %s "
+                 f"AND {column('cancel_requested')} = %s AND {column('id')} NOT IN ({{ids}}) "
+                 f"ORDER BY {column('priority')}, {column('queued_at')} LIMIT %s FOR UPDATE SKIP LOCKED)")
+    return _ClaimStatement(sql=sql, ahead_sql=ahead_sql, shape=shape)
 
 
 _CLAIM_FIELDS = ("status", "worker_id", "lease_expires_at", "started_at", "first_token_at", "output_text",

@@ -6,6 +6,7 @@ import datetime as dt
 import time
 
 import pytest
+from django.db import connection
 from django.utils import timezone
 
 from api.models import JobStatus
@@ -187,3 +188,55 @@ def test_a_claim_is_one_update_returning_the_orms_instances():
             stored.started_at, stored.lease_expires_at, stored.created_at)
         assert not job._state.adding
 
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="SKIP LOCKED is PostgreSQL's")
+def test_a_claim_ahead_also_takes_the_queue_head_in_order_and_at_most_ahead_jobs():
+    now = timezone.now()
+    named = make_job(priority=10, queued_at=now)
+    later = make_job(priority=10, queued_at=now + dt.timedelta(seconds=2))
+    urgent = make_job(priority=0, queued_at=now + dt.timedelta(seconds=3))
+    earlier = make_job(priority=10, queued_at=now - dt.timedelta(seconds=1))
+    make_job(priority=5, cancel_requested=True)  # never claimed
+    last = make_job(priority=20)
+
+    claimed = lc.jobs_claim(job_ids=[str(named.id)], worker_id="w1", lease_s=30, ahead=3)
+
+    # The delivered job first, then the head of the queue: priority, then arrival.
+    assert [j.id for j in claimed] == [named.id, urgent.id, earlier.id, later.id]
+    assert all(j.status == JobStatus.IN_PROGRESS and j.worker_id == "w1" for j in claimed)
+    last.refresh_from_db()
+    assert last.status == JobStatus.QUEUED
+    # Its own message, when it comes, finds the job claimed: nothing happens twice.
+    assert lc.jobs_claim(job_ids=[str(later.id)], worker_id="w2", lease_s=30) == []
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="SKIP LOCKED is PostgreSQL's")
+def test_a_claim_ahead_skips_a_job_another_worker_is_claiming(transactional_db):
+    import threading
+
+    from django.db import transaction
+
+    busy, free = make_job(), make_job(queued_at=timezone.now() + dt.timedelta(seconds=1))
+    locked, release = threading.Event(), threading.Event()
+
+    def other_worker() -> None:
+        with transaction.atomic():
+            list(type(busy).objects.select_for_update().filter(id=busy.id))
+            locked.set()
+            release.wait(10)
+        connection.close()
+
+    thread = threading.Thread(target=other_worker)
+    thread.start()
+    assert locked.wait(10)
+    try:
+        claimed = lc.jobs_claim(job_ids=[], worker_id="w1", lease_s=30, ahead=2) or \
+            lc.jobs_claim(job_ids=[str(free.id)], worker_id="w1", lease_s=30, ahead=2)
+    finally:
+        release.set()
+        thread.join(10)
+
+    assert [j.id for j in claimed] == [free.id]  # not blocked by, and not taking, the locked row
+    busy.refresh_from_db()
+    assert busy.status == JobStatus.QUEUED

@@ -4,6 +4,7 @@ nor loops forever between workers."""
 from __future__ import annotations
 
 import pytest
+from django.db import connection
 
 from api.models import JobStatus
 from api.streaming.config import WorkerConfig
@@ -54,3 +55,28 @@ def test_a_batch_starts_every_good_job_fails_a_bad_one_and_hands_back_on_engine_
     # The engine's fault: back in the queue and re-sent at once for another worker.
     assert (down.status, down.worker_id) == (JobStatus.QUEUED, None)
     assert dispatched == [str(down.id)]
+
+
+class HoldingHost(FakeHost):
+    def __init__(self, held: int) -> None:
+        super().__init__(invalid=set(), engine_down=set())
+        self._held = [f"held-{i}" for i in range(held)]
+
+    def held_jobs(self) -> list[str]:
+        return self._held + self.started
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="claims ahead on PostgreSQL")
+def test_an_admission_claims_ahead_up_to_the_engines_free_room(redis_client):
+    delivered, *waiting = (make_job() for _ in range(6))
+    host = HoldingHost(held=2)
+    config = WorkerConfig(worker_id="w1", model_path="", lease_s=30, heartbeat_s=2, drain_s=1,
+                          redispatch_after_s=30, stream_interval_s=0, prefetch=16, claim_ahead=5)
+    service = EngineWorkerService(config=config, host=host, redis_client=redis_client, sender=None,
+                                  dispatch=lambda job_id: None)
+
+    service._admit_batch([str(delivered.id)])
+
+    # Room for 5, 2 held: the delivered job and 2 more from the queue's head; 3 stay queued.
+    assert host.started == [str(delivered.id), str(waiting[0].id), str(waiting[1].id)]
+    assert sorted(j.status for j in type(delivered).objects.all()) == ["in_progress"] * 3 + ["queued"] * 3

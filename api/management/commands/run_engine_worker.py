@@ -15,7 +15,8 @@ Environment (besides the Django settings and ``ENGINE_*`` engine config):
 queued job nobody claimed; ``WORKER_STREAM_INTERVAL_MS`` (40) least time between two writes of
 plain deltas; ``WORKER_PREFETCH`` (16) job messages taken at once; ``JOB_STREAM_TTL_S`` (6 h);
 ``WORKER_OUTPUT_PROCESS`` (1) publish outputs from a child process (api/streaming/sink_process.py),
-0 to publish from this process's I/O thread.
+0 to publish from this process's I/O thread; ``WORKER_CLAIM_AHEAD`` (the engine's running batch)
+held jobs up to which an admission also claims queued jobs whose message is still on its way.
 """
 
 from __future__ import annotations
@@ -91,6 +92,7 @@ def _exit_without_finalization() -> None:
 def _build(config: WorkerConfig) -> tuple[worker.EngineWorkerService, Any, Any]:
     """Start the output process, load the model in this process, start the engine thread, wire
     the runtime to Redis. Returns the service, the engine and the sink."""
+    from dataclasses import replace
     from pathlib import Path
 
     from api.redis_client import get_redis
@@ -98,6 +100,7 @@ def _build(config: WorkerConfig) -> tuple[worker.EngineWorkerService, Any, Any]:
     from api.streaming.fanout import GroupSender
     from api.streaming.sink import RedisJobSink
     from api.tasks import dispatch_job
+    from engine_worker.config import SchedulerConfig
     from engine_worker.engine_core import EngineConfig, EngineCore
     from engine_worker.loader import context_length, load_model
     from engine_worker.runtime import JobHost
@@ -113,7 +116,10 @@ def _build(config: WorkerConfig) -> tuple[worker.EngineWorkerService, Any, Any]:
         sender = GroupSender()
         sink = RedisJobSink(worker_id=config.worker_id, redis_client=redis_client, sender=sender)
     model, tokenizer = load_model(config.model_path)
-    engine = EngineCore(model, tokenizer, EngineConfig.from_env())
+    engine_config = EngineConfig.from_env()
+    if config.claim_ahead < 0:  # unset: as many as the engine runs at once
+        config = replace(config, claim_ahead=(engine_config.scheduler_config or SchedulerConfig()).max_running)
+    engine = EngineCore(model, tokenizer, engine_config)
     engine.start()
     host = JobHost(engine, sink, model_name=Path(config.model_path).name, context_length=context_length(model),
                    stream_interval_s=config.stream_interval_s)
