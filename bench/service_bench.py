@@ -129,6 +129,9 @@ class Service:
 
         redis.Redis.from_url(self.env["REDIS_URL"]).flushdb()
         self._manage("migrate", "--noinput")
+        # A fresh database: jobs an earlier run (or anything else) left queued would be claimed
+        # and run by this run's worker, and skew it.
+        self._manage("flush", "--noinput")
         key = self._manage("create_api_user", "bench", "--quiet").strip().splitlines()[-1]
         py = sys.executable
         # daphne borrows database connections from psycopg's pool (DB_POOL, as deployed) when
