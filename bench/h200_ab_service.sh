@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Interleaved A/B of the service benchmark on the lent GPU machine (device tool), as
+# bench/ab_service.sh does locally. The device gets no .git, so the old side travels as a tree:
+#
+#   here:   rm -rf _old && mkdir _old && git archive OLD_COMMIT | tar x -C _old
+#           rm -rf _old/bench/results _old/docs _old/tests   # the carry limit is 64 MiB with .whl/
+#   device: carry [".whl"], command "bash bench/h200_ab_service.sh ROUNDS [service_bench args]"
+#           (MODEL=/tmp/m300 MODEL_ARGS="..." for another model, as bench/h200_service.sh reads)
+#
+# Rounds alternate old (_old/) and new (this tree), each with DB=postgres; every run appends its
+# JSON line to $OUT/ab.jsonl and prints a one-line summary. Remove _old/ afterwards (untracked).
+set -u
+ROUNDS=$1
+shift
+ln -sfn ../.whl _old/.whl
+for _ in $(seq "$ROUNDS"); do
+    for side in old new; do
+        dir=.
+        [ "$side" = old ] && dir=_old
+        (cd "$dir" && DB=postgres bash bench/h200_service.sh "$@" --out "$OUT/ab.jsonl" > "$OUT/last_$side.out" 2>&1) \
+            || tail -20 "$OUT/last_$side.out"
+        python3 - "$side" "$OUT/ab.jsonl" <<'PY'
+import json, sys
+d = json.loads(open(sys.argv[2]).read().splitlines()[-1])
+s = d["service"]
+print(sys.argv[1], "added_ttft", d["added_ttft_ms_p50"], "ratio", d["service_over_engine"],
+      "engine tok/s", d["engine"]["tok_s"], "service tok/s", s["tok_s"], "stages", s.get("stages_ms_p50"))
+PY
+    done
+done
