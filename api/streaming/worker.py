@@ -103,8 +103,10 @@ class EngineWorkerService:
     def _admit_batch(self, job_ids: list[str]) -> None:
         """Claim the jobs (those not claimable are duplicates, cancelled or finished: ignored) and
         start them in the engine."""
-        # Room left in the engine's running batch: take that many more from the queue's head.
-        ahead = max(0, self.config.claim_ahead - len(self.host.held_jobs()) - len(job_ids)) if self.config.claim_ahead else 0
+        ahead = 0
+        if self.config.claim_ahead:
+            # Room left in the engine's running batch: take that many more from the queue's head.
+            ahead = max(0, self.config.claim_ahead - len(self.host.held_jobs()) - len(job_ids))
         try:
             jobs = job_lifecycle.jobs_claim(job_ids=job_ids, worker_id=self.worker_id, lease_s=self.config.lease_s,
                                             ahead=ahead)
@@ -113,10 +115,11 @@ class EngineWorkerService:
             logger.warning("could not claim %s jobs", len(job_ids), exc_info=True)
             close_old_connections()
             return
-        named = len(set(job_ids) & {str(job.id) for job in jobs})
-        if named < len(set(job_ids)):
+        delivered = set(job_ids)
+        missed = len(delivered - {str(job.id) for job in jobs})
+        if missed:
             logger.debug("%s of %s deliveries not claimable by %s (claimed ahead, cancelled or finished); ignored",
-                         len(set(job_ids)) - named, len(set(job_ids)), self.worker_id)
+                         missed, len(delivered), self.worker_id)
         refused = []
         for job in jobs:
             job_id = str(job.id)
