@@ -71,6 +71,8 @@ def job_insert_within_quota(job: Job, *, now: dt.datetime, using: str = "default
     with connection.cursor() as cursor:
         try:
             cursor.execute(sql, params)
+            # A missing key row leaves the lock and the gate without a row, and the job's
+            # deferred foreign key then fails the COMMIT: handled below.
             position, _lock, usage = _row_results(cursor)
         except DatabaseError:
             _rollback(cursor)
@@ -79,9 +81,6 @@ def job_insert_within_quota(job: Job, *, now: dt.datetime, using: str = "default
                 # authenticated with it.
                 raise ApiKey.DoesNotExist(f"API key {job.api_key_id} no longer exists") from None
             raise
-    if usage is None:  # no key row (and no foreign key to fail): nothing may stay inserted
-        job.__class__.objects.using(using).filter(id=job.id).delete()
-        raise ApiKey.DoesNotExist(f"API key {job.api_key_id} no longer exists")
     _mark_saved(job, using)
     return int(position[0]), KeyUsage(*(int(v) for v in usage))
 
