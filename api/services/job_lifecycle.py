@@ -209,24 +209,51 @@ def job_complete(*, result: FinalResult, worker_id: str) -> bool:
     A job whose cancellation already moved it to ``cancelled`` still gets its partial text and
     usage. A worker that no longer holds the job (its lease expired and it was handed on) changes
     nothing."""
-    status = _STATUS_BY_FINISH_REASON.get(result.finish_reason, JobStatus.FAILED)
-    fields = dict(
-        output_text=result.text,
-        finish_reason=result.finish_reason,
-        error=result.error,
-        prompt_tokens=result.prompt_tokens,
-        cached_tokens=result.cached_tokens,
-        completion_tokens=result.completion_tokens,
-        finished_at=_from_unix(result.finished_at) or timezone.now(),
-        last_seq=result.last_seq,
-        lease_expires_at=None,
+    return jobs_complete(results=[result], worker_id=worker_id) == 1
+
+
+def jobs_complete(*, results: list[FinalResult], worker_id: str) -> int:
+    """:func:`job_complete` for the finals of one output batch: one statement executed for all of
+    them in one transaction. Returns how many rows it changed.
+
+    With 32 jobs finishing on the same step, one ORM UPDATE and commit per final kept the last
+    final 45-59 ms (median) from its client on the GPU host, while the engine had already
+    finished."""
+    if not results:
+        return 0
+    pk, finished_at = Job._meta.pk, Job._meta.get_field("finished_at")
+    in_progress, cancelled = JobStatus.IN_PROGRESS.value, JobStatus.CANCELLED.value
+    params = [
+        (in_progress, _STATUS_BY_FINISH_REASON.get(r.finish_reason, JobStatus.FAILED).value, r.text, r.finish_reason,
+         r.error, r.prompt_tokens, r.cached_tokens, r.completion_tokens,
+         finished_at.get_db_prep_value(_from_unix(r.finished_at) or timezone.now(), connection), r.last_seq,
+         pk.get_db_prep_value(uuid.UUID(r.job_id), connection), worker_id, in_progress, cancelled,
+         r.finish_reason == "abort")
+        for r in results
+    ]
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.executemany(_complete_sql(), params)
+        return cursor.rowcount
+
+
+@cache
+def _complete_sql() -> str:
+    """The final's UPDATE: the status changes only from in_progress; an aborted job that a cancel
+    already moved to cancelled gets its text and usage too."""
+    q = connection.ops.quote_name
+    column = {name: q(Job._meta.get_field(name).column)
+              for name in ("status", "output_text", "finish_reason", "error", "prompt_tokens", "cached_tokens",
+                           "completion_tokens", "finished_at", "last_seq", "lease_expires_at", "id", "worker_id")}
+    status = column["status"]
+    fields = ", ".join(f"{column[name]} = %s" for name in ("output_text", "finish_reason", "error", "prompt_tokens",
+                                                           "cached_tokens", "completion_tokens", "finished_at",
+                                                           "last_seq"))
+    return (
+        f"UPDATE {q(Job._meta.db_table)} SET {status} = CASE WHEN {status} = %s THEN %s ELSE {status} END, "
+        f"{fields}, {column['lease_expires_at']} = NULL "
+        f"WHERE {column['id']} = %s AND {column['worker_id']} = %s "
+        f"AND ({status} = %s OR ({status} = %s AND %s))"
     )
-    held = Job.objects.filter(id=result.job_id, worker_id=worker_id)
-    if held.filter(status=JobStatus.IN_PROGRESS).update(status=status, **fields):
-        return True
-    if result.finish_reason == "abort":
-        return bool(held.filter(status=JobStatus.CANCELLED).update(**fields))
-    return False
 
 
 def job_fail(*, job_id: str, worker_id: str, error: str) -> bool:

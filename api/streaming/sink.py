@@ -68,8 +68,10 @@ class RedisJobSink:
     def _write_finals(self, batch: StepBatch) -> None:
         for result in batch.finals:
             self._forget(result.job_id)
-            if not job_lifecycle.job_complete(result=result, worker_id=self.worker_id):
-                logger.warning("job %s finished here but is no longer held by %s", result.job_id, self.worker_id)
+        written = job_lifecycle.jobs_complete(results=list(batch.finals), worker_id=self.worker_id)
+        if written < len(batch.finals):
+            logger.warning("%s of %s jobs finished here (%s) are no longer held by %s", len(batch.finals) - written,
+                           len(batch.finals), ", ".join(r.job_id for r in batch.finals), self.worker_id)
 
     def _write_bookkeeping(self, batch: StepBatch) -> None:
         finished = {r.job_id for r in batch.finals}

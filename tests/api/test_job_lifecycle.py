@@ -68,6 +68,43 @@ def test_finish_reason_decides_the_status(reason, status):
     assert job.status == status and job.finish_reason == reason
 
 
+def test_the_finals_of_a_batch_are_written_together_each_as_job_complete_would():
+    from django.test.utils import CaptureQueriesContext
+
+    done, aborted, stopped_by_cancel, lost = make_job(), make_job(), make_job(), make_job()
+    for job in (done, aborted, stopped_by_cancel, lost):
+        lc.job_claim(job_id=str(job.id), worker_id="w1", lease_s=30)
+    type(lost).objects.filter(id=lost.id).update(worker_id="w2")  # handed on: w1's final is late
+    # A cancel already moved this one to cancelled; its abort final still brings text and usage.
+    type(stopped_by_cancel).objects.filter(id=stopped_by_cancel.id).update(status=JobStatus.CANCELLED)
+    finals = [final(done, text="all of it"), final(aborted, reason="abort", text="part"),
+              final(stopped_by_cancel, reason="abort", text="so far"), final(lost, text="late")]
+    with CaptureQueriesContext(connection) as queries:
+        assert lc.jobs_complete(results=finals, worker_id="w1") == 3
+    updates = [q["sql"] for q in queries.captured_queries if "UPDATE" in q["sql"].upper()]
+    assert updates == [updates[0]] and updates[0].startswith("4 times: ")  # one executemany, not one per final
+    for job in (done, aborted, stopped_by_cancel, lost):
+        job.refresh_from_db()
+    assert (done.status, done.output_text, done.finish_reason, done.completion_tokens) == (
+        JobStatus.COMPLETED, "all of it", "length", 5)
+    assert done.lease_expires_at is None and done.finished_at is not None and done.last_seq == 2
+    assert (aborted.status, aborted.output_text) == (JobStatus.CANCELLED, "part")
+    assert (stopped_by_cancel.status, stopped_by_cancel.output_text, stopped_by_cancel.prompt_tokens) == (
+        JobStatus.CANCELLED, "so far", 3)
+    assert (lost.status, lost.output_text, lost.finished_at) == (JobStatus.IN_PROGRESS, "", None)
+    # A second delivery of the same finals changes nothing but the cancelled ones' text again.
+    assert lc.jobs_complete(results=finals[:1], worker_id="w1") == 0
+
+
+def test_a_cancelled_job_keeps_its_status_when_a_non_abort_final_arrives():
+    job = make_job()
+    lc.job_claim(job_id=str(job.id), worker_id="w1", lease_s=30)
+    type(job).objects.filter(id=job.id).update(status=JobStatus.CANCELLED)
+    assert lc.jobs_complete(results=[final(job, reason="length")], worker_id="w1") == 0
+    job.refresh_from_db()
+    assert (job.status, job.output_text) == (JobStatus.CANCELLED, "")
+
+
 def test_requeue_by_lease_only_after_the_lease_expired():
     job = make_job()
     lc.job_claim(job_id=str(job.id), worker_id="w1", lease_s=30)
