@@ -79,6 +79,7 @@ async def engine_round(engine: EngineCore, prompts: list[list[int]], max_tokens:
     sp = SamplingParams(max_tokens=max_tokens, temperature=0.0)
     ttft: list[float] = []
     tokens: list[int] = []
+    decode: list[float] = []
 
     async def one(i: int, prompt: list[int]) -> None:
         t0 = time.perf_counter()
@@ -89,12 +90,14 @@ async def engine_round(engine: EngineCore, prompts: list[list[int]], max_tokens:
                 first = time.perf_counter() - t0
             if out.finished:
                 tokens.append(out.completion_tokens)
+                decode.append(time.perf_counter() - t0 - (first or 0.0))
         ttft.append(first or 0.0)
 
     t0, cpu0 = time.perf_counter(), time.process_time()
     await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
     wall = time.perf_counter() - t0
     return {"tok_s": sum(tokens) / wall, "ttft_s": ttft, "tokens": tokens, "wall_s": wall,
+            "first_token_to_final_s": decode,
             "cpu_s": {"engine_process": round(time.process_time() - cpu0, 2)}}
 
 
@@ -159,13 +162,13 @@ class Service:
             raise RuntimeError(f"other engine workers consume {self.env['REDIS_URL']}: {others}; stop them first")
 
     def job_timestamps(self, job_ids: list[str]) -> dict[str, list[float | None]]:
-        """created_at, started_at, first_token_at of each job, as Unix times."""
+        """created_at, started_at, first_token_at, finished_at of each job, as Unix times."""
         script = (
             "import json, sys; from api.models import Job; "
             f"ids = {json.dumps(job_ids)}; "
             "ts = lambda d: d.timestamp() if d else None; "
-            "print(json.dumps({str(j.id): [ts(j.created_at), ts(j.started_at), ts(j.first_token_at)] "
-            "for j in Job.objects.filter(id__in=ids)}))"
+            "print(json.dumps({str(j.id): [ts(j.created_at), ts(j.started_at), ts(j.first_token_at), "
+            "ts(j.finished_at)] for j in Job.objects.filter(id__in=ids)}))"
         )
         return json.loads(self._manage("shell", "-c", script).strip().splitlines()[-1])
 
@@ -275,9 +278,11 @@ async def service_round(port: int, key: str, prompts: list[str], max_tokens: int
         async with websockets.connect(url, open_timeout=120) as ws:
             ws_open.append(time.perf_counter() - t_open)
             first, completion = await _read_stream(ws, t0)
+        last = time.perf_counter() - t0
         ttft.append(first)
         tokens.append(completion)
-        traces.append((job_id, t0_wall, t0_wall + first))  # wall clock: the database's timestamps are too
+        # Wall clock: the database's timestamps are too.
+        traces.append((job_id, t0_wall, t0_wall + first, t0_wall + last))
 
     result = await _round(one, prompts, ttft, tokens, post_s=post, ws_open_s=ws_open)
     result["traces"] = traces
@@ -285,21 +290,28 @@ async def service_round(port: int, key: str, prompts: list[str], max_tokens: int
 
 
 STAGES = ("submit_to_insert", "insert_to_claim", "claim_to_first_token", "first_token_to_client")
+# After the first token: the worker's decoding (first_token_at -> finished_at, both set by its
+# output path) and the final's way to the client. Compare the first with the engine's
+# first_token_to_final.
+TAIL_STAGES = ("first_token_to_finished", "finished_to_client_final")
 
 
-def stage_times(traces: list[tuple[str, float, float]], stamps: dict[str, list[float | None]]) -> dict[str, list[float]]:
+def stage_times(traces: list[tuple[str, float, float, float]],
+                stamps: dict[str, list[float | None]]) -> dict[str, list[float]]:
     """Each REST job's path in seconds, from the client's clock and the row's timestamps (same
     host, same wall clock): POST start -> the row's created_at (set in the view, just before the
     INSERT) -> started_at (the worker's claim) -> first_token_at (the engine's first token) -> the
-    first delta at the client."""
-    out: dict[str, list[float]] = {name: [] for name in STAGES}
-    for job_id, t0, client_first in traces:
-        created, started, first_token = stamps.get(job_id) or (None, None, None)
-        if None in (created, started, first_token):
+    first delta at the client; and first_token_at -> finished_at -> the final at the client."""
+    out: dict[str, list[float]] = {name: [] for name in STAGES + TAIL_STAGES}
+    for job_id, t0, client_first, client_final in traces:
+        created, started, first_token, finished = stamps.get(job_id) or (None, None, None, None)
+        if None in (created, started, first_token, finished):
             continue
         points = (t0, created, started, first_token, client_first)
         for name, a, b in zip(STAGES, points, points[1:], strict=False):
             out[name].append(b - a)
+        out["first_token_to_finished"].append(finished - first_token)
+        out["finished_to_client_final"].append(client_final - finished)
     return out
 
 
@@ -433,7 +445,7 @@ def _report(engine_runs: list[dict], service_runs: list[dict], ws_runs: list[dic
                 "ttft_ms_p90": round(1000 * percentile(ttft, 90), 1),
                 "tokens_per_run": sum(runs[0]["tokens"]),
                 **{f"{name}_ms_p50": round(1000 * percentile([t for r in runs for t in r[f"{name}_s"]], 50), 1)
-                   for name in ("post", "ws_open") if f"{name}_s" in runs[0]},
+                   for name in ("post", "ws_open", "first_token_to_final") if f"{name}_s" in runs[0]},
                 "runs_tok_s": [round(r["tok_s"], 1) for r in runs]}
 
     eng, svc = summary(engine_runs), summary(service_runs)
