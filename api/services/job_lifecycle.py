@@ -221,12 +221,13 @@ def jobs_complete(*, results: list[FinalResult], worker_id: str) -> int:
     finished."""
     if not results:
         return 0
-    pk, finished_at = Job._meta.pk, Job._meta.get_field("finished_at")
+    pk, stamp = Job._meta.pk, Job._meta.get_field("finished_at")
     in_progress, cancelled = JobStatus.IN_PROGRESS.value, JobStatus.CANCELLED.value
     params = [
         (in_progress, _STATUS_BY_FINISH_REASON.get(r.finish_reason, JobStatus.FAILED).value, r.text, r.finish_reason,
          r.error, r.prompt_tokens, r.cached_tokens, r.completion_tokens,
-         finished_at.get_db_prep_value(_from_unix(r.finished_at) or timezone.now(), connection), r.last_seq,
+         stamp.get_db_prep_value(_from_unix(r.finished_at) or timezone.now(), connection), r.last_seq,
+         stamp.get_db_prep_value(_from_unix(r.first_token_at), connection),
          pk.get_db_prep_value(uuid.UUID(r.job_id), connection), worker_id, in_progress, cancelled,
          r.finish_reason == "abort")
         for r in results
@@ -239,18 +240,22 @@ def jobs_complete(*, results: list[FinalResult], worker_id: str) -> int:
 @cache
 def _complete_sql() -> str:
     """The final's UPDATE: the status changes only from in_progress; an aborted job that a cancel
-    already moved to cancelled gets its text and usage too."""
+    already moved to cancelled gets its text and usage too. The first-token time is the final's
+    unless the row has one: a job whose first token and final the worker sent together (one token,
+    or batches the output process merged) has no other."""
     q = connection.ops.quote_name
     column = {name: q(Job._meta.get_field(name).column)
               for name in ("status", "output_text", "finish_reason", "error", "prompt_tokens", "cached_tokens",
-                           "completion_tokens", "finished_at", "last_seq", "lease_expires_at", "id", "worker_id")}
+                           "completion_tokens", "finished_at", "last_seq", "first_token_at", "lease_expires_at", "id",
+                           "worker_id")}
     status = column["status"]
     fields = ", ".join(f"{column[name]} = %s" for name in ("output_text", "finish_reason", "error", "prompt_tokens",
                                                            "cached_tokens", "completion_tokens", "finished_at",
                                                            "last_seq"))
     return (
         f"UPDATE {q(Job._meta.db_table)} SET {status} = CASE WHEN {status} = %s THEN %s ELSE {status} END, "
-        f"{fields}, {column['lease_expires_at']} = NULL "
+        f"{fields}, {column['first_token_at']} = COALESCE({column['first_token_at']}, %s), "
+        f"{column['lease_expires_at']} = NULL "
         f"WHERE {column['id']} = %s AND {column['worker_id']} = %s "
         f"AND ({status} = %s OR ({status} = %s AND %s))"
     )

@@ -96,6 +96,20 @@ def test_the_finals_of_a_batch_are_written_together_each_as_job_complete_would()
     assert lc.jobs_complete(results=finals[:1], worker_id="w1") == 0
 
 
+def test_the_final_brings_the_first_token_time_when_the_row_has_none():
+    # A one-token job (or batches the output process merged) sends its first token with its final.
+    alone, recorded = make_job(), make_job()
+    for job in (alone, recorded):
+        lc.job_claim(job_id=str(job.id), worker_id="w1", lease_s=30)
+    lc.job_record_first_token(job_id=str(recorded.id), worker_id="w1", at=1_800_000_000.0)
+    finals = [final(job, first_token_at=1_800_000_001.0) for job in (alone, recorded)]
+    assert lc.jobs_complete(results=finals, worker_id="w1") == 2
+    for job in (alone, recorded):
+        job.refresh_from_db()
+    assert alone.first_token_at.timestamp() == 1_800_000_001.0
+    assert recorded.first_token_at.timestamp() == 1_800_000_000.0  # the row's own is kept
+
+
 def test_a_cancelled_job_keeps_its_status_when_a_non_abort_final_arrives():
     job = make_job()
     lc.job_claim(job_id=str(job.id), worker_id="w1", lease_s=30)
