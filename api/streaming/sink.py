@@ -80,12 +80,13 @@ class RedisJobSink:
                 self._texts.setdefault(chunk.job_id, []).append(chunk.text)
                 self._tokens[chunk.job_id] = (chunk.seq, chunk.completion_tokens)
                 self._unsaved.add(chunk.job_id)
-        if batch.first_tokens:
-            # Tokens of one batch surfaced together: one timestamp, one UPDATE for all of them.
-            at = min(first.at for first in batch.first_tokens)
-            job_lifecycle.jobs_record_first_token(
-                job_ids=[first.job_id for first in batch.first_tokens], worker_id=self.worker_id, at=at
-            )
+        # One UPDATE per time the worker saw first tokens: one for a batch as the worker sent it,
+        # a few for batches the output process merged.
+        by_time: dict[float, list[str]] = {}
+        for first in batch.first_tokens:
+            by_time.setdefault(first.at, []).append(first.job_id)
+        for at, job_ids in by_time.items():
+            job_lifecycle.jobs_record_first_token(job_ids=job_ids, worker_id=self.worker_id, at=at)
         self._write_progress()
 
     def _write_progress(self) -> None:

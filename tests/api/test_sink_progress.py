@@ -65,3 +65,17 @@ def test_a_started_job_s_earlier_stream_is_cleared_before_its_first_chunk(redis_
                            started=(job_id,)))
 
     assert [fields["text"] for _, fields in redis_client.xrange(key)] == ["new"]
+
+
+def test_first_tokens_of_merged_batches_keep_each_job_s_own_time(redis_client):
+    # The output process publishes batches that waited in its pipe as one: each job's first-token
+    # time must still be the one the worker saw, not the earliest of the merged batches.
+    from engine_worker.protocol import FirstToken
+
+    early, late = (str(make_job(status=JobStatus.IN_PROGRESS, worker_id="w").id) for _ in range(2))
+    sink = RedisJobSink(worker_id="w", redis_client=redis_client, sender=None)
+    sink.publish(StepBatch(first_tokens=(FirstToken(job_id=early, at=1_800_000_000.0),
+                                         FirstToken(job_id=late, at=1_800_000_000.5))))
+
+    times = {str(j.id): j.first_token_at.timestamp() for j in Job.objects.filter(id__in=[early, late])}
+    assert times == {early: 1_800_000_000.0, late: 1_800_000_000.5}

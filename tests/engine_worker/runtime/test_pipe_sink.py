@@ -36,6 +36,11 @@ def _lines(out: Path) -> list[dict]:
     return [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
 
 
+def _seqs(out: Path) -> list[int]:
+    """The seqs of every chunk the child published, in order."""
+    return [chunk[1] for line in _lines(out) for chunk in line["chunks"]]
+
+
 def test_batches_arrive_in_order_and_close_waits_for_the_last_write(tmp_path):
     out = tmp_path / "out.jsonl"
     sink = PipeSink(_child(out, delay_s=0.01), cwd=str(ROOT))
@@ -46,8 +51,24 @@ def test_batches_arrive_in_order_and_close_waits_for_the_last_write(tmp_path):
     assert sink.close(timeout=30)
 
     lines = _lines(out)
-    assert [line["chunks"][0][1] for line in lines] == list(range(50))
+    assert _seqs(out) == list(range(50))
     assert lines[0]["chunks"][0][2] == "t0é" and lines[-1]["finals"] == ["job-1"]
+
+
+def test_batches_that_wait_in_the_pipe_are_published_together(tmp_path):
+    out = tmp_path / "out.jsonl"
+    sink = PipeSink(_child(out, delay_s=0.2), cwd=str(ROOT))  # a sink slower than the engine
+    sink.start()
+    sink.publish(_batch(0))
+    _wait_for_lines(out, 1)
+    for i in range(1, 31):  # all written while the child is still publishing batch 0... or 1
+        sink.publish(_batch(i, final=(i == 30)))
+    assert sink.close(timeout=30)
+
+    lines = _lines(out)
+    assert _seqs(out) == list(range(31))
+    assert len(lines) <= 3  # not 31 publishes
+    assert lines[-1]["finals"] == ["job-0"]
 
 
 def test_a_failed_batch_is_skipped_and_the_rest_still_published(tmp_path):
@@ -60,7 +81,7 @@ def test_a_failed_batch_is_skipped_and_the_rest_still_published(tmp_path):
     sink.publish(_batch(2))
     sink.close()
 
-    assert [line["chunks"][0][1] for line in _lines(out)] == [0, 2]
+    assert _seqs(out) == [0, 2]
 
 
 def test_the_child_is_out_of_the_workers_process_group_and_ignores_sigint_and_sigterm(tmp_path):
@@ -80,7 +101,7 @@ def test_the_child_is_out_of_the_workers_process_group_and_ignores_sigint_and_si
     sink.publish(_batch(20, final=True))
     assert sink.close(timeout=30)
 
-    assert [line["chunks"][0][1] for line in _lines(out)] == list(range(21))
+    assert _seqs(out) == list(range(21))
 
 
 def test_the_child_finishes_its_writes_and_exits_when_the_parent_is_killed(tmp_path):
@@ -107,7 +128,7 @@ def test_the_child_finishes_its_writes_and_exits_when_the_parent_is_killed(tmp_p
         time.sleep(0.05)
 
     assert not _alive(child_pid)
-    assert [line["chunks"][0][1] for line in _lines(out)] == list(range(10))
+    assert _seqs(out) == list(range(10))
 
 
 def test_a_dead_child_is_replaced_and_the_batch_sent_again(tmp_path):
@@ -124,7 +145,7 @@ def test_a_dead_child_is_replaced_and_the_batch_sent_again(tmp_path):
     sink.close()
 
     assert sink.pid is None and first is not None
-    assert [line["chunks"][0][1] for line in _lines(out)] == [0, 1]
+    assert _seqs(out) == [0, 1]
 
 
 def _wait_for_lines(out: Path, n: int) -> None:
@@ -166,3 +187,27 @@ def _alive(pid: int) -> bool:
 def _python_path(monkeypatch):
     # The children import tests.* and engine_worker.* from the repository root.
     monkeypatch.setenv("PYTHONPATH", str(ROOT))
+
+
+def test_merging_keeps_the_order_and_splits_where_a_job_starts_again():
+    from engine_worker.protocol import FirstToken
+    from engine_worker.runtime.pipe_sink import merge, merge_groups
+
+    a1 = StepBatch(chunks=(OutputChunk(job_id="a", seq=1, text="x", completion_tokens=1),),
+                   first_tokens=(FirstToken(job_id="a", at=1.0),), started=("a",))
+    b1 = StepBatch(chunks=(OutputChunk(job_id="b", seq=1, text="y", completion_tokens=1),
+                           OutputChunk(job_id="a", seq=2, text="z", completion_tokens=2)),
+                   finals=(FinalResult(job_id="a", text="xz", finish_reason="stop", prompt_tokens=1,
+                                       completion_tokens=2),), started=("b",))
+    # Job a handed back and started here again: its stream is cleared before this batch's chunks,
+    # so it must not be merged with the batches that wrote a's first attempt.
+    a_again = StepBatch(chunks=(OutputChunk(job_id="a", seq=1, text="new", completion_tokens=1),), started=("a",))
+    c1 = StepBatch(chunks=(OutputChunk(job_id="c", seq=1, text="w", completion_tokens=1),))
+
+    groups = merge_groups([a1, b1, a_again, c1])
+    assert groups == [[a1, b1], [a_again, c1]]
+    merged = merge(groups[0])
+    assert [(c.job_id, c.seq) for c in merged.chunks] == [("a", 1), ("b", 1), ("a", 2)]
+    assert [f.job_id for f in merged.finals] == ["a"] and merged.started == ("a", "b")
+    assert [t.job_id for t in merged.first_tokens] == ["a"]
+    assert merge([c1]) is c1
