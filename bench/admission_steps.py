@@ -32,21 +32,20 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+# common first: it imports engine_worker, which loads OpenBLAS before mlx.
 from common import dump_json_line, ensure_default_model, environment, load_model, make_prompts, median  # noqa: E402
-
-import mlx.core as mx  # noqa: E402
-from mlx_lm.generate import BatchGenerator  # noqa: E402
 
 from engine_worker.config import EngineConfig  # noqa: E402
 from engine_worker.engine_core import EngineCore  # noqa: E402
 from engine_worker.request import SamplingParams  # noqa: E402
 
-_REAL_CLEAR = mx.clear_cache
-
 
 def raw_run(model, prompts: list[list[int]], *, wave: int, wave_steps: int, max_tokens: int) -> dict:
     """Insert ``wave`` prompts every ``wave_steps`` steps (all at once when ``wave`` covers
     them); step until every prompt has its first token. Per-step times and steps-to-first-token."""
+    import mlx.core as mx
+    from mlx_lm.generate import BatchGenerator
+
     gen = BatchGenerator(model, completion_batch_size=32, prefill_batch_size=8, prefill_step_size=2048,
                          stream=mx.default_stream(mx.default_device()))
     pending = list(prompts)
@@ -114,16 +113,19 @@ def main() -> None:
     model, tokenizer, _ = load_model(ensure_default_model(args.model))
     prompts = make_prompts(tokenizer, 32, lo=24, hi=100)
 
+    import mlx.core as mx
+
+    real_clear = mx.clear_cache
     result: dict = {"bench": "admission_steps", "raw": {}, "engine": {}}
     for clear in ("as_shipped", "no_clear_cache"):
-        mx.clear_cache = _REAL_CLEAR if clear == "as_shipped" else (lambda: None)
+        mx.clear_cache = real_clear if clear == "as_shipped" else (lambda: None)
         for name, wave in (("burst", 32), ("waves", 8)):
             raw_run(model, prompts, wave=wave, wave_steps=args.wave_steps, max_tokens=16)  # warm-up
             runs = [raw_run(model, prompts, wave=wave, wave_steps=args.wave_steps, max_tokens=16)
                     for _ in range(args.repeats)]
             result["raw"][f"{name}_{clear}"] = raw_summary(runs)
             print(name, clear, result["raw"][f"{name}_{clear}"], flush=True)
-    mx.clear_cache = _REAL_CLEAR
+    mx.clear_cache = real_clear
 
     engine = EngineCore(model, tokenizer, EngineConfig.from_env())
     engine.start()
