@@ -10,9 +10,10 @@ real sink over :func:`serve_pipe`.
 
 Order and delivery:
 
-* Batches travel in order through one pipe. A child that falls behind fills the pipe, and the
-  write then blocks the I/O thread, which folds the steps that arrive meanwhile, as it does for a
-  slow sink in-process. The backlog is bounded by the pipe's buffer.
+* Batches travel in order through one pipe. The child publishes every batch that has arrived
+  while it was busy as one (:func:`merge_groups`). A child that falls further behind fills the
+  pipe, and the write then blocks the I/O thread, which folds the steps that arrive meanwhile, as
+  it does for a slow sink in-process. The backlog is bounded by the pipe's buffer.
 * :meth:`PipeSink.close` closes the pipe and waits for the child. The child publishes what it has
   read, then exits on end of file, so an orderly stop leaves every final written.
 * If the parent dies (even ``kill -9``), the child reads end of file, finishes and exits. It runs
