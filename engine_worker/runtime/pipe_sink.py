@@ -149,18 +149,22 @@ def serve_pipe(sink: OutputSink, stream: BinaryIO) -> int:
     published = 0
     for batches in _frames(stream.fileno()):
         for group in merge_groups(batches):
-            try:
-                sink.publish(merge(group))
-            except Exception:
-                if len(group) == 1:  # as the I/O thread does: one failed batch must not stop the rest
-                    logger.exception("output sink failed for a batch of %s chunks, %s finals",
-                                     len(group[0].chunks), len(group[0].finals))
-                else:
-                    logger.exception("output sink failed for %s merged batches; publishing them one by one",
-                                     len(group))
-                    _publish_each(sink, group)
+            if not _publish(sink, merge(group)) and len(group) > 1:
+                logger.warning("publishing the %s merged batches one by one", len(group))
+                for batch in group:
+                    _publish(sink, batch)
         published += len(batches)
     return published
+
+
+def _publish(sink: OutputSink, batch: StepBatch) -> bool:
+    try:
+        sink.publish(batch)
+        return True
+    except Exception:  # as the I/O thread does: one failed batch must not stop the rest
+        logger.exception("output sink failed for a batch of %s chunks, %s finals", len(batch.chunks),
+                         len(batch.finals))
+        return False
 
 
 def merge_groups(batches: list[StepBatch]) -> list[list[StepBatch]]:
@@ -187,15 +191,6 @@ def merge(group: list[StepBatch]) -> StepBatch:
     return StepBatch(chunks=tuple(c for b in group for c in b.chunks), finals=tuple(f for b in group for f in b.finals),
                      first_tokens=tuple(t for b in group for t in b.first_tokens),
                      started=tuple(j for b in group for j in b.started))
-
-
-def _publish_each(sink: OutputSink, batches: list[StepBatch]) -> None:
-    for batch in batches:
-        try:
-            sink.publish(batch)
-        except Exception:  # as the I/O thread does: one failed batch must not stop the rest
-            logger.exception("output sink failed for a batch of %s chunks, %s finals",
-                             len(batch.chunks), len(batch.finals))
 
 
 def _frames(fd: int) -> Iterator[list[StepBatch]]:

@@ -211,3 +211,31 @@ def test_merging_keeps_the_order_and_splits_where_a_job_starts_again():
     assert [f.job_id for f in merged.finals] == ["a"] and merged.started == ("a", "b")
     assert [t.job_id for t in merged.first_tokens] == ["a"]
     assert merge([c1]) is c1
+
+
+def test_a_merged_batch_that_fails_is_published_again_part_by_part(monkeypatch):
+    import pickle
+    import struct
+
+    from engine_worker.runtime import pipe_sink
+
+    monkeypatch.setattr(pipe_sink.signal, "signal", lambda *args: None)  # serve_pipe's, not this process's
+
+    class Sink:
+        def __init__(self) -> None:
+            self.published: list[list[int]] = []
+
+        def publish(self, batch: StepBatch) -> None:
+            if any(c.text == "boom" for c in batch.chunks):
+                raise RuntimeError("this batch fails")
+            self.published.append([c.seq for c in batch.chunks])
+
+    read_fd, write_fd = os.pipe()
+    for batch in (_batch(0), _batch(1, text="boom"), _batch(2)):  # all in the pipe before it is read
+        frame = pickle.dumps(batch)
+        os.write(write_fd, struct.pack(">I", len(frame)) + frame)
+    os.close(write_fd)
+    sink = Sink()
+    with os.fdopen(read_fd, "rb") as stream:
+        assert pipe_sink.serve_pipe(sink, stream) == 3
+    assert sink.published == [[0], [2]]  # the merged publish failed; then each part alone
