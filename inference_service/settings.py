@@ -120,6 +120,9 @@ CHANNEL_LAYERS = {
 }
 
 CELERY_BROKER_URL = REDIS_URL
+if REDIS_URL.startswith(("redis://", "rediss://")):
+    # kombu's Redis transport with one client per channel (inference_service/broker.py).
+    CELERY_BROKER_TRANSPORT = "inference_service.broker:Transport"
 CELERY_RESULT_BACKEND = None
 CELERY_TASK_IGNORE_RESULT = True
 # A message is acknowledged after its task ran. run_job only queues the id for the worker's
