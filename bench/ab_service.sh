@@ -6,7 +6,8 @@
 # Each commit is checked out into a worktree under ${AB_DIR:-/tmp/ab_service} that shares this
 # checkout's .venv and var/models. The rounds alternate old, new, old, new... (the machines are
 # noisy, so the sides share the same drifts), and every run appends its JSON line to
-# $AB_DIR/{old,new}.jsonl. Compare medians. Worktrees are removed at the end.
+# $AB_DIR/{old,new}.jsonl. Compare medians. Worktrees are removed at the end; a failed run's
+# service logs are kept beside its output.
 set -euo pipefail
 OLD=$1 NEW=$2 ROUNDS=$3
 shift 3
@@ -24,7 +25,11 @@ done
 for round in $(seq "$ROUNDS"); do
     for side in old new; do
         echo "round $round: $side"
-        (cd "$AB_DIR/$side" && OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1} .venv/bin/python bench/service_bench.py "$@" \
-            --out "$AB_DIR/$side.jsonl" > "$AB_DIR/${side}_$round.log" 2>&1)
+        if ! (cd "$AB_DIR/$side" && OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1} .venv/bin/python bench/service_bench.py "$@" \
+            --out "$AB_DIR/$side.jsonl" > "$AB_DIR/${side}_$round.log" 2>&1); then
+            # Keep the services' logs of a failed run: the worktree (and its var/log) goes at the end.
+            cp -r "$AB_DIR/$side/var/log" "$AB_DIR/${side}_${round}_service_logs"
+            echo "round $round: $side failed; see $AB_DIR/${side}_$round.log and ${side}_${round}_service_logs"
+        fi
     done
 done

@@ -10,7 +10,9 @@ a web request's thread for each submission, and in the engine worker by its Cele
 which shares its GIL with the engine thread while a burst of jobs is admitted.
 
 This transport keeps one client per channel and connection pool and is otherwise kombu's own.
-Settings select it for ``redis://`` and ``rediss://`` brokers (``CELERY_BROKER_TRANSPORT``).
+``BROKER_SHARED_CLIENT=1`` selects it for ``redis://`` and ``rediss://`` brokers. It is off by
+default: on the VM the end-to-end benchmark showed no gain beyond its noise (docs/benchmarks.md),
+and it has not run on a GPU host yet.
 """
 
 from __future__ import annotations

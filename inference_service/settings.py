@@ -120,8 +120,9 @@ CHANNEL_LAYERS = {
 }
 
 CELERY_BROKER_URL = REDIS_URL
-if REDIS_URL.startswith(("redis://", "rediss://")):
-    # kombu's Redis transport with one client per channel (inference_service/broker.py).
+# kombu's Redis transport with one client per channel (inference_service/broker.py): less CPU per
+# message, but no end-to-end gain measured yet, so off unless asked for.
+if env_bool("BROKER_SHARED_CLIENT", False) and REDIS_URL.startswith(("redis://", "rediss://")):
     CELERY_BROKER_TRANSPORT = "inference_service.broker:Transport"
 CELERY_RESULT_BACKEND = None
 CELERY_TASK_IGNORE_RESULT = True

@@ -1,18 +1,33 @@
-"""The Celery broker: kombu's Redis transport, with one Redis client per channel instead of a new
-one for every published or acknowledged message (inference_service/broker.py)."""
+"""The opt-in Celery broker transport: kombu's Redis transport, with one Redis client per channel
+instead of a new one for every published or acknowledged message (inference_service/broker.py)."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import redis
-from kombu import Consumer, Exchange, Producer, Queue
+from django.conf import settings
+from kombu import Connection, Consumer, Exchange, Producer, Queue
 
 from inference_service.broker import Transport
-from inference_service.celery import app
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_the_app_s_broker_connections_use_the_shared_client_transport(redis_client):
-    with app.connection_for_write() as conn:
-        assert isinstance(conn.transport, Transport)
+def test_the_setting_selects_the_shared_client_transport_for_a_redis_broker():
+    env = {**os.environ, "BROKER_SHARED_CLIENT": "1", "REDIS_URL": settings.REDIS_URL}
+    probe = ("import django; django.setup(); from inference_service.celery import app; "
+             "print(type(app.connection_for_write().transport).__module__)")
+    out = subprocess.run([sys.executable, "-c", probe], env={**env, "DJANGO_SETTINGS_MODULE": "inference_service.settings"},
+                         cwd=ROOT, check=True, capture_output=True, text=True).stdout.split()
+    assert out[-1] == "inference_service.broker"
+    off = {**env, "BROKER_SHARED_CLIENT": "0", "DJANGO_SETTINGS_MODULE": "inference_service.settings"}
+    out = subprocess.run([sys.executable, "-c", probe], env=off, cwd=ROOT, check=True, capture_output=True,
+                         text=True).stdout.split()
+    assert out[-1] == "kombu.transport.redis"
 
 
 def test_publishing_and_acknowledging_build_no_client_per_message(redis_client, monkeypatch):
@@ -26,7 +41,8 @@ def test_publishing_and_acknowledging_build_no_client_per_message(redis_client, 
     queue = Queue("test-broker-transport", Exchange("test-broker-transport", type="direct"),
                   routing_key="test-broker-transport")
     received = []
-    with app.connection_for_write() as conn:
+    with Connection(settings.REDIS_URL, transport="inference_service.broker:Transport") as conn:
+        assert isinstance(conn.transport, Transport)
         channel = conn.channel()
         queue(channel).declare()
         producer = Producer(channel)
