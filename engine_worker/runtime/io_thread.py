@@ -88,13 +88,24 @@ class IOThread:
             items = [self._queue.get()]
             self._take_waiting(items)
             if self._interval_s > 0 and not self._urgent(items):
-                # Ordinary deltas wait until ``interval_s`` after the previous write, folding the
-                # steps in between: fewer, larger chunks for every process downstream.
-                pause = self._last_publish + self._interval_s - time.monotonic()
-                if pause > 0:
-                    time.sleep(pause)
-                    self._take_waiting(items)
+                self._fold_until_due(items)
             stopping = self._process(items)
+
+    def _fold_until_due(self, items: list[object]) -> None:
+        """Ordinary deltas wait until ``interval_s`` after the previous write, folding the steps
+        in between: fewer, larger chunks for every process downstream. Whatever is urgent ends the
+        wait as soon as it arrives: a job admitted meanwhile must not have its first token held back
+        by the other jobs' interval (it was, by up to ``interval_s``, when this slept it out)."""
+        due = self._last_publish + self._interval_s
+        while (remaining := due - time.monotonic()) > 0:
+            try:
+                arrived = [self._queue.get(timeout=remaining)]
+            except queue.Empty:
+                return
+            self._take_waiting(arrived)
+            items.extend(arrived)
+            if self._urgent(arrived):
+                return
 
     def _take_waiting(self, items: list[object]) -> None:
         while True:

@@ -209,6 +209,30 @@ def test_stream_interval_folds_deltas_but_never_delays_first_tokens_or_finals(en
     assert set(first_batch_of) == {f"i-{i}" for i in range(len(PROMPTS))}
 
 
+def test_a_job_admitted_while_others_wait_out_the_interval_gets_its_first_token_at_once(engine, tiny_model):
+    """The I/O thread holds plain deltas for ``stream_interval_s``; a first token that arrives
+    meanwhile ends the wait (it used to sit out the rest of the interval: TTFT + up to 1 s here)."""
+    _, tokenizer = tiny_model
+    sink = TimedSink()
+    host = JobHost(engine, sink, stream_interval_s=1.0)
+    host.start()
+    host.submit(spec(tokenizer, "early", PROMPTS[0], max_tokens=400))
+    deadline = time.monotonic() + 30
+    while not any(ft.job_id == "early" for b in sink.batches for ft in b.first_tokens):
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    time.sleep(0.1)  # "early" keeps decoding: its deltas are now being held for the interval
+    submitted = time.monotonic()
+    host.submit(spec(tokenizer, "late", PROMPTS[1], max_tokens=4))
+    final = sink.wait_final("late", 30)
+    published = next(t for t, b in zip(sink.times, sink.batches, strict=True)
+                     if any(ft.job_id == "late" for ft in b.first_tokens))
+    host.cancel("early")
+    host.stop()
+    assert final is not None and final.completion_tokens == 4
+    assert published - submitted < 0.4, f"the first token waited {published - submitted:.3f} s for the interval"
+
+
 def test_jobs_of_an_engine_that_dies_get_no_final_and_are_handed_back_at_once(engine, tiny_model):
     _, tokenizer = tiny_model
     sink = MemorySink()
