@@ -102,7 +102,11 @@ class EngineWorkerService:
 
     def _admit_batch(self, job_ids: list[str]) -> None:
         """Claim the jobs (those not claimable are duplicates, cancelled or finished: ignored) and
-        start them in the engine."""
+        start them in the engine. Ids this worker already holds (claimed ahead of their message,
+        or delivered twice) cost no claim."""
+        job_ids = [job_id for job_id in job_ids if not self.host.holds(job_id)]
+        if not job_ids:
+            return
         ahead = 0
         if self.config.claim_ahead:
             # Room left in the engine's running batch: take that many more from the queue's head.

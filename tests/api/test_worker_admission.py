@@ -33,6 +33,9 @@ class FakeHost:
     def hand_back(self, job_ids: list[str]) -> list[str]:
         return list(job_ids)
 
+    def holds(self, job_id: str) -> bool:
+        return job_id in self.started
+
 
 def test_a_batch_starts_every_good_job_fails_a_bad_one_and_hands_back_on_engine_trouble(redis_client):
     good_a, invalid, down, good_b = (make_job() for _ in range(4))
@@ -80,3 +83,19 @@ def test_an_admission_claims_ahead_up_to_the_engines_free_room(redis_client):
     # Room for 5, 2 held: the delivered job and 2 more from the queue's head; 3 stay queued.
     assert host.started == [str(delivered.id), str(waiting[0].id), str(waiting[1].id)]
     assert sorted(j.status for j in type(delivered).objects.all()) == ["in_progress"] * 3 + ["queued"] * 3
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="claims ahead on PostgreSQL")
+def test_the_message_of_a_job_claimed_ahead_costs_no_claim(redis_client, django_assert_num_queries):
+    first, second = make_job(), make_job()
+    host = HoldingHost(held=0)
+    config = WorkerConfig(worker_id="w1", model_path="", lease_s=30, heartbeat_s=2, drain_s=1,
+                          redispatch_after_s=30, stream_interval_s=0, prefetch=16, claim_ahead=4)
+    service = EngineWorkerService(config=config, host=host, redis_client=redis_client, sender=None,
+                                  dispatch=lambda job_id: None)
+    service._admit_batch([str(first.id)])
+    assert host.started == [str(first.id), str(second.id)]  # the second was claimed ahead
+
+    with django_assert_num_queries(0):  # its own message arrives: nothing left to do
+        service._admit_batch([str(second.id)])
+    assert host.started == [str(first.id), str(second.id)]
