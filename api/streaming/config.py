@@ -27,6 +27,7 @@ class WorkerConfig:
     stream_interval_s: float  # least time between two writes of plain deltas (see JobHost)
     prefetch: int  # job messages the Celery consumer takes at once (admission is quick)
     output_process: bool = True  # publish outputs from a child process (engine_worker/runtime/pipe_sink.py)
+    intake_process: bool = True  # consume the engine queue in a child process (api/streaming/intake_process.py)
     # Held jobs up to which an admission also claims queued jobs whose message has not arrived yet
     # (job_lifecycle.jobs_claim's ``ahead``); 0 claims only delivered ids. The worker command
     # defaults it to the engine's running batch (SchedulerConfig.max_running).
@@ -47,6 +48,7 @@ class WorkerConfig:
             stream_interval_s=env_float("WORKER_STREAM_INTERVAL_MS", 40.0, minimum=0.0) / 1000.0,
             prefetch=env_int("WORKER_PREFETCH", 16, minimum=1),
             output_process=env_bool("WORKER_OUTPUT_PROCESS", True),
+            intake_process=env_bool("WORKER_INTAKE_PROCESS", True),
             claim_ahead=env_int("WORKER_CLAIM_AHEAD", -1, minimum=-1),
         )
 

@@ -93,6 +93,7 @@ def exited(pid: int) -> bool:
 
 
 OUTPUT_PROCESS = "api.streaming.sink_process"
+INTAKE_PROCESS = "api.streaming.intake_process"
 
 
 def start_worker(env: dict[str, str], worker_id: str, log_dir: Path) -> Proc:

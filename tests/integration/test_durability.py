@@ -15,7 +15,7 @@ from api.keys import job_stream_key, worker_heartbeat_key
 from api.models import JobStatus
 from api.tasks import reconcile_jobs
 from tests.integration.jobs import job, queue_job, wait_status
-from tests.integration.procs import OUTPUT_PROCESS, exited, wait_for
+from tests.integration.procs import INTAKE_PROCESS, OUTPUT_PROCESS, exited, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -32,9 +32,12 @@ def test_job_of_a_worker_killed_with_sigkill_completes_on_a_new_worker(workers, 
     assert beat["model"] == "tiny" and beat["device"] == "cpu" and beat["memory"]["active_bytes"] > 0
     wait_for(lambda: job(job_id).lease_expires_at > lease, 30, "the lease to be renewed")
     [output_pid] = first.children(OUTPUT_PROCESS)  # the worker publishes through its output process
+    [intake_pid] = first.children(INTAKE_PROCESS)  # and consumes the engine queue in its intake process
     first.kill9()
-    # Its output process reads the end of the pipe, writes what it had and exits.
+    # Its output process reads the end of the pipe, writes what it had and exits; its intake
+    # process reads the end of its stdin and stops consuming.
     wait_for(lambda: exited(output_pid), 30, "the killed worker's output process to exit")
+    wait_for(lambda: exited(intake_pid), 30, "the killed worker's intake process to exit")
 
     # Nothing finishes it while no worker holds the lease: it stays in_progress until the lease
     # expires and the reconciler hands it on.
@@ -73,7 +76,9 @@ def test_jobs_queued_when_redis_is_flushed_still_complete(workers, redis_db):
 
 
 def test_duplicate_delivery_of_a_running_job_does_nothing(workers, redis_db):
-    workers.start("w-dup")
+    # This worker consumes the engine queue in its own process (no intake process), the other mode.
+    dup = workers.start("w-dup", WORKER_INTAKE_PROCESS="0")
+    assert dup.children(INTAKE_PROCESS) == []
     job_id = queue_job("Once upon a time", max_tokens=200)
     wait_status(job_id, (JobStatus.IN_PROGRESS, JobStatus.COMPLETED))
     from api.services.jobs import job_dispatch
@@ -97,8 +102,10 @@ def test_sigterm_drains_briefly_hands_back_the_rest_and_exits_cleanly(workers, r
     long_id = queue_job("Once upon a time", max_tokens=3000)
     wait_for(lambda: redis_db.xlen(job_stream_key(long_id)) >= 3, 120, "the long job to stream")
     [output_pid] = leaving.children(OUTPUT_PROCESS)
+    [intake_pid] = leaving.children(INTAKE_PROCESS)
     started = time.monotonic()
     assert leaving.stop(timeout=60) == 0, leaving.log_tail()
+    assert exited(intake_pid)
     # The worker closed its output process's pipe and waited for it: the short job's final and
     # everything else it piped were written before the worker exited.
     assert exited(output_pid)

@@ -2,10 +2,12 @@
 
 It loads the model itself (never in a process that forks later, mlx-notes.md section 6), runs
 EngineCore on its engine thread, and consumes only the ``engine`` Celery queue with a
-non-forking pool in this process. ``run_job`` admits jobs and returns at once, so one Celery
-consumer feeds any number of jobs into the engine's continuous batch.
+non-forking pool: in its intake process, a child that passes the handed-over job ids back through
+a pipe (api/streaming/intake_process.py), or with ``WORKER_INTAKE_PROCESS=0`` in this process.
+``run_job`` admits jobs and returns at once, so one Celery consumer feeds any number of jobs into
+the engine's continuous batch.
 
-SIGTERM (or Ctrl-C): Celery stops consuming, running jobs get ``WORKER_DRAIN_S`` seconds to
+SIGTERM (or Ctrl-C): the consumer stops (Celery's warm shutdown), running jobs get ``WORKER_DRAIN_S`` seconds to
 finish, the rest are handed back to the queue, the engine thread is stopped, and the process exits
 without the interpreter's finalization (native threads can abort it; see _exit_without_finalization).
 
@@ -15,7 +17,8 @@ Environment (besides the Django settings and ``ENGINE_*`` engine config):
 queued job nobody claimed; ``WORKER_STREAM_INTERVAL_MS`` (40) least time between two writes of
 plain deltas; ``WORKER_PREFETCH`` (16) job messages taken at once; ``JOB_STREAM_TTL_S`` (6 h);
 ``WORKER_OUTPUT_PROCESS`` (1) publish outputs from a child process (api/streaming/sink_process.py),
-0 to publish from this process's I/O thread; ``WORKER_CLAIM_AHEAD`` (the engine's running batch)
+0 to publish from this process's I/O thread; ``WORKER_INTAKE_PROCESS`` (1) consume the queue in
+a child process, 0 in this one; ``WORKER_CLAIM_AHEAD`` (the engine's running batch)
 held jobs up to which an admission also claims queued jobs whose message is still on its way.
 """
 
@@ -25,12 +28,15 @@ import logging
 import os
 import signal
 import sys
+import threading
 from typing import Any
 
 from django.core.management.base import BaseCommand
 
 from api.streaming import worker
 from api.streaming.config import WorkerConfig
+from api.streaming.consumer import consume
+from api.streaming.intake import IntakeProcess
 from api.streaming.worker import keep_database_connections
 
 logger = logging.getLogger(__name__)
@@ -53,14 +59,29 @@ class Command(BaseCommand):
         config = WorkerConfig.from_env()
         if options["worker_id"]:
             config = replace(config, worker_id=options["worker_id"])
-        service, engine, sink = _build(config)
+        consumer = {"worker_id": config.worker_id, "prefetch": config.prefetch, "pool": options["pool"],
+                    "concurrency": options["concurrency"], "loglevel": options["loglevel"]}
+        intake = _start_intake(consumer) if config.intake_process else None  # before the model loads
+        try:
+            service, engine, sink = _build(config)
+        except BaseException:
+            if intake is not None:
+                intake.stop(10.0)
+            raise
         worker.install(service)
         service.start()
         logger.info("engine worker %s ready (model %s)", config.worker_id, config.model_path)
         try:
-            _consume(config, options["pool"], options["concurrency"], options["loglevel"])
+            if intake is None:
+                consume(**consumer)
+            else:
+                logging.getLogger().setLevel(options["loglevel"].upper())
+                intake.serve(service.admit)
+                _wait_for_stop_signal()
         finally:
             try:
+                if intake is not None:  # no new ids from here on; those in the pipe are admitted first
+                    intake.stop(config.heartbeat_s + 15.0)
                 handed_back = service.shutdown()
                 logger.info("engine worker %s stopped; %s jobs handed back", config.worker_id, len(handed_back))
             finally:
@@ -71,6 +92,36 @@ class Command(BaseCommand):
                 if hasattr(sink, "close"):  # the output process writes what it has, then exits
                     sink.close(config.drain_s + 10.0)
         _exit_without_finalization()
+
+
+def _start_intake(consumer: dict[str, Any]) -> IntakeProcess:
+    """The Celery consumer in a child process (api/streaming/intake_process.py)."""
+    from api.streaming import intake_process, sink_process
+
+    intake = IntakeProcess(intake_process.argv(**consumer), cwd=sink_process.project_root(),
+                           on_failure=_intake_process_failed)
+    intake.start()
+    return intake
+
+
+def _wait_for_stop_signal() -> None:
+    """Block until SIGTERM or SIGINT (Ctrl-C), as Celery's warm shutdown would."""
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: Any) -> None:
+        logger.info("engine worker: %s received; stopping", signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    while not stop.wait(1.0):
+        pass
+
+
+def _intake_process_failed() -> None:
+    """The intake process cannot be kept running: stop this worker through the SIGTERM path."""
+    logger.critical("the intake process keeps dying; shutting the engine worker down")
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _exit_without_finalization() -> None:
@@ -134,24 +185,3 @@ def _output_process_failed() -> None:
     its jobs go back to the queue and its supervisor restarts it."""
     logger.critical("the output process keeps dying; shutting the engine worker down")
     os.kill(os.getpid(), signal.SIGTERM)
-
-
-def _consume(config: WorkerConfig, pool: str, concurrency: int, loglevel: str) -> None:
-    """Run a Celery worker in this process on the ``engine`` queue until it is told to stop.
-    ``run_job`` only hands the id over, so a larger prefetch admits a burst of jobs without a
-    broker round trip per job (a message is acked when run_job returns, before the admission thread
-    claims it: a job whose worker dies in between is still queued, and the reconciler resends it)."""
-    from inference_service.celery import app
-
-    celery_worker = app.Worker(
-        hostname=f"engine@{config.worker_id}",
-        prefetch_multiplier=config.prefetch,
-        queues=["engine"],
-        pool_cls=pool,
-        concurrency=concurrency if pool == "threads" else 1,
-        loglevel=loglevel,
-        without_gossip=True,
-        without_mingle=True,
-        without_heartbeat=True,
-    )
-    celery_worker.start()

@@ -1,0 +1,115 @@
+"""Diagnostic timeline of an engine worker (bench only): put this folder first on PYTHONPATH and
+set WORKER_TRACE_DIR; a process running ``run_engine_worker`` then appends one JSON line per event
+to WORKER_TRACE_DIR/worker-<pid>.jsonl (wall-clock ``t``): Celery hand-overs, admission batches,
+claims, engine submits, engine steps (commands taken, outputs) and the I/O thread's publishes.
+Read it with ``python bench/worker_timeline.py DIR``. Other processes are left alone."""
+
+import importlib.abc
+import importlib.machinery
+import json
+import os
+import sys
+import threading
+import time
+
+_DIR = os.environ.get("WORKER_TRACE_DIR")
+
+
+def _install() -> None:
+    out = open(os.path.join(_DIR, f"worker-{os.getpid()}.jsonl"), "a", buffering=1)
+    lock = threading.Lock()
+
+    def emit(kind: str, **fields) -> None:
+        line = json.dumps({"t": time.time(), "k": kind, "th": threading.current_thread().name, **fields})
+        with lock:
+            out.write(line + "\n")
+
+    def patch_worker(mod) -> None:
+        cls = mod.EngineWorkerService
+        admit, admit_batch = cls.admit, cls._admit_batch
+
+        def traced_admit(self, job_id):
+            emit("handover", job=job_id)
+            return admit(self, job_id)
+
+        def traced_admit_batch(self, job_ids):
+            emit("admit_start", n=len(job_ids))
+            try:
+                return admit_batch(self, job_ids)
+            finally:
+                emit("admit_end", n=len(job_ids))
+
+        cls.admit, cls._admit_batch = traced_admit, traced_admit_batch
+
+    def patch_lifecycle(mod) -> None:
+        claim = mod.jobs_claim
+
+        def traced_claim(**kw):
+            jobs = claim(**kw)
+            emit("claimed", n=len(jobs), asked=len(kw.get("job_ids", ())), ahead=kw.get("ahead"))
+            return jobs
+
+        mod.jobs_claim = traced_claim
+
+    def patch_host(mod) -> None:
+        submit = mod.JobHost.submit
+
+        def traced_submit(self, spec):
+            ok = submit(self, spec)
+            emit("submit", job=spec.job_id, prompt=len(spec.prompt_token_ids))
+            return ok
+
+        mod.JobHost.submit = traced_submit
+
+    def patch_engine(mod) -> None:
+        step = mod.EngineCore._step
+
+        def traced_step(self, commands):
+            t0 = time.time()
+            outputs = step(self, commands)
+            emit("step", t0=t0, cmds=len(commands), outs=len(outputs),
+                 running=len(getattr(self.scheduler, "running", ()) or ()))
+            return outputs
+
+        mod.EngineCore._step = traced_step
+
+    def patch_io(mod) -> None:
+        publish = mod.IOThread._publish
+
+        def traced_publish(self, batch):
+            t0 = time.time()
+            publish(self, batch)
+            emit("publish", t0=t0, first=len(batch.first_tokens), chunks=len(batch.chunks),
+                 finals=len(batch.finals), started=len(batch.started))
+
+        mod.IOThread._publish = traced_publish
+
+    patches = {
+        "api.streaming.worker": patch_worker,
+        "api.services.job_lifecycle": patch_lifecycle,
+        "engine_worker.runtime.host": patch_host,
+        "engine_worker.engine_core": patch_engine,
+        "engine_worker.runtime.io_thread": patch_io,
+    }
+
+    class Finder(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path, target=None):
+            if name not in patches:
+                return None
+            spec = importlib.machinery.PathFinder.find_spec(name, path)
+            if spec is None:
+                return None
+            exec_module = spec.loader.exec_module
+
+            def exec_and_patch(module):
+                exec_module(module)
+                patches[name](module)
+
+            spec.loader.exec_module = exec_and_patch
+            return spec
+
+    sys.meta_path.insert(0, Finder())
+
+
+if _DIR and "run_engine_worker" in sys.argv:
+    _install()

@@ -1,0 +1,70 @@
+"""Print an engine worker's timeline from bench/trace_site's trace (diagnostics, not a benchmark).
+
+    python bench/worker_timeline.py TRACE_DIR [--round N]
+
+A round starts at a hand-over 0.3 s or more after the previous one. For the chosen round (default: the last),
+every event is printed with its offset in ms from the round's first Celery hand-over, and then a
+summary: hand-overs, admission batches, claims, steps (their length and the gaps between them)
+and publishes with first tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+
+def load(folder: str) -> list[dict]:
+    events = [json.loads(line) for path in Path(folder).glob("worker-*.jsonl") for line in path.open()]
+    return sorted(events, key=lambda e: e.get("t0", e["t"]))
+
+
+def rounds(events: list[dict]) -> list[list[dict]]:
+    out: list[list[dict]] = []
+    last_handover = None
+    for e in events:
+        if e["k"] == "handover":
+            if last_handover is None or e["t"] - last_handover > 0.3:
+                out.append([])
+            last_handover = e["t"]
+        if out:
+            out[-1].append(e)
+    return out
+
+
+def show(events: list[dict]) -> None:
+    start = min(e["t"] for e in events if e["k"] == "handover")
+    ms = lambda t: round(1000 * (t - start), 1)  # noqa: E731
+    for e in events:
+        extra = {k: v for k, v in e.items() if k not in ("t", "t0", "k", "th", "job")}
+        span = f"{ms(e['t0']):8.1f}-{ms(e['t']):8.1f}" if "t0" in e else f"{'':9}{ms(e['t']):8.1f}"
+        print(f"{span}  {e['th'][:16]:16} {e['k']:12} {extra}")
+    steps = [e for e in events if e["k"] == "step"]
+    firsts = [e for e in events if e["k"] == "publish" and e["first"]]
+    print("hand-overs", sum(e["k"] == "handover" for e in events), "from", ms(start), "to",
+          ms(max(e["t"] for e in events if e["k"] == "handover")))
+    print("submits", sum(e["k"] == "submit" for e in events), "last at",
+          ms(max((e["t"] for e in events if e["k"] == "submit"), default=start)))
+    lengths = [1000 * (e["t"] - e["t0"]) for e in steps]
+    gaps = [1000 * (b["t0"] - a["t"]) for a, b in zip(steps, steps[1:], strict=False)]
+    if lengths:
+        print(f"steps {len(steps)}: length p50 {statistics.median(lengths):.2f} ms max {max(lengths):.2f}; "
+              f"gap p50 {statistics.median(gaps or [0]):.2f} max {max(gaps or [0]):.2f}")
+    for e in firsts:
+        print(f"first tokens: {e['first']:3} published at {ms(e['t0'])} ms")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("folder")
+    parser.add_argument("--round", type=int, default=-1)
+    args = parser.parse_args()
+    found = rounds(load(args.folder))
+    print(f"{len(found)} rounds")
+    show(found[args.round])
+
+
+if __name__ == "__main__":
+    main()
