@@ -1,7 +1,8 @@
 """Diagnostic timeline of an engine worker (bench only): put this folder first on PYTHONPATH and
 set WORKER_TRACE_DIR; a process running ``run_engine_worker`` then appends one JSON line per event
 to WORKER_TRACE_DIR/worker-<pid>.jsonl (wall-clock ``t``): Celery hand-overs, admission batches,
-claims, engine submits, engine steps (commands taken, outputs) and the I/O thread's publishes.
+claims, engine submits, engine steps (commands taken, outputs) and the I/O thread's publishes;
+steps, admissions and publishes also carry the CPU time their thread spent in them (``cpu_ms``).
 Read it with ``python bench/worker_timeline.py DIR``. Other processes are left alone."""
 
 import importlib.abc
@@ -34,10 +35,11 @@ def _install() -> None:
 
         def traced_admit_batch(self, job_ids):
             emit("admit_start", n=len(job_ids))
+            cpu = time.thread_time()
             try:
                 return admit_batch(self, job_ids)
             finally:
-                emit("admit_end", n=len(job_ids))
+                emit("admit_end", n=len(job_ids), cpu_ms=round(1000 * (time.thread_time() - cpu), 2))
 
         cls.admit, cls._admit_batch = traced_admit, traced_admit_batch
 
@@ -65,9 +67,9 @@ def _install() -> None:
         step = mod.EngineCore._step
 
         def traced_step(self, commands):
-            t0 = time.time()
+            t0, cpu = time.time(), time.thread_time()
             outputs = step(self, commands)
-            emit("step", t0=t0, cmds=len(commands), outs=len(outputs),
+            emit("step", t0=t0, cpu_ms=round(1000 * (time.thread_time() - cpu), 2), cmds=len(commands), outs=len(outputs),
                  running=len(getattr(self.scheduler, "running", ()) or ()))
             return outputs
 
@@ -77,9 +79,9 @@ def _install() -> None:
         publish = mod.IOThread._publish
 
         def traced_publish(self, batch):
-            t0 = time.time()
+            t0, cpu = time.time(), time.thread_time()
             publish(self, batch)
-            emit("publish", t0=t0, first=len(batch.first_tokens), chunks=len(batch.chunks),
+            emit("publish", t0=t0, cpu_ms=round(1000 * (time.thread_time() - cpu), 2), first=len(batch.first_tokens), chunks=len(batch.chunks),
                  finals=len(batch.finals), started=len(batch.started))
 
         mod.IOThread._publish = traced_publish
