@@ -110,7 +110,13 @@ class IntakeProcess:
                 return False
             if self._given_up(returncode):
                 return False
-            self._spawn()
+            try:
+                self._spawn()
+            except OSError:  # cannot even start one (no memory, no processes left): as broken as dying
+                logger.critical("could not start a new intake process; giving up", exc_info=True)
+                if self._on_failure is not None:
+                    self._on_failure()
+                return False
             return True
 
     def _given_up(self, returncode: int | None) -> bool:

@@ -76,6 +76,19 @@ def test_a_child_that_dies_is_replaced_and_one_that_keeps_dying_stops_the_worker
     assert failures == [1]
 
 
+def test_a_child_that_cannot_be_started_again_stops_the_worker():
+    failures: list[int] = []
+    intake = IntakeProcess(_python("import sys; sys.stdin.read()"), on_failure=lambda: failures.append(1))
+    admitted = Admitted()
+    intake.start()
+    intake.serve(admitted)
+    intake._argv = ["/nonexistent/python"]  # what a restart would run can no longer start
+    os.kill(intake.pid, 9)
+    wait_for(lambda: failures, 30, "the intake to give up")
+    intake.stop(10)
+    assert failures == [1]
+
+
 def test_a_child_whose_worker_is_gone_sends_the_job_back_and_stops(monkeypatch):
     read_end, write_end = os.pipe()
     os.close(read_end)
