@@ -26,6 +26,8 @@ import time
 from collections import deque
 from collections.abc import Callable
 
+from engine_worker.runtime.child import end_child
+
 logger = logging.getLogger(__name__)
 
 MAX_RESTARTS = 3
@@ -64,19 +66,7 @@ class IntakeProcess:
         with self._lock:
             self._stopping.set()
             child = self._child
-        clean = True
-        if child is not None:
-            try:
-                child.stdin.close()  # type: ignore[union-attr]
-            except OSError:
-                pass
-            try:
-                child.wait(timeout)
-            except subprocess.TimeoutExpired:
-                logger.error("intake process %s did not stop in %.0f s; killed", child.pid, timeout)
-                child.kill()
-                child.wait()
-                clean = False
+        clean = child is None or end_child(child, timeout, "intake process")
         if self._reader is not None:
             self._reader.join(timeout)
         return clean

@@ -46,6 +46,7 @@ from collections.abc import Callable, Iterator
 from typing import BinaryIO
 
 from engine_worker.protocol import StepBatch
+from engine_worker.runtime.child import end_child
 from engine_worker.runtime.sink import OutputSink, SinkError
 
 logger = logging.getLogger(__name__)
@@ -97,20 +98,7 @@ class PipeSink:
         killed after ``timeout`` seconds."""
         with self._lock:
             child, self._child = self._child, None
-        if child is None:
-            return True
-        try:
-            child.stdin.close()  # type: ignore[union-attr]
-        except OSError:
-            pass
-        try:
-            child.wait(timeout)
-            return True
-        except subprocess.TimeoutExpired:
-            logger.error("output process %s did not finish in %.0f s; killed", child.pid, timeout)
-            child.kill()
-            child.wait()
-            return False
+        return child is None or end_child(child, timeout, "output process")
 
     @property
     def pid(self) -> int | None:
