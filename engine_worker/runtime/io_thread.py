@@ -59,6 +59,7 @@ class IOThread:
         self._interval_s = interval_s
         self._last_publish = 0.0
         self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
+        self._wake = threading.Event()  # set when something urgent is queued
         self._coalescer = ChunkCoalescer()
         self._thread = threading.Thread(target=self._run, name="worker-io", daemon=True)
 
@@ -67,10 +68,15 @@ class IOThread:
 
     def put(self, item: object) -> None:
         self._queue.put(item)
+        self._wake.set()  # commands are urgent
 
     def on_outputs(self, outputs: list[RequestOutput]) -> None:
-        """The engine's output listener: runs on the engine thread, so it only enqueues."""
+        """The engine's output listener: runs on the engine thread, so it only enqueues, and wakes
+        the I/O thread early only for a first token or a final (a job's first output carries all
+        of its tokens so far)."""
         self._queue.put(outputs)
+        if any(out.finished or out.completion_tokens <= len(out.new_token_ids) for out in outputs):
+            self._wake.set()
 
     def flush(self, timeout: float) -> bool:
         """Wait until everything enqueued so far was handed to the sink."""
@@ -96,16 +102,16 @@ class IOThread:
         in between: fewer, larger chunks for every process downstream. Whatever is urgent ends the
         wait as soon as it arrives: a job admitted meanwhile must not have its first token held back
         by the other jobs' interval (it was, by up to ``interval_s``, when this slept it out)."""
-        due = self._last_publish + self._interval_s
-        while (remaining := due - time.monotonic()) > 0:
-            try:
-                arrived = [self._queue.get(timeout=remaining)]
-            except queue.Empty:
-                return
-            self._take_waiting(arrived)
-            items.extend(arrived)
-            if self._urgent(arrived):
-                return
+        self._wake.clear()
+        self._take_waiting(items)  # what arrived before the clear
+        if self._urgent(items):
+            return
+        remaining = self._last_publish + self._interval_s - time.monotonic()
+        if remaining > 0:
+            # Plain outputs do not wake this thread: with a step every few ms, waking for each
+            # took the GIL from the engine thread (and from the admission) once per step.
+            self._wake.wait(remaining)
+        self._take_waiting(items)
 
     def _take_waiting(self, items: list[object]) -> None:
         while True:
