@@ -46,7 +46,6 @@ class IntakeProcess:
         self._lock = threading.Lock()  # a restart and a stop never cross
         self._reader: threading.Thread | None = None
         self._starts: deque[float] = deque(maxlen=MAX_RESTARTS)
-        self.forwarded = 0
 
     @property
     def pid(self) -> int | None:
@@ -85,7 +84,6 @@ class IntakeProcess:
             for line in child.stdout:
                 job_id = line.decode().strip()
                 if job_id:
-                    self.forwarded += 1
                     try:
                         admit(job_id)
                     except Exception:  # the job stays queued in the database; the reconciler resends it
@@ -98,8 +96,9 @@ class IntakeProcess:
         with self._lock:
             if self._stopping.is_set():
                 return False
-            if self._given_up(returncode):
+            if self._keeps_dying():
                 return False
+            logger.error("intake process exited (code %s); starting a new one", returncode)
             try:
                 self._spawn()
             except OSError:  # cannot even start one (no memory, no processes left): as broken as dying
@@ -109,11 +108,10 @@ class IntakeProcess:
                 return False
             return True
 
-    def _given_up(self, returncode: int | None) -> bool:
+    def _keeps_dying(self) -> bool:
         if len(self._starts) == MAX_RESTARTS and time.monotonic() - self._starts[0] < RESTART_WINDOW_S:
             logger.critical("intake process died %s times in %.0f s; giving up", MAX_RESTARTS, RESTART_WINDOW_S)
             if self._on_failure is not None:
                 self._on_failure()
             return True
-        logger.error("intake process exited (code %s); starting a new one", returncode)
         return False
