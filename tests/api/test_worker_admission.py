@@ -37,14 +37,17 @@ class FakeHost:
         return job_id in self.started
 
 
+def _service(host, redis_client, *, claim_ahead: int = 0, dispatch=lambda job_id: None) -> EngineWorkerService:
+    config = WorkerConfig(worker_id="w1", model_path="", lease_s=30, heartbeat_s=2, drain_s=1,
+                          redispatch_after_s=30, stream_interval_s=0, prefetch=16, claim_ahead=claim_ahead)
+    return EngineWorkerService(config=config, host=host, redis_client=redis_client, sender=None, dispatch=dispatch)
+
+
 def test_a_batch_starts_every_good_job_fails_a_bad_one_and_hands_back_on_engine_trouble(redis_client):
     good_a, invalid, down, good_b = (make_job() for _ in range(4))
     host = FakeHost(invalid={str(invalid.id)}, engine_down={str(down.id)})
     dispatched: list[str] = []
-    config = WorkerConfig(worker_id="w1", model_path="", lease_s=30, heartbeat_s=2, drain_s=1,
-                          redispatch_after_s=30, stream_interval_s=0, prefetch=16)
-    service = EngineWorkerService(config=config, host=host, redis_client=redis_client, sender=None,
-                                  dispatch=dispatched.append)
+    service = _service(host, redis_client, dispatch=dispatched.append)
 
     service._admit_batch([str(job.id) for job in (good_a, invalid, down, good_b)])
 
@@ -73,10 +76,7 @@ class HoldingHost(FakeHost):
 def test_an_admission_claims_ahead_up_to_the_engines_free_room(redis_client):
     delivered, *waiting = (make_job() for _ in range(6))
     host = HoldingHost(held=2)
-    config = WorkerConfig(worker_id="w1", model_path="", lease_s=30, heartbeat_s=2, drain_s=1,
-                          redispatch_after_s=30, stream_interval_s=0, prefetch=16, claim_ahead=5)
-    service = EngineWorkerService(config=config, host=host, redis_client=redis_client, sender=None,
-                                  dispatch=lambda job_id: None)
+    service = _service(host, redis_client, claim_ahead=5)
 
     service._admit_batch([str(delivered.id)])
 
@@ -89,10 +89,7 @@ def test_an_admission_claims_ahead_up_to_the_engines_free_room(redis_client):
 def test_the_message_of_a_job_claimed_ahead_costs_no_claim(redis_client, django_assert_num_queries):
     first, second = make_job(), make_job()
     host = HoldingHost(held=0)
-    config = WorkerConfig(worker_id="w1", model_path="", lease_s=30, heartbeat_s=2, drain_s=1,
-                          redispatch_after_s=30, stream_interval_s=0, prefetch=16, claim_ahead=4)
-    service = EngineWorkerService(config=config, host=host, redis_client=redis_client, sender=None,
-                                  dispatch=lambda job_id: None)
+    service = _service(host, redis_client, claim_ahead=4)
     service._admit_batch([str(first.id)])
     assert host.started == [str(first.id), str(second.id)]  # the second was claimed ahead
 
