@@ -1,6 +1,11 @@
 """Print an engine worker's timeline from bench/trace_site's trace (diagnostics, not a benchmark).
 
     python bench/worker_timeline.py TRACE_DIR [--round N]
+    python bench/worker_timeline.py TRACE_DIR --steps
+
+``--steps`` compares engine steps instead: the worker's (worker-*.jsonl) against the in-process
+engine's of service_bench.py in the same run (bench-*.jsonl), split into decode-only steps (no
+new commands, every running request gave an output) and the others (prefill, admission).
 
 A round starts at a hand-over 0.3 s or more after the previous one. For the chosen round (default: the last),
 every event is printed with its offset in ms from the round's first Celery hand-over, and then a
@@ -16,8 +21,8 @@ import statistics
 from pathlib import Path
 
 
-def load(folder: str) -> list[dict]:
-    events = [json.loads(line) for path in Path(folder).glob("worker-*.jsonl") for line in path.open()]
+def load(folder: str, prefix: str = "worker") -> list[dict]:
+    events = [json.loads(line) for path in Path(folder).glob(f"{prefix}-*.jsonl") for line in path.open()]
     return sorted(events, key=lambda e: e.get("t0", e["t"]))
 
 
@@ -56,11 +61,29 @@ def show(events: list[dict]) -> None:
         print(f"first tokens: {e['first']:3} published at {ms(e['t0'])} ms")
 
 
+def step_summary(folder: str) -> None:
+    for prefix in ("bench", "worker"):
+        steps = [e for e in load(folder, prefix) if e["k"] == "step" and e["outs"]]
+        decode = [e for e in steps if not e["cmds"] and e["outs"] == e["running"]]
+        other = [e for e in steps if e not in decode]
+        for name, group in (("decode", decode), ("other", other)):
+            if not group:
+                continue
+            wall = sorted(1000 * (e["t"] - e["t0"]) for e in group)
+            cpu = sorted(e["cpu_ms"] for e in group)
+            print(f"{prefix:6} {name:6} steps {len(group):5}  wall p50 {statistics.median(wall):6.2f} "
+                  f"p90 {wall[int(0.9 * (len(wall) - 1))]:6.2f} ms  cpu p50 {statistics.median(cpu):6.2f} ms")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("folder")
     parser.add_argument("--round", type=int, default=-1)
+    parser.add_argument("--steps", action="store_true", help="compare the worker's engine steps with the bench's")
     args = parser.parse_args()
+    if args.steps:
+        step_summary(args.folder)
+        return
     found = rounds(load(args.folder))
     print(f"{len(found)} rounds")
     show(found[args.round])

@@ -3,7 +3,9 @@ set WORKER_TRACE_DIR; a process running ``run_engine_worker`` then appends one J
 to WORKER_TRACE_DIR/worker-<pid>.jsonl (wall-clock ``t``): Celery hand-overs, admission batches,
 claims, engine submits, engine steps (commands taken, outputs) and the I/O thread's publishes;
 steps, admissions and publishes also carry the CPU time their thread spent in them (``cpu_ms``).
-Read it with ``python bench/worker_timeline.py DIR``. Other processes are left alone."""
+Read it with ``python bench/worker_timeline.py DIR``. service_bench.py itself logs only its
+in-process engine's steps, to bench-<pid>.jsonl (``worker_timeline.py DIR --steps`` compares them).
+Other processes are left alone."""
 
 import importlib.abc
 import importlib.machinery
@@ -16,8 +18,8 @@ import time
 _DIR = os.environ.get("WORKER_TRACE_DIR")
 
 
-def _install() -> None:
-    out = open(os.path.join(_DIR, f"worker-{os.getpid()}.jsonl"), "a", buffering=1)
+def _install(prefix: str, modules: tuple[str, ...]) -> None:
+    out = open(os.path.join(_DIR, f"{prefix}-{os.getpid()}.jsonl"), "a", buffering=1)
     lock = threading.Lock()
 
     def emit(kind: str, **fields) -> None:
@@ -96,7 +98,7 @@ def _install() -> None:
 
     class Finder(importlib.abc.MetaPathFinder):
         def find_spec(self, name, path, target=None):
-            if name not in patches:
+            if name not in patches or name not in modules:
                 return None
             spec = importlib.machinery.PathFinder.find_spec(name, path)
             if spec is None:
@@ -113,5 +115,10 @@ def _install() -> None:
     sys.meta_path.insert(0, Finder())
 
 
+# The worker gets every patch; service_bench.py (its in-process engine side) only the engine's
+# steps, to compare step lengths with the worker's in the same run.
 if _DIR and "run_engine_worker" in sys.argv:
-    _install()
+    _install("worker", ("api.streaming.worker", "api.services.job_lifecycle", "engine_worker.runtime.host",
+                        "engine_worker.engine_core", "engine_worker.runtime.io_thread"))
+elif _DIR and any(arg.endswith("service_bench.py") for arg in sys.argv):
+    _install("bench", ("engine_worker.engine_core",))
