@@ -58,11 +58,14 @@ def jobs_claim(*, job_ids: list[str], worker_id: str, lease_s: float, ahead: int
     arrive later and find them claimed, as any duplicate delivery does. A worker woken by one
     message thus takes every job committed by then, instead of one job per message: its Celery
     consumer handles a message in ~4 ms on the GPU host while the engine runs, and a burst of 32
-    submissions waited in line for it. They come after ``job_ids``' jobs, in queue order."""
-    if not job_ids:
-        return []
+    submissions waited in line for it. They come after ``job_ids``' jobs, in queue order.
+
+    With no ``job_ids``, only the queue's head is claimed: a worker woken by the database's
+    notice that jobs were queued (api/streaming/queue_listener.py)."""
     if connection.vendor != "postgresql":  # SKIP LOCKED: PostgreSQL's
         ahead = 0
+    if not job_ids and ahead <= 0:
+        return []
     now = timezone.now()
     values = {"status": JobStatus.IN_PROGRESS.value, "worker_id": worker_id,
               "lease_expires_at": now + dt.timedelta(seconds=lease_s), "started_at": now, "first_token_at": None,
@@ -71,17 +74,21 @@ def jobs_claim(*, job_ids: list[str], worker_id: str, lease_s: float, ahead: int
         return _jobs_claim_orm(job_ids, worker_id, now, values)
     pk = Job._meta.pk
     ids = list(dict.fromkeys(str(job_id) for job_id in job_ids))
+    id_params = [pk.get_db_prep_value(pk.to_python(job_id), connection) for job_id in ids]
+    placeholders = ", ".join(["%s"] * len(ids))
     statement = _claim_statement(connection.alias)
-    params = [Job._meta.get_field(name).get_db_prep_save(values[name], connection) for name in _CLAIM_FIELDS]
-    params += [pk.get_db_prep_value(pk.to_python(job_id), connection) for job_id in ids]
-    ahead_sql = ""
+    head, params, which = "", [], []
     if ahead > 0:
-        ahead_sql = statement.ahead_sql
-        params += [JobStatus.QUEUED.value, False, *params[len(params) - len(ids):], ahead]
+        head = statement.head_sql.format(not_named=statement.not_named_sql.format(ids=placeholders) if ids else "")
+        params += [JobStatus.QUEUED.value, False, *id_params, ahead]
+        which.append(statement.in_head_sql)
+    params += [Job._meta.get_field(name).get_db_prep_save(values[name], connection) for name in _CLAIM_FIELDS]
+    if ids:
+        which.append(f"{statement.id_column} IN ({placeholders})")
+        params += id_params
     params += [JobStatus.QUEUED.value, False]
     with connection.cursor() as cursor:
-        placeholders = ", ".join(["%s"] * len(ids))
-        cursor.execute(statement.sql.format(ids=placeholders, ahead=ahead_sql.format(ids=placeholders)), params)
+        cursor.execute(head + statement.sql.format(which=" OR ".join(which)), params)
         rows = {str(job.id): job for job in (build(statement.shape, row, connection.alias) for row in cursor.fetchall())}
     named = [rows.pop(job_id) for job_id in ids if job_id in rows]
     return named + sorted(rows.values(), key=lambda job: (job.priority, job.queued_at))
@@ -89,8 +96,14 @@ def jobs_claim(*, job_ids: list[str], worker_id: str, lease_s: float, ahead: int
 
 @dataclass(frozen=True)
 class _ClaimStatement:
-    sql: str  # with an {ids} placeholder for the IN list and an {ahead} one for ahead_sql
-    ahead_sql: str  # " OR id IN (the queue's head, less the {ids})": status, cancel_requested, ids, limit
+    sql: str  # the UPDATE, with a {which} placeholder: in_head_sql, "id IN (named ids)", or both ORed
+    id_column: str
+    # "WITH head AS MATERIALIZED (the queue's head{not_named})": status, cancel_requested, [ids,] limit.
+    # Materialized: as a plain subquery in the UPDATE's WHERE, PostgreSQL may run it more than once
+    # (once per row it checks), and then LIMIT bounds each run, not what the UPDATE claims.
+    head_sql: str
+    not_named_sql: str  # " AND id NOT IN ({ids})"
+    in_head_sql: str  # "id IN (SELECT id FROM head)"
     shape: RowShape
 
 
@@ -102,12 +115,14 @@ def _claim_statement(alias: str) -> _ClaimStatement:
     column = lambda name: q(Job._meta.get_field(name).column)  # noqa: E731
     assignments = ", ".join(f"{column(name)} = %s" for name in _CLAIM_FIELDS)
     table = q(Job._meta.db_table)
-    sql = (f"UPDATE {table} SET {assignments} WHERE ({column('id')} IN ({{ids}}){{ahead}}) "
+    sql = (f"UPDATE {table} SET {assignments} WHERE ({{which}}) "
            f"AND {column('status')} = %s AND {column('cancel_requested')} = %s RETURNING {shape.column_list(q)}")
-    ahead_sql = (f" OR {column('id')} IN (SELECT {column('id')} FROM {table} WHERE {column('status')} = %s "
-                 f"AND {column('cancel_requested')} = %s AND {column('id')} NOT IN ({{ids}}) "
-                 f"ORDER BY {column('priority')}, {column('queued_at')} LIMIT %s FOR UPDATE SKIP LOCKED)")
-    return _ClaimStatement(sql=sql, ahead_sql=ahead_sql, shape=shape)
+    head_sql = (f"WITH head AS MATERIALIZED (SELECT {column('id')} FROM {table} WHERE {column('status')} = %s "
+                f"AND {column('cancel_requested')} = %s{{not_named}} "
+                f"ORDER BY {column('priority')}, {column('queued_at')} LIMIT %s FOR UPDATE SKIP LOCKED) ")
+    return _ClaimStatement(sql=sql, id_column=column("id"), head_sql=head_sql,
+                           not_named_sql=f" AND {column('id')} NOT IN ({{ids}})",
+                           in_head_sql=f"{column('id')} IN (SELECT {column('id')} FROM head)", shape=shape)
 
 
 _CLAIM_FIELDS = ("status", "worker_id", "lease_expires_at", "started_at", "first_token_at", "output_text",
