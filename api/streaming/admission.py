@@ -10,6 +10,10 @@ The message is acknowledged when ``run_job`` returns, before the claim. That is 
 database row is the truth: a job whose worker died in between is still ``queued``, and the
 reconciler sends it again once its claim deadline passes. On an orderly stop, ids that were never
 claimed are returned so the worker can send them straight back to the queue.
+
+:meth:`AdmissionThread.wake` (the database noticed that jobs were queued, queue_listener.py)
+asks for a claim of the queue's head with no id in hand: ``admit_batch(ids, woken=True)``. Any
+number of wake-ups waiting together make one.
 """
 
 from __future__ import annotations
@@ -22,10 +26,12 @@ from collections.abc import Callable
 logger = logging.getLogger(__name__)
 
 _STOP = object()
+_WAKE = object()
 
 
 class AdmissionThread:
-    def __init__(self, admit_batch: Callable[[list[str]], None], *, max_batch: int = 64) -> None:
+    def __init__(self, admit_batch: Callable[..., None], *, max_batch: int = 64) -> None:
+        """``admit_batch(ids)``, or ``admit_batch(ids, woken=True)`` when a wake-up came with them."""
         self._admit_batch = admit_batch
         self._max_batch = max_batch
         self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
@@ -42,6 +48,11 @@ class AdmissionThread:
         self._queue.put(job_id)
         return True
 
+    def wake(self) -> None:
+        """Jobs were queued: claim from the queue's head at the next batch (none once stopping)."""
+        if not self._closed.is_set():
+            self._queue.put(_WAKE)
+
     def stop(self, timeout: float) -> list[str]:
         """Finish the batch in progress, stop, and return the ids that were never admitted."""
         self._closed.set()
@@ -54,7 +65,7 @@ class AdmissionThread:
                 item = self._queue.get_nowait()
             except queue.Empty:
                 return left
-            if item is not _STOP:
+            if item is not _STOP and item is not _WAKE:
                 left.append(str(item))
 
     def _run(self) -> None:
@@ -62,18 +73,28 @@ class AdmissionThread:
             first = self._queue.get()
             if first is _STOP:
                 return
-            batch, stopping = [str(first)], False
-            while len(batch) < self._max_batch:
+            batch: list[str] = []
+            woken = stopping = False
+            item = first
+            while True:
+                if item is _STOP:
+                    stopping = True
+                    break
+                if item is _WAKE:
+                    woken = True
+                else:
+                    batch.append(str(item))
+                if len(batch) >= self._max_batch:
+                    break
                 try:
                     item = self._queue.get_nowait()
                 except queue.Empty:
                     break
-                if item is _STOP:
-                    stopping = True
-                    break
-                batch.append(str(item))
             try:
-                self._admit_batch(batch)
+                if woken:
+                    self._admit_batch(batch, woken=True)
+                elif batch:
+                    self._admit_batch(batch)
             except Exception:  # the ids stay queued in the database; the reconciler resends them
                 logger.exception("admission of %s jobs failed", len(batch))
             if stopping:

@@ -32,6 +32,9 @@ class WorkerConfig:
     # (job_lifecycle.jobs_claim's ``ahead``); 0 claims only delivered ids. The worker command
     # defaults it to the engine's running batch (SchedulerConfig.max_running).
     claim_ahead: int = 0
+    # PostgreSQL: claim ahead as soon as the database notices that jobs were queued
+    # (api/streaming/queue_listener.py), instead of at the next Celery message.
+    queue_notify: bool = True
 
     @classmethod
     def from_env(cls) -> WorkerConfig:
@@ -50,6 +53,7 @@ class WorkerConfig:
             output_process=env_bool("WORKER_OUTPUT_PROCESS", True),
             intake_process=env_bool("WORKER_INTAKE_PROCESS", True),
             claim_ahead=env_int("WORKER_CLAIM_AHEAD", -1, minimum=-1),
+            queue_notify=env_bool("WORKER_QUEUE_NOTIFY", True),
         )
 
 

@@ -6,7 +6,8 @@ stdout; a reader thread here passes every id to ``admit`` (the worker's admissio
 * :meth:`IntakeProcess.start` starts the child. Call it before the model is loaded, as for the
   output process.
 * :meth:`IntakeProcess.serve` starts the reader once there is something to admit to. Ids the
-  child sent earlier wait in the pipe.
+  child sent earlier wait in the pipe. A ``*`` line (the database's notice that jobs were queued,
+  with ``--listen``) calls ``wake`` instead.
 * :meth:`IntakeProcess.stop` closes the child's stdin: it stops consuming (Celery's warm
   shutdown) and exits. The reader passes on every id still in the pipe, then ends. An id that
   reaches ``admit`` while the worker stops is sent back to the queue there, as before.
@@ -26,6 +27,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 
+from api.streaming.intake_process import WAKE_LINE
 from engine_worker.runtime.child import end_child
 
 logger = logging.getLogger(__name__)
@@ -54,9 +56,10 @@ class IntakeProcess:
     def start(self) -> None:
         self._spawn()
 
-    def serve(self, admit: Callable[[str], bool]) -> None:
-        """Pass every id the child hands over to ``admit``, on a thread of its own."""
-        self._reader = threading.Thread(target=self._read, args=(admit,), name="worker-intake", daemon=True)
+    def serve(self, admit: Callable[[str], bool], wake: Callable[[], None] | None = None) -> None:
+        """Pass every id the child hands over to ``admit``, and every wake-up to ``wake``, on a
+        thread of its own."""
+        self._reader = threading.Thread(target=self._read, args=(admit, wake), name="worker-intake", daemon=True)
         self._reader.start()
 
     def stop(self, timeout: float) -> bool:
@@ -77,13 +80,16 @@ class IntakeProcess:
         logger.info("intake process %s started", self._child.pid)
         return self._child
 
-    def _read(self, admit: Callable[[str], bool]) -> None:
+    def _read(self, admit: Callable[[str], bool], wake: Callable[[], None] | None) -> None:
         while True:
             child = self._child
             assert child is not None and child.stdout is not None
             for line in child.stdout:
                 job_id = line.decode().strip()
-                if job_id:
+                if job_id == WAKE_LINE:
+                    if wake is not None:
+                        wake()
+                elif job_id:
                     try:
                         admit(job_id)
                     except Exception:  # the job stays queued in the database; the reconciler resends it

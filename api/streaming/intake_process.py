@@ -14,6 +14,9 @@ host) no longer takes the GIL from the engine thread while a burst of jobs is be
 * If the worker cannot take an id any more (its end of the pipe is gone), the job is sent back
   to the queue, and this process stops. A job whose id is lost anyway is still ``queued`` in the
   database: the reconciler sends it again.
+* With ``--listen`` (PostgreSQL), it also listens for the database's notice that jobs were queued
+  (queue_listener.py) and writes a ``*`` line for each: the worker then claims the queue's head
+  without waiting for the jobs' messages.
 """
 
 from __future__ import annotations
@@ -37,16 +40,31 @@ class Forwarder:
         self._lock = threading.Lock()  # the threads pool may hand ids over from several threads
 
     def admit(self, job_id: str) -> bool:
+        if self._write(job_id):
+            return True
+        logger.warning("the engine worker is gone; sending job %s back to the queue", job_id)
+        _send_back(job_id)
+        _stop_consuming()
+        return False
+
+    def wake(self) -> bool:
+        """Jobs were queued (the database's notice): the worker claims the queue's head."""
+        if self._write(WAKE_LINE):
+            return True
+        _stop_consuming()
+        return False
+
+    def _write(self, line: str) -> bool:
         try:
             with self._lock:
-                self._pipe.write(f"{job_id}\n".encode())
+                self._pipe.write(f"{line}\n".encode())
                 self._pipe.flush()
             return True
         except OSError:
-            logger.warning("the engine worker is gone; sending job %s back to the queue", job_id)
-            _send_back(job_id)
-            _stop_consuming()
             return False
+
+
+WAKE_LINE = "*"  # never a job id (those are UUIDs)
 
 
 def _send_back(job_id: str) -> None:
@@ -76,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pool", choices=["solo", "threads"], default="solo")
     parser.add_argument("--concurrency", type=int, default=1)
     parser.add_argument("--loglevel", default="INFO")
+    parser.add_argument("--listen", action="store_true", help="also pass on the database's notices of queued jobs")
     args = parser.parse_args(argv)
     pipe = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
@@ -86,17 +105,24 @@ def main(argv: list[str] | None = None) -> int:
     from api.streaming import worker
     from api.streaming.consumer import consume
 
-    worker.install(Forwarder(pipe))
+    forwarder = Forwarder(pipe)
+    worker.install(forwarder)
     threading.Thread(target=_stop_at_end_of, args=(sys.stdin.buffer,), name="intake-lifeline", daemon=True).start()
+    if args.listen:
+        from api.streaming.queue_listener import QueueListener, django_connect
+
+        QueueListener(django_connect, forwarder.wake).start()
     consume(worker_id=args.worker_id, prefetch=args.prefetch, pool=args.pool, concurrency=args.concurrency,
             loglevel=args.loglevel)
     return 0
 
 
-def argv(worker_id: str, *, prefetch: int, pool: str, concurrency: int, loglevel: str) -> list[str]:
+def argv(worker_id: str, *, prefetch: int, pool: str, concurrency: int, loglevel: str,
+         listen: bool = False) -> list[str]:
     """The command line that starts this process with the current interpreter."""
     return [sys.executable, "-m", "api.streaming.intake_process", "--worker-id", worker_id, "--prefetch",
-            str(prefetch), "--pool", pool, "--concurrency", str(concurrency), "--loglevel", loglevel]
+            str(prefetch), "--pool", pool, "--concurrency", str(concurrency), "--loglevel", loglevel,
+            *(["--listen"] if listen else [])]
 
 
 if __name__ == "__main__":

@@ -100,17 +100,23 @@ class EngineWorkerService:
         self._redispatch([job_id])
         return False
 
-    def _admit_batch(self, job_ids: list[str]) -> None:
+    def wake(self) -> None:
+        """The database says jobs were queued (queue_listener.py): claim from the queue's head, as
+        far as the engine's running batch has room, without waiting for their messages."""
+        self._admission.wake()
+
+    def _admit_batch(self, job_ids: list[str], woken: bool = False) -> None:
         """Claim the jobs (those not claimable are duplicates, cancelled or finished: ignored) and
         start them in the engine. Ids this worker already holds (claimed ahead of their message,
-        or delivered twice) cost no claim."""
+        or delivered twice) cost no claim. ``woken``: jobs were queued, so claim ahead even with
+        no new id in hand (a full worker leaves them to the others)."""
         job_ids = [job_id for job_id in job_ids if not self.host.holds(job_id)]
-        if not job_ids:
-            return
         ahead = 0
         if self.config.claim_ahead:
             # Room left in the engine's running batch: take that many more from the queue's head.
             ahead = max(0, self.config.claim_ahead - len(self.host.held_jobs()) - len(job_ids))
+        if not job_ids and not (woken and ahead):
+            return
         try:
             jobs = job_lifecycle.jobs_claim(job_ids=job_ids, worker_id=self.worker_id, lease_s=self.config.lease_s,
                                             ahead=ahead)

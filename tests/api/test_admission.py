@@ -75,3 +75,29 @@ def test_a_thread_that_never_ran_hands_every_id_back():
     admission.put("x")
     admission.put("y")
     assert admission.stop(0.1) == ["x", "y"]
+
+
+def test_wake_ups_waiting_together_make_one_claim_with_the_ids_beside_them():
+    calls: list[tuple[list[str], bool]] = []
+    done = threading.Event()
+
+    def admit(batch: list[str], woken: bool = False) -> None:
+        calls.append((batch, woken))
+        if len(calls) == 2:
+            done.set()
+
+    admission = AdmissionThread(admit)
+    admission.wake()
+    admission.put("a")
+    admission.wake()
+    admission.start()
+    while not calls:  # the first batch took all three; then a wake-up alone
+        threading.Event().wait(0.01)
+    admission.wake()
+    admission.wake()
+    assert done.wait(5)
+    assert calls[0] == (["a"], True)
+    assert calls[1] == ([], True)
+    admission.stop(5)
+    admission.wake()  # stopped: ignored, and nothing is handed back for it
+    assert admission.stop(0.1) == [] and len(calls) == 2

@@ -96,3 +96,22 @@ def test_the_message_of_a_job_claimed_ahead_costs_no_claim(redis_client, django_
     with django_assert_num_queries(0):  # its own message arrives: nothing left to do
         service._admit_batch([str(second.id)])
     assert host.started == [str(first.id), str(second.id)]
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="claims ahead on PostgreSQL")
+def test_a_wake_up_claims_the_queue_head_up_to_the_free_room_and_a_full_worker_leaves_it(
+        redis_client, django_assert_num_queries):
+    jobs = [make_job() for _ in range(4)]
+    host = HoldingHost(held=1)
+    service = _service(host, redis_client, claim_ahead=3)
+
+    service._admit_batch([], woken=True)  # the database said jobs were queued; no message yet
+
+    assert host.started == [str(jobs[0].id), str(jobs[1].id)]  # room for 3, 1 held
+    # Full now: a wake-up costs no query, and the rest stay queued for other workers.
+    with django_assert_num_queries(0):
+        service._admit_batch([], woken=True)
+    assert sorted(j.status for j in type(jobs[0]).objects.all()) == ["in_progress"] * 2 + ["queued"] * 2
+    # Without a wake-up, a batch of messages for jobs already held claims nothing either.
+    with django_assert_num_queries(0):
+        service._admit_batch([str(jobs[0].id)])

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Any
+
+from django.utils import timezone
 
 from api.models import ApiKey, Job, JobStatus
 from api.services.jobs import job_dispatch
@@ -14,9 +17,10 @@ JOB_TIMEOUT_S = 240.0
 
 
 def queue_job(prompt: str, *, max_tokens: int, ignore_eos: bool = True, dispatch: bool = True,
-              api_key: ApiKey | None = None, **params: Any) -> str:
+              api_key: ApiKey | None = None, held_by: str | None = None, **params: Any) -> str:
     """Insert a queued job (as ``job_create`` would, without quotas) and send it to the broker.
-    ``ignore_eos`` makes its length exact, so a test knows it is still running."""
+    ``ignore_eos`` makes its length exact, so a test knows it is still running. ``held_by``: the
+    job is in progress on that (stalled) worker instead, with a minute's lease, and not sent."""
     if api_key is None:
         api_key, _secret = make_api_key()
     job = Job.objects.create(
@@ -25,8 +29,10 @@ def queue_job(prompt: str, *, max_tokens: int, ignore_eos: bool = True, dispatch
         prompt=prompt,
         prompt_token_ids=get_tokenizer().encode_prompt(prompt),
         params={"max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": ignore_eos, **params},
+        **({"status": JobStatus.IN_PROGRESS, "worker_id": held_by,
+            "lease_expires_at": timezone.now() + dt.timedelta(seconds=60)} if held_by else {}),
     )
-    if dispatch:
+    if dispatch and not held_by:
         assert job_dispatch(job_id=str(job.id))
     return str(job.id)
 

@@ -47,7 +47,8 @@ def test_job_of_a_worker_killed_with_sigkill_completes_on_a_new_worker(workers, 
     assert done.worker_id == "w-new"
     assert done.completion_tokens == 1200
     assert done.finish_reason == "length"
-    assert done.dispatch_count >= 2
+    # Handed on by the reconciler's requeue: its notice (migration 0003) wakes w-new, which may
+    # claim the job before the reconciler's new message is sent (dispatch_count then stays 1).
     # The stream holds exactly the new attempt: seq 1..last_seq, and its text is the stored text.
     entries = redis_db.xrange(job_stream_key(job_id))
     deltas = [f for _, f in entries if f["type"] == "delta"]

@@ -140,13 +140,15 @@ def test_websocket_auth_and_ownership_close_codes_and_generate_socket(stack):
 def test_a_client_waiting_longer_than_the_redis_socket_timeout_still_gets_the_stream(stack):
     api_key, secret = make_api_key()
     client = ServiceClient(stack, secret)
-    job_id = queue_job("Once upon a time", max_tokens=16, api_key=api_key, dispatch=False)
+    # Held by a worker that never streams: nothing arrives for longer than 5 s. (A queued job
+    # would not wait: the database's notice wakes the stack's worker even with no message.)
+    job_id = queue_job("Once upon a time", max_tokens=16, api_key=api_key, held_by="w-stalled")
 
     async def scenario() -> list[dict]:
         task = asyncio.create_task(client.stream(job_id))
-        await asyncio.sleep(7.0)  # the job stays queued: nothing arrives for longer than 5 s
+        await asyncio.sleep(7.0)
         assert not task.done(), task.result()
-        await asyncio.to_thread(_dispatch, job_id)
+        await asyncio.to_thread(_hand_back, job_id)
         return await task
 
     messages = asyncio.run(scenario())
@@ -154,7 +156,10 @@ def test_a_client_waiting_longer_than_the_redis_socket_timeout_still_gets_the_st
     assert messages[-1]["type"] == "final" and text_of(messages) == stored.output_text
 
 
-def _dispatch(job_id: str) -> None:
+def _hand_back(job_id: str) -> None:
+    """The stalled worker hands the job back, as on its shutdown."""
+    from api.services.job_lifecycle import job_requeue
     from api.services.jobs import job_dispatch
 
+    assert job_requeue(job_id=job_id, worker_id="w-stalled", redispatch_after_s=30)
     assert job_dispatch(job_id=job_id)

@@ -19,7 +19,9 @@ plain deltas; ``WORKER_PREFETCH`` (16) job messages taken at once; ``JOB_STREAM_
 ``WORKER_OUTPUT_PROCESS`` (1) publish outputs from a child process (api/streaming/sink_process.py),
 0 to publish from this process's I/O thread; ``WORKER_INTAKE_PROCESS`` (1) consume the queue in
 a child process, 0 in this one; ``WORKER_CLAIM_AHEAD`` (the engine's running batch)
-held jobs up to which an admission also claims queued jobs whose message is still on its way.
+held jobs up to which an admission also claims queued jobs whose message is still on its way;
+``WORKER_QUEUE_NOTIFY`` (1) on PostgreSQL, claim ahead as soon as the database notices that jobs
+were queued (api/streaming/queue_listener.py), 0 to wait for their messages.
 """
 
 from __future__ import annotations
@@ -32,11 +34,13 @@ import threading
 from typing import Any
 
 from django.core.management.base import BaseCommand
+from django.db import connection
 
 from api.streaming import worker
 from api.streaming.config import WorkerConfig
 from api.streaming.consumer import consume
 from api.streaming.intake import IntakeProcess
+from api.streaming.queue_listener import QueueListener, django_connect
 from api.streaming.worker import keep_database_connections
 
 logger = logging.getLogger(__name__)
@@ -61,7 +65,8 @@ class Command(BaseCommand):
             config = replace(config, worker_id=options["worker_id"])
         consumer = {"worker_id": config.worker_id, "prefetch": config.prefetch, "pool": options["pool"],
                     "concurrency": options["concurrency"], "loglevel": options["loglevel"]}
-        intake = _start_intake(consumer) if config.intake_process else None  # before the model loads
+        listen = _listens(config)
+        intake = _start_intake(consumer, listen) if config.intake_process else None  # before the model loads
         try:
             service, engine, sink = _build(config)
         except BaseException:
@@ -71,17 +76,23 @@ class Command(BaseCommand):
         worker.install(service)
         service.start()
         logger.info("engine worker %s ready (model %s)", config.worker_id, config.model_path)
+        listener = None
         try:
             if intake is None:
+                if listen:
+                    listener = QueueListener(django_connect, service.wake)
+                    listener.start()
                 consume(**consumer)
             else:
                 logging.getLogger().setLevel(options["loglevel"].upper())
-                intake.serve(service.admit)
+                intake.serve(service.admit, service.wake)
                 _wait_for_stop_signal()
         finally:
             try:
                 if intake is not None:  # no new ids from here on; those in the pipe are admitted first
                     intake.stop(config.heartbeat_s + 15.0)
+                if listener is not None:
+                    listener.stop()
                 handed_back = service.shutdown()
                 logger.info("engine worker %s stopped; %s jobs handed back", config.worker_id, len(handed_back))
             finally:
@@ -94,11 +105,17 @@ class Command(BaseCommand):
         _exit_without_finalization()
 
 
-def _start_intake(consumer: dict[str, Any]) -> IntakeProcess:
+def _listens(config: WorkerConfig) -> bool:
+    """Whether to claim ahead at the database's notice of queued jobs (queue_listener.py): only
+    PostgreSQL sends one, and only a worker that claims ahead can use it."""
+    return config.queue_notify and config.claim_ahead != 0 and connection.vendor == "postgresql"
+
+
+def _start_intake(consumer: dict[str, Any], listen: bool) -> IntakeProcess:
     """The Celery consumer in a child process (api/streaming/intake_process.py)."""
     from api.streaming import intake_process, sink_process
 
-    intake = IntakeProcess(intake_process.argv(**consumer), cwd=sink_process.project_root(),
+    intake = IntakeProcess(intake_process.argv(**consumer, listen=listen), cwd=sink_process.project_root(),
                            on_failure=_intake_process_failed)
     intake.start()
     return intake
