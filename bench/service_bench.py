@@ -29,7 +29,9 @@ created if missing). daphne runs with ``DB_POOL=1`` (psycopg's connection pool) 
 
 The LAST printed line is one JSON object, with ``service_over_engine`` and ``added_ttft_ms_p50``.
 ``service.stages_ms_p50`` splits the REST jobs' TTFT by the rows' timestamps: POST start -> INSERT
--> the worker's claim -> the engine's first token -> the first delta at the client.
+-> the worker's claim -> the engine's first token -> the first delta at the client;
+``service.client_send_ms_p50`` is POST start -> the request written to the socket (this client's
+own delay: its POSTs run on its event loop, one connection each).
 """
 
 from __future__ import annotations
@@ -43,9 +45,6 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -249,21 +248,39 @@ def _port_open(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
-def _post_job(port: int, key: str, body: dict) -> str:
-    req = urllib.request.Request(f"http://127.0.0.1:{port}/api/v1/jobs", data=json.dumps(body).encode(),
-                                 method="POST", headers={"Authorization": f"Bearer {key}",
-                                                         "Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=120) as resp:
-        return json.loads(resp.read())["id"]
+async def _post_job(port: int, key: str, body: dict) -> tuple[str, float]:
+    """POST a job on a new connection, on the event loop: (its id, perf_counter when the request
+    was written). Until 2026-11-29 this was urllib on 32 executor threads, all taking turns at
+    this process's GIL (see docs/benchmarks.md, eighth pass)."""
+    payload = json.dumps(body).encode()
+    head = (f"POST /api/v1/jobs HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAuthorization: Bearer {key}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\nConnection: close\r\n\r\n")
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(head.encode() + payload)
+        sent = time.perf_counter()
+        await writer.drain()
+        status = (await reader.readline()).split(maxsplit=2)
+        length = None
+        while (line := await reader.readline()) not in (b"\r\n", b""):
+            name, _, value = line.decode("latin-1").partition(":")
+            if name.strip().lower() == "content-length":
+                length = int(value)
+        raw = await (reader.readexactly(length) if length is not None else reader.read())
+    finally:
+        writer.close()
+    if len(status) < 2 or status[1] != b"202":
+        raise RuntimeError(f"POST /api/v1/jobs answered {status!r}: {raw[:300]!r}")
+    return json.loads(raw)["id"], sent
 
 
 async def service_round(port: int, key: str, prompts: list[str], max_tokens: int) -> dict:
     import websockets
 
-    loop = asyncio.get_running_loop()
     ttft: list[float] = []
     tokens: list[int] = []
     post: list[float] = []
+    sent: list[float] = []
     ws_open: list[float] = []
 
     traces: list[tuple[str, float, float]] = []
@@ -271,8 +288,9 @@ async def service_round(port: int, key: str, prompts: list[str], max_tokens: int
     async def one(prompt: str) -> None:
         t0, t0_wall = time.perf_counter(), time.time()
         body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0}
-        job_id = await loop.run_in_executor(None, _post_job, port, key, body)
+        job_id, t_sent = await _post_job(port, key, body)
         post.append(time.perf_counter() - t0)
+        sent.append(t_sent - t0)
         url = f"ws://127.0.0.1:{port}/ws/v1/jobs/{job_id}/?api_key={key}"
         t_open = time.perf_counter()
         async with websockets.connect(url, open_timeout=120) as ws:
@@ -284,7 +302,7 @@ async def service_round(port: int, key: str, prompts: list[str], max_tokens: int
         # Wall clock: the database's timestamps are too.
         traces.append((job_id, t0_wall, t0_wall + first, t0_wall + last))
 
-    result = await _round(one, prompts, ttft, tokens, post_s=post, ws_open_s=ws_open)
+    result = await _round(one, prompts, ttft, tokens, post_s=post, client_send_s=sent, ws_open_s=ws_open)
     result["traces"] = traces
     return result
 
@@ -397,17 +415,17 @@ def main() -> None:
         key = service.start()
         # Warm-up with all the prompts (8 tokens each): the engine side is warm from the probe
         # (its prefix cache holds these prompts), so the worker gets the same start.
-        asyncio.run(_with_pool(service_round(args.port, key, texts, 8)))
+        asyncio.run(service_round(args.port, key, texts, 8))
         engine_runs, service_runs, ws_runs = [], [], []
         for _ in range(args.repeats):
             engine_runs.append(asyncio.run(engine_round(engine, prompt_ids, args.max_tokens)))
             before, client_before = service.cpu_seconds(), time.process_time()
-            service_runs.append(asyncio.run(_with_pool(service_round(args.port, key, texts, args.max_tokens))))
+            service_runs.append(asyncio.run(service_round(args.port, key, texts, args.max_tokens)))
             after = service.cpu_seconds()
             service_runs[-1]["cpu_s"] = {k: round(after[k] - before[k], 2) for k in after}
             service_runs[-1]["cpu_s"]["bench_client"] = round(time.process_time() - client_before, 2)
             if args.ws_submit:
-                ws_runs.append(asyncio.run(_with_pool(ws_submit_round(args.port, key, texts, args.max_tokens))))
+                ws_runs.append(asyncio.run(ws_submit_round(args.port, key, texts, args.max_tokens)))
             print(f"engine {engine_runs[-1]['tok_s']:.0f} tok/s, service {service_runs[-1]['tok_s']:.0f} tok/s",
                   flush=True)
         traces = [t for run in service_runs for t in run.pop("traces")]
@@ -429,12 +447,6 @@ async def _probe(engine: EngineCore, prompts: list[list[int]], max_tokens: int) 
     return [o.completion_tokens for o in outs]
 
 
-async def _with_pool(coro):
-    # The default executor has min(32, cpus + 4) threads: too few for 32 concurrent POSTs.
-    asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(max_workers=64))
-    return await coro
-
-
 def _report(engine_runs: list[dict], service_runs: list[dict], ws_runs: list[dict], args, model_path: Path) -> dict:
     def summary(runs: list[dict]) -> dict:
         ttft = [t for r in runs for t in r["ttft_s"]]
@@ -445,7 +457,7 @@ def _report(engine_runs: list[dict], service_runs: list[dict], ws_runs: list[dic
                 "ttft_ms_p90": round(1000 * percentile(ttft, 90), 1),
                 "tokens_per_run": sum(runs[0]["tokens"]),
                 **{f"{name}_ms_p50": round(1000 * percentile([t for r in runs for t in r[f"{name}_s"]], 50), 1)
-                   for name in ("post", "ws_open", "first_token_to_final") if f"{name}_s" in runs[0]},
+                   for name in ("post", "client_send", "ws_open", "first_token_to_final") if f"{name}_s" in runs[0]},
                 "runs_tok_s": [round(r["tok_s"], 1) for r in runs]}
 
     eng, svc = summary(engine_runs), summary(service_runs)
