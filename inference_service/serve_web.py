@@ -2,9 +2,8 @@
 
 daphne serves one process: Django's sync views and the Channels consumers share one GIL, so a
 burst of submissions queues behind itself however many cores are free. This launcher binds the
-socket once and starts ``--processes`` daphne children on it (``daphne --fd``, through
-daphne_child.py); the kernel hands each new connection to whichever child accepts first, and each
-child accepts one connection at a time, so a burst spreads over all of them. A child that dies is restarted (after a
+socket once and starts ``--processes`` daphne children on it (``daphne --fd``); the kernel hands
+each new connection to whichever child accepts first. A child that dies is restarted (after a
 short pause, so a crash loop does not spin); SIGTERM/SIGINT stop all of them.
 
     python -m inference_service.serve_web -b 127.0.0.1 -p 8000 --processes 2
@@ -55,8 +54,7 @@ def bind(host: str, port: int) -> socket.socket:
 class Supervisor:
     def __init__(self, sock: socket.socket, processes: int, daphne_args: list[str]) -> None:
         self._sock = sock
-        self._argv = [sys.executable, "-m", "inference_service.daphne_child", "--fd", str(sock.fileno()), *daphne_args,
-                      ASGI_APP]
+        self._argv = [sys.executable, "-m", "daphne", "--fd", str(sock.fileno()), *daphne_args, ASGI_APP]
         self._children: list[subprocess.Popen | None] = [None] * processes
         self._stopping = False
 
