@@ -119,3 +119,19 @@ def test_sigterm_drains_briefly_hands_back_the_rest_and_exits_cleanly(workers, r
     workers.start("w-taking-over")
     done = wait_status(long_id, (JobStatus.COMPLETED,))
     assert (done.worker_id, done.completion_tokens) == ("w-taking-over", 3000)
+
+
+def test_a_queued_job_whose_message_never_comes_runs_at_the_databases_notice(workers):
+    # Without the notice, a job with no Celery message waits for the reconciler.
+    workers.start("w-quiet", WORKER_QUEUE_NOTIFY="0")
+    waiting = queue_job("Once upon a time", max_tokens=16, dispatch=False)
+    time.sleep(3.0)
+    assert job(waiting).status == JobStatus.QUEUED
+
+    # A worker that listens claims the queue's head when the next job is queued: both run, and
+    # neither was ever sent through Celery.
+    workers.start("w-notice")
+    later = queue_job("The quick brown fox", max_tokens=16, dispatch=False)
+    for job_id in (waiting, later):
+        done = wait_status(job_id, (JobStatus.COMPLETED,), timeout=120)
+        assert (done.worker_id, done.dispatch_count, done.completion_tokens) == ("w-notice", 0, 16)
