@@ -111,6 +111,11 @@ class EngineWorkerService:
         or delivered twice) cost no claim. ``woken``: jobs were queued, so claim ahead even with
         no new id in hand (a full worker leaves them to the others)."""
         job_ids = [job_id for job_id in job_ids if not self.host.holds(job_id)]
+        if not self.host.engine_running():
+            # This worker is going down (the heartbeat stops it). Claiming only to hand the jobs
+            # back would requeue them, and the requeue's notice would wake this worker again.
+            self._redispatch(job_ids)
+            return
         ahead = 0
         if self.config.claim_ahead:
             # Room left in the engine's running batch: take that many more from the queue's head.

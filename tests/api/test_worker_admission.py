@@ -36,6 +36,9 @@ class FakeHost:
     def holds(self, job_id: str) -> bool:
         return job_id in self.started
 
+    def engine_running(self) -> bool:
+        return True
+
 
 def _service(host, redis_client, *, claim_ahead: int = 0, dispatch=lambda job_id: None) -> EngineWorkerService:
     config = WorkerConfig(worker_id="w1", model_path="", lease_s=30, heartbeat_s=2, drain_s=1,
@@ -115,3 +118,23 @@ def test_a_wake_up_claims_the_queue_head_up_to_the_free_room_and_a_full_worker_l
     # Without a wake-up, a batch of messages for jobs already held claims nothing either.
     with django_assert_num_queries(0):
         service._admit_batch([str(jobs[0].id)])
+
+
+class DeadEngineHost(HoldingHost):
+    def engine_running(self) -> bool:
+        return False
+
+
+def test_a_worker_whose_engine_died_claims_nothing_and_sends_delivered_jobs_back(
+        redis_client, django_assert_num_queries):
+    delivered = make_job()
+    make_job()  # queued too: a wake-up would claim it
+    dispatched: list[str] = []
+    service = _service(DeadEngineHost(held=0), redis_client, claim_ahead=4, dispatch=dispatched.append)
+
+    with django_assert_num_queries(0):
+        service._admit_batch([], woken=True)
+        service._admit_batch([str(delivered.id)])
+
+    assert dispatched == [str(delivered.id)]  # for another worker; never claimed here
+    assert {j.status for j in type(delivered).objects.all()} == {JobStatus.QUEUED}
