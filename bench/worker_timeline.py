@@ -64,8 +64,9 @@ def show(events: list[dict]) -> None:
 def step_summary(folder: str) -> None:
     for prefix in ("bench", "worker"):
         steps = [e for e in load(folder, prefix) if e["k"] == "step" and e["outs"]]
-        decode = [e for e in steps if not e["cmds"] and e["outs"] == e["running"]]
-        other = [e for e in steps if e not in decode]
+        decode, other = [], []
+        for e in steps:
+            (decode if not e["cmds"] and e["outs"] == e["running"] else other).append(e)
         for name, group in (("decode", decode), ("other", other)):
             if not group:
                 continue

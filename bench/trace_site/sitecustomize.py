@@ -18,7 +18,8 @@ import time
 _DIR = os.environ.get("WORKER_TRACE_DIR")
 
 
-def _install(prefix: str, modules: tuple[str, ...]) -> None:
+def _install(prefix: str, only: tuple[str, ...] | None = None) -> None:
+    """Trace into <prefix>-<pid>.jsonl; ``only``: the modules to patch (default: all of them)."""
     out = open(os.path.join(_DIR, f"{prefix}-{os.getpid()}.jsonl"), "a", buffering=1)
     lock = threading.Lock()
 
@@ -98,7 +99,7 @@ def _install(prefix: str, modules: tuple[str, ...]) -> None:
 
     class Finder(importlib.abc.MetaPathFinder):
         def find_spec(self, name, path, target=None):
-            if name not in patches or name not in modules:
+            if name not in patches or (only is not None and name not in only):
                 return None
             spec = importlib.machinery.PathFinder.find_spec(name, path)
             if spec is None:
@@ -118,7 +119,6 @@ def _install(prefix: str, modules: tuple[str, ...]) -> None:
 # The worker gets every patch; service_bench.py (its in-process engine side) only the engine's
 # steps, to compare step lengths with the worker's in the same run.
 if _DIR and "run_engine_worker" in sys.argv:
-    _install("worker", ("api.streaming.worker", "api.services.job_lifecycle", "engine_worker.runtime.host",
-                        "engine_worker.engine_core", "engine_worker.runtime.io_thread"))
+    _install("worker")
 elif _DIR and any(arg.endswith("service_bench.py") for arg in sys.argv):
     _install("bench", ("engine_worker.engine_core",))
