@@ -389,7 +389,9 @@ def main() -> None:
     parser.add_argument("--ws-submit", action="store_true",
                         help="also run each repeat's jobs through /ws/v1/generate (submit on the socket)")
     parser.add_argument("--out", default=None, help="also append the final JSON line to this file")
-    parser.add_argument("--web-processes", type=int, default=1, help="daphne processes (inference_service.serve_web)")
+    parser.add_argument("--web-processes", type=int, default=int(os.environ.get("BENCH_WEB_PROCESSES", "1")),
+                        help="daphne processes (inference_service.serve_web); default BENCH_WEB_PROCESSES or 1, "
+                             "so bench/h200_ab_env.sh can compare two counts")
     args = parser.parse_args()
     faulthandler.register(signal.SIGUSR1)  # `kill -USR1 <pid>` prints where a slow run is
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # still stop the services on SIGTERM
