@@ -9,6 +9,8 @@
 #
 # Rounds alternate old (_old/) and new (this tree), each with DB=postgres; every run appends its
 # JSON line to $OUT/ab.jsonl and prints a one-line summary. Remove _old/ afterwards (untracked).
+# With TRACE=1 both sides run under this tree's bench/trace_site, tracing into $OUT/trace_old and
+# $OUT/trace_new (read them with bench/worker_timeline.py and bench/web_timeline.py).
 set -u
 ROUNDS=$1
 shift
@@ -17,7 +19,12 @@ for _ in $(seq "$ROUNDS"); do
     for side in old new; do
         dir=.
         [ "$side" = old ] && dir=_old
-        (cd "$dir" && DB=postgres bash bench/h200_service.sh "$@" --out "$OUT/ab.jsonl" > "$OUT/last_$side.out" 2>&1) \
+        trace=(env)
+        if [ -n "${TRACE:-}" ]; then  # both sides traced by this tree's bench/trace_site, each to its own folder
+            mkdir -p "$OUT/trace_$side"
+            trace=(env PYTHONPATH="$PWD/bench/trace_site" WORKER_TRACE_DIR="$OUT/trace_$side")
+        fi
+        (cd "$dir" && "${trace[@]}" DB=postgres bash bench/h200_service.sh "$@" --out "$OUT/ab.jsonl" > "$OUT/last_$side.out" 2>&1) \
             || tail -20 "$OUT/last_$side.out"
         python3 - "$side" "$OUT/ab.jsonl" <<'PY'
 import json, sys

@@ -5,7 +5,10 @@ claims, engine submits, engine steps (commands taken, outputs) and the I/O threa
 steps, admissions and publishes also carry the CPU time their thread spent in them (``cpu_ms``).
 Read it with ``python bench/worker_timeline.py DIR``. service_bench.py itself logs only its
 in-process engine's steps, to bench-<pid>.jsonl (``worker_timeline.py DIR --steps`` compares them).
-Other processes are left alone."""
+A daphne process of inference_service.serve_web logs one ``post`` line per POST /api/v1/jobs to
+web-<pid>.jsonl: when its connection was made, its ASGI app created, a request thread took it, and
+when authentication, tokenization, the rate limit, the INSERT and the Celery publish ended (read
+it with ``python bench/web_timeline.py DIR``). Other processes are left alone."""
 
 import importlib.abc
 import importlib.machinery
@@ -18,8 +21,9 @@ import time
 _DIR = os.environ.get("WORKER_TRACE_DIR")
 
 
-def _install(prefix: str, only: tuple[str, ...] | None = None) -> None:
-    """Trace into <prefix>-<pid>.jsonl; ``only``: the modules to patch (default: all of them)."""
+def _install(prefix: str, only: tuple[str, ...] | None = None, skip: tuple[str, ...] = ()) -> None:
+    """Trace into <prefix>-<pid>.jsonl; ``only``: the modules to patch (default: all of them but
+    ``skip``)."""
     out = open(os.path.join(_DIR, f"{prefix}-{os.getpid()}.jsonl"), "a", buffering=1)
     lock = threading.Lock()
 
@@ -89,7 +93,73 @@ def _install(prefix: str, only: tuple[str, ...] | None = None) -> None:
 
         mod.IOThread._publish = traced_publish
 
+    marks = threading.local()  # web: this request thread's timestamps, reset per request
+
+    def mark_end(mod, name: str, label: str) -> None:
+        func = getattr(mod, name)
+
+        def traced(*args, **kw):
+            try:
+                return func(*args, **kw)
+            finally:
+                getattr(marks, "d", {})[label] = time.time()
+
+        setattr(mod, name, traced)
+
+    def patch_daphne_server(mod) -> None:
+        create = mod.Server.create_application
+
+        def traced_create(self, protocol, scope):
+            scope["_trace"] = {"made": getattr(getattr(protocol, "channel", None), "_trace_made", None), "app": time.time()}
+            return create(self, protocol, scope)
+
+        mod.Server.create_application = traced_create
+
+    def patch_twisted_http(mod) -> None:
+        made = mod.HTTPChannel.connectionMade
+
+        def traced_made(self):
+            self._trace_made = time.time()
+            return made(self)
+
+        mod.HTTPChannel.connectionMade = traced_made
+
+    def patch_asgi_handler(mod) -> None:
+        respond = mod.OneHopASGIHandler._respond
+
+        def traced_respond(self, scope, body_file):
+            marks.d = {**scope.get("_trace", {}), "respond": time.time()}
+            return respond(self, scope, body_file)
+
+        mod.OneHopASGIHandler._respond = traced_respond
+
+    def patch_views(mod) -> None:
+        post = mod.JobListCreateView.post
+
+        def traced_post(self, request):
+            getattr(marks, "d", {})["view"] = time.time()
+            response = post(self, request)
+            d = getattr(marks, "d", {})
+            emit("post", job=str(response.data.get("id")), end=time.time(), **d)
+            return response
+
+        mod.JobListCreateView.post = traced_post
+
+    def patch_jobs(mod) -> None:
+        for name, label in (("_tokenize", "tokenized"), ("quota_consume_request", "rate"),
+                            ("job_insert_within_quota", "inserted"), ("_publish", "published")):
+            mark_end(mod, name, label)
+
+    def patch_auth(mod) -> None:
+        mark_end(mod, "authenticate_api_key", "authed")
+
     patches = {
+        "daphne.server": patch_daphne_server,
+        "twisted.web.http": patch_twisted_http,
+        "inference_service.asgi_handler": patch_asgi_handler,
+        "api.views.jobs": patch_views,
+        "api.services.jobs": patch_jobs,
+        "api.authentication": patch_auth,
         "api.streaming.worker": patch_worker,
         "api.services.job_lifecycle": patch_lifecycle,
         "engine_worker.runtime.host": patch_host,
@@ -99,7 +169,7 @@ def _install(prefix: str, only: tuple[str, ...] | None = None) -> None:
 
     class Finder(importlib.abc.MetaPathFinder):
         def find_spec(self, name, path, target=None):
-            if name not in patches or (only is not None and name not in only):
+            if name not in patches or name in skip or (only is not None and name not in only):
                 return None
             spec = importlib.machinery.PathFinder.find_spec(name, path)
             if spec is None:
@@ -118,7 +188,11 @@ def _install(prefix: str, only: tuple[str, ...] | None = None) -> None:
 
 # The worker gets every patch; service_bench.py (its in-process engine side) only the engine's
 # steps, to compare step lengths with the worker's in the same run.
+_WEB = ("daphne.server", "twisted.web.http", "inference_service.asgi_handler", "api.views.jobs",
+        "api.services.jobs", "api.authentication")
 if _DIR and "run_engine_worker" in sys.argv:
-    _install("worker")
+    _install("worker", skip=_WEB)
+elif _DIR and "inference_service.asgi:application" in sys.argv:
+    _install("web", _WEB)  # a daphne process of inference_service.serve_web
 elif _DIR and any(arg.endswith("service_bench.py") for arg in sys.argv):
     _install("bench", ("engine_worker.engine_core",))
