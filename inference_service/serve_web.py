@@ -1,12 +1,19 @@
-"""Run several daphne processes on one listening socket.
+"""Run several daphne processes on one port.
 
 daphne serves one process: Django's sync views and the Channels consumers share one GIL, so a
-burst of submissions queues behind itself however many cores are free. This launcher binds the
-socket once and starts ``--processes`` daphne children on it (``daphne --fd``); the kernel hands
-each new connection to whichever child accepts first. A child that dies is restarted (after a
-short pause, so a crash loop does not spin); SIGTERM/SIGINT stop all of them.
+burst of submissions queues behind itself however many cores are free. This launcher starts
+``--processes`` daphne children (``daphne --fd``) on the port. A child that dies is restarted
+(after a short pause, so a crash loop does not spin); SIGTERM/SIGINT stop all of them.
 
     python -m inference_service.serve_web -b 127.0.0.1 -p 8000 --processes 2
+
+On Linux every child gets a listening socket of its own, all bound with SO_REUSEPORT, and the
+kernel spreads new connections over them. One socket shared by all children spread nothing:
+Twisted accepts every pending connection on each wake-up, so in a burst the first child awake took
+nearly all of it (31 of 32 POSTs on two children) and ran those requests one after another while
+the others idled. The supervisor keeps every socket open, so connections that reach a dead child's
+socket wait for its replacement instead of being refused. Elsewhere (macOS's SO_REUSEPORT does not
+balance) the children share one socket.
 
 WebSockets need no affinity: a socket lives in the child that accepted it, and the Redis channel
 layer delivers a job's messages to whichever child holds its group members.
@@ -41,25 +48,41 @@ def default_processes() -> int:
     return max(1, min(4, os.cpu_count() or 1))
 
 
-def bind(host: str, port: int) -> socket.socket:
+def bind(host: str, port: int, *, reuse_port: bool = False) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     sock.bind((host, port))
     sock.listen(1024)
     sock.set_inheritable(True)
     return sock
 
 
+def listening_sockets(host: str, port: int, processes: int) -> list[socket.socket]:
+    """One socket per child where the kernel balances SO_REUSEPORT (Linux), else one shared."""
+    if sys.platform != "linux" or processes == 1:
+        return [bind(host, port)]
+    # A plain bind first: SO_REUSEPORT alone would let this launcher share the port with another
+    # server of the same user (a forgotten earlier launch) instead of failing. It also resolves
+    # port 0 to the port the group then binds.
+    with bind(host, port) as probe:
+        port = probe.getsockname()[1]
+    return [bind(host, port, reuse_port=True) for _ in range(processes)]
+
+
 class Supervisor:
-    def __init__(self, sock: socket.socket, processes: int, daphne_args: list[str]) -> None:
-        self._sock = sock
-        self._argv = [sys.executable, "-m", "daphne", "--fd", str(sock.fileno()), *daphne_args, ASGI_APP]
+    def __init__(self, sockets: list[socket.socket], processes: int, daphne_args: list[str]) -> None:
+        self._sockets = sockets  # one per child, or one shared by all
+        self._daphne_args = daphne_args
         self._children: list[subprocess.Popen | None] = [None] * processes
         self._stopping = False
 
     def _spawn(self, slot: int) -> None:
-        self._children[slot] = subprocess.Popen(self._argv, pass_fds=(self._sock.fileno(),))
+        fd = self._sockets[slot % len(self._sockets)].fileno()
+        argv = [sys.executable, "-m", "daphne", "--fd", str(fd), *self._daphne_args, ASGI_APP]
+        self._children[slot] = subprocess.Popen(argv, pass_fds=(fd,))
         logger.info("daphne %s started (pid %s)", slot, self._children[slot].pid)
 
     def stop(self, *_: object) -> None:
@@ -101,8 +124,8 @@ def main(argv: list[str] | None = None) -> int:
     if processes < 1:
         parser.error("--processes must be at least 1")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    sock = bind(args.bind, args.port)
-    supervisor = Supervisor(sock, processes, daphne_args)
+    sockets = listening_sockets(args.bind, args.port, processes)
+    supervisor = Supervisor(sockets, processes, daphne_args)
     signal.signal(signal.SIGTERM, supervisor.stop)
     signal.signal(signal.SIGINT, supervisor.stop)
     logger.info("listening on %s:%s with %s daphne processes", args.bind, args.port, processes)
