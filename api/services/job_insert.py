@@ -16,16 +16,6 @@ was held across the usage query's answer, the Python that checked it and the ``C
 trip, all waiting for the GIL in a busy web process: on the 16-core GPU host, 32 simultaneous
 submissions of one key queued 23-28 ms (median) for that lock. Here the database decides, and the
 lock is held only for the server's own work up to the ``COMMIT``.
-
-That ``COMMIT`` does not wait for its WAL flush while it holds the lock: the transaction commits
-with ``synchronous_commit`` off, which releases the lock (and shows the job to the worker) at
-once, and a second transaction in the same call then makes it durable before the call returns.
-That one writes a WAL record of its own (an empty, non-transactional logical message, with a
-transaction id so that its commit is recorded) and commits with the session's own setting, so its
-commit flushes the WAL past the job's commit record, as the job's own commit would have. The
-burst's flushes then overlap (PostgreSQL flushes concurrent commits together) instead of queueing
-one after another behind the key's lock: on the GPU host the insert took 11 ms (median) of a
-burst of 32. Nothing that depends on the job can be durable before it: WAL is flushed in order.
 """
 
 from __future__ import annotations
@@ -41,10 +31,6 @@ from django.db.models import Field
 from api.models import ApiKey, Job
 from api.selectors.jobs import job_queue_position, jobs_ahead_params, jobs_ahead_sql
 from api.services.quotas import KeyUsage, quota_gate_params, quota_gate_sql
-
-# Makes the session's earlier commits durable (see the module docstring): a transaction id and one
-# WAL record, so that this COMMIT is recorded and flushed as any synchronous commit is.
-_FLUSH_SQL = "BEGIN; SELECT pg_current_xact_id(); SELECT pg_logical_emit_message(false, 'engine_job_insert', ''); COMMIT"
 
 
 @dataclass(frozen=True)
@@ -80,15 +66,14 @@ def job_insert_within_quota(job: Job, *, now: dt.datetime, using: str = "default
     was deleted again before the commit (the caller raises QuotaExceeded); otherwise it is
     committed and queued. Raises ``ApiKey.DoesNotExist`` if the key was deleted meanwhile."""
     connection = connections[using]
-    sql = (f"BEGIN; SET LOCAL synchronous_commit TO off; {_statement(using).sql}; {quota_gate_sql()}; COMMIT; "
-           f"{_FLUSH_SQL}")
+    sql = f"BEGIN; {_statement(using).sql}; {quota_gate_sql()}; COMMIT"
     params = _insert_params(job, using) + quota_gate_params(api_key_id=job.api_key_id, job_id=job.id, now=now)
     with connection.cursor() as cursor:
         try:
             cursor.execute(sql, params)
             # A missing key row leaves the lock and the gate without a row, and the job's
             # deferred foreign key then fails the COMMIT: handled below.
-            position, _lock, usage = _row_results(cursor)[:3]
+            position, _lock, usage = _row_results(cursor)
         except DatabaseError:
             _rollback(cursor)
             if not ApiKey.objects.using(using).filter(id=job.api_key_id).exists():
