@@ -16,7 +16,7 @@ import statistics
 from collections import Counter
 from pathlib import Path
 
-MARKS = ("made", "app", "respond", "view", "authed", "tokenized", "rate", "inserted", "published", "end")
+MARKS = ("made", "app", "respond", "authed", "view", "tokenized", "rate", "inserted", "published", "end")
 
 
 def load(folder: str) -> list[dict]:
