@@ -228,28 +228,65 @@ def job_complete(*, result: FinalResult, worker_id: str) -> bool:
 
 
 def jobs_complete(*, results: list[FinalResult], worker_id: str) -> int:
-    """:func:`job_complete` for the finals of one output batch: one statement executed for all of
-    them in one transaction. Returns how many rows it changed.
+    """:func:`job_complete` for the finals of one output batch, in one transaction. Returns how
+    many rows it changed.
 
     With 32 jobs finishing on the same step, one ORM UPDATE and commit per final kept the last
     final 45-59 ms (median) from its client on the GPU host, while the engine had already
-    finished."""
+    finished. On PostgreSQL the batch is one ``UPDATE ... FROM (VALUES ...)``: the 32 statements
+    of an ``executemany`` were each parsed and planned, 11 ms on the dev VM against 6 ms."""
     if not results:
         return 0
-    pk, stamp = Job._meta.pk, Job._meta.get_field("finished_at")
+    # A job's last final wins, as it would have with one statement per final.
+    params = [_final_params(r) for r in {r.job_id: r for r in results}.values()]
     in_progress, cancelled = JobStatus.IN_PROGRESS.value, JobStatus.CANCELLED.value
-    params = [
-        (in_progress, _STATUS_BY_FINISH_REASON.get(r.finish_reason, JobStatus.FAILED).value, r.text, r.finish_reason,
-         r.error, r.prompt_tokens, r.cached_tokens, r.completion_tokens,
-         stamp.get_db_prep_value(_from_unix(r.finished_at) or timezone.now(), connection), r.last_seq,
-         stamp.get_db_prep_value(_from_unix(r.first_token_at), connection),
-         pk.get_db_prep_value(uuid.UUID(r.job_id), connection), worker_id, in_progress, cancelled,
-         r.finish_reason == "abort")
-        for r in results
-    ]
     with transaction.atomic(), connection.cursor() as cursor:
-        cursor.executemany(_complete_sql(), params)
+        if connection.vendor == "postgresql":
+            rows = ", ".join([_FINAL_ROW_PG] * len(params))
+            cursor.execute(_complete_sql_pg().format(rows=rows),
+                           [in_progress, *(value for row in params for value in row), worker_id, in_progress, cancelled])
+        else:
+            cursor.executemany(_complete_sql(), [(in_progress, *row[1:11], row[0], worker_id, in_progress, cancelled,
+                                                  row[11]) for row in params])
         return cursor.rowcount
+
+
+def _final_params(r: FinalResult) -> tuple:
+    """(id, status, output_text, finish_reason, error, prompt_tokens, cached_tokens,
+    completion_tokens, finished_at, last_seq, first_token_at, abort) of one final."""
+    pk, stamp = Job._meta.pk, Job._meta.get_field("finished_at")
+    return (pk.get_db_prep_value(uuid.UUID(r.job_id), connection),
+            _STATUS_BY_FINISH_REASON.get(r.finish_reason, JobStatus.FAILED).value, r.text, r.finish_reason, r.error,
+            r.prompt_tokens, r.cached_tokens, r.completion_tokens,
+            stamp.get_db_prep_value(_from_unix(r.finished_at) or timezone.now(), connection), r.last_seq,
+            stamp.get_db_prep_value(_from_unix(r.first_token_at), connection), r.finish_reason == "abort")
+
+
+_FINAL_COLUMNS = ("id", "status", "output_text", "finish_reason", "error", "prompt_tokens", "cached_tokens",
+                  "completion_tokens", "finished_at", "last_seq", "first_token_at")
+# One row of the PostgreSQL statement's VALUES, typed (a VALUES list takes its column types from
+# its rows, and NULLs alone would make them text).
+_FINAL_ROW_PG = ("(%s::uuid, %s::varchar, %s::text, %s::varchar, %s::text, %s::integer, %s::integer, %s::integer, "
+                 "%s::timestamptz, %s::integer, %s::timestamptz, %s::boolean)")
+
+
+@cache
+def _complete_sql_pg() -> str:
+    """The finals' UPDATE on PostgreSQL, with a ``{rows}`` placeholder for the VALUES rows; the
+    same rules as :func:`_complete_sql`."""
+    q = connection.ops.quote_name
+    column = {name: q(Job._meta.get_field(name).column) for name in (*_FINAL_COLUMNS, "lease_expires_at", "worker_id")}
+    status = f"j.{column['status']}"
+    fields = ", ".join(f"{column[name]} = v.{column[name]}" for name in _FINAL_COLUMNS[2:-1])
+    return (
+        f"UPDATE {q(Job._meta.db_table)} AS j SET {column['status']} = CASE WHEN {status} = %s "
+        f"THEN v.{column['status']} ELSE {status} END, {fields}, "
+        f"{column['first_token_at']} = COALESCE(j.{column['first_token_at']}, v.{column['first_token_at']}), "
+        f"{column['lease_expires_at']} = NULL "
+        f"FROM (VALUES {{rows}}) AS v({', '.join(column[name] for name in _FINAL_COLUMNS)}, abort) "
+        f"WHERE j.{column['id']} = v.{column['id']} AND j.{column['worker_id']} = %s "
+        f"AND ({status} = %s OR ({status} = %s AND v.abort))"
+    )
 
 
 @cache
