@@ -1,20 +1,25 @@
 #!/usr/bin/env bash
-# Interleaved A/B of one environment setting with the service benchmark on the lent GPU machine
-# (device tool), in this tree: rounds alternate side A and side B, each with DB=postgres.
+# Interleaved A/B (or A/B/C...) of environment settings with the service benchmark on the lent GPU
+# machine (device tool), in this tree: each round runs every side once, in order, each with
+# DB=postgres.
 #
 #   device: carry [".whl"], command
-#           "bash bench/h200_ab_env.sh ROUNDS 'A_ASSIGNMENTS' 'B_ASSIGNMENTS' [service_bench args]"
+#           "bash bench/h200_ab_env.sh ROUNDS 'A_ASSIGNMENTS' 'B_ASSIGNMENTS' ['C_ASSIGNMENTS' ...] [service_bench args]"
 #   e.g.    bash bench/h200_ab_env.sh 2 'GIL_SWITCH_INTERVAL_MS=0' 'GIL_SWITCH_INTERVAL_MS=0.5' --concurrency 32
 #
-# Every run appends its JSON line (with "ab_side" and "ab_env" added) to $OUT/ab.jsonl and prints
-# a one-line summary. The service's processes inherit the environment (bench/service_bench.py).
+# The sides are the arguments before the first one that starts with "-" (use 'X=0' for a side
+# with nothing set). Every run appends its JSON line (with "ab_side" and "ab_env" added) to
+# $OUT/ab.jsonl and prints a one-line summary. The service's processes inherit the environment
+# (bench/service_bench.py).
 set -u
-ROUNDS=$1 A_ENV=$2 B_ENV=$3
-shift 3
+ROUNDS=$1
+shift
+SIDES=()
+while [ $# -gt 0 ] && [ "${1#-}" = "$1" ]; do SIDES+=("$1"); shift; done
 for _ in $(seq "$ROUNDS"); do
-    for side in A B; do
-        assignments=$A_ENV
-        [ "$side" = B ] && assignments=$B_ENV
+    for i in "${!SIDES[@]}"; do
+        side=$(printf "\\x$(printf %x $((65 + i)))")  # A, B, C, ...
+        assignments=${SIDES[$i]}
         (env $assignments DB=postgres bash bench/h200_service.sh "$@" --out "$OUT/run.jsonl" > "$OUT/last_$side.out" 2>&1) \
             || tail -20 "$OUT/last_$side.out"
         python3 - "$side" "$assignments" "$OUT/run.jsonl" "$OUT/ab.jsonl" <<'PY'

@@ -32,6 +32,8 @@ The LAST printed line is one JSON object, with ``service_over_engine`` and ``add
 -> the worker's claim -> the engine's first token -> the first delta at the client;
 ``service.client_send_ms_p50`` is POST start -> the request written to the socket (this client's
 own delay: its POSTs run on its event loop, one connection each).
+
+``BENCH_WEB_NICE=N`` (diagnostics) runs the web tier under ``nice -n N``.
 """
 
 from __future__ import annotations
@@ -138,7 +140,10 @@ class Service:
         py = sys.executable
         # daphne borrows database connections from psycopg's pool (DB_POOL, as deployed) when
         # psycopg[pool] is installed; the worker keeps its persistent connections.
-        self._spawn("daphne", [py, "-m", "inference_service.serve_web", "-b", "127.0.0.1", "-p", str(self.port),
+        # BENCH_WEB_NICE=N runs the web tier at a lower CPU priority than the engine worker (a
+        # diagnostic: does the burst's web work slow the engine thread down on a shared host?).
+        nice = ["nice", "-n", os.environ["BENCH_WEB_NICE"]] if os.environ.get("BENCH_WEB_NICE") else []
+        self._spawn("daphne", [*nice, py, "-m", "inference_service.serve_web", "-b", "127.0.0.1", "-p", str(self.port),
                                "--processes", str(self.web_processes)], {"DB_POOL": _db_pool()})
         self._spawn("worker", [py, "manage.py", "run_engine_worker", "--worker-id", self.worker_id, "--loglevel", "WARNING"],
                     {"DB_POOL": "0"})

@@ -8,7 +8,9 @@ in-process engine's steps, to bench-<pid>.jsonl (``worker_timeline.py DIR --step
 A daphne process of inference_service.serve_web logs one ``post`` line per POST /api/v1/jobs to
 web-<pid>.jsonl: when its connection was made, its ASGI app created, a request thread took it, and
 when authentication, tokenization, the rate limit, the INSERT and the Celery publish ended (read
-it with ``python bench/web_timeline.py DIR``). Other processes are left alone."""
+it with ``python bench/web_timeline.py DIR``). With WORKER_TRACE_PROFILE=1 the engine steps of the
+worker and of service_bench.py's in-process engine are also run under cProfile (see _StepProfiles;
+compare them with ``python bench/step_profiles.py DIR``). Other processes are left alone."""
 
 import importlib.abc
 import importlib.machinery
@@ -70,14 +72,20 @@ def _install(prefix: str, only: tuple[str, ...] | None = None, skip: tuple[str, 
 
         mod.JobHost.submit = traced_submit
 
+    profiles = _StepProfiles(prefix) if os.environ.get("WORKER_TRACE_PROFILE") and prefix != "web" else None
+
     def patch_engine(mod) -> None:
         step = mod.EngineCore._step
 
         def traced_step(self, commands):
             t0, cpu = time.time(), time.thread_time()
+            profile = profiles.start(self.scheduler, commands) if profiles else None
             outputs = step(self, commands)
+            running = len(getattr(self.scheduler, "running", ()) or ())
+            if profile is not None:
+                profiles.stop(profile)
             emit("step", t0=t0, cpu_ms=round(1000 * (time.thread_time() - cpu), 2), cmds=len(commands), outs=len(outputs),
-                 running=len(getattr(self.scheduler, "running", ()) or ()))
+                 running=running)
             return outputs
 
         mod.EngineCore._step = traced_step
@@ -184,6 +192,45 @@ def _install(prefix: str, only: tuple[str, ...] | None = None, skip: tuple[str, 
             return spec
 
     sys.meta_path.insert(0, Finder())
+
+
+class _StepProfiles:
+    """WORKER_TRACE_PROFILE=1: run every engine step under cProfile, into one profile per kind of
+    step, chosen as the step starts ("admit": commands to take, requests waiting or still without
+    a token; "decode": the rest). Written to prof-<prefix>-<pid>-<kind>.pstats at most once a second
+    and at exit (read with ``python bench/step_profiles.py DIR``). Slows the steps down, so a
+    profiled run's figures are not the benchmark's."""
+
+    def __init__(self, prefix: str) -> None:
+        import atexit
+        import cProfile
+
+        self._prefix = prefix
+        self._profiles = {"admit": cProfile.Profile(), "decode": cProfile.Profile()}
+        self._steps = {"admit": 0, "decode": 0}
+        self._dumped = time.monotonic()
+        atexit.register(self.dump)  # a worker that ends with os._exit skips this: hence the periodic dumps
+
+    def start(self, scheduler, commands):
+        waiting = bool(getattr(scheduler, "waiting", None))
+        fresh = any(r.num_output_tokens == 0 for r in getattr(scheduler, "running", {}).values())
+        kind = "admit" if commands or waiting or fresh else "decode"
+        self._steps[kind] += 1
+        profile = self._profiles[kind]
+        profile.enable()
+        return profile
+
+    def stop(self, profile) -> None:
+        profile.disable()
+        if time.monotonic() - self._dumped > 1.0:
+            self.dump()
+
+    def dump(self) -> None:
+        self._dumped = time.monotonic()
+        for kind, profile in self._profiles.items():
+            profile.dump_stats(os.path.join(_DIR, f"prof-{self._prefix}-{os.getpid()}-{kind}.pstats"))
+        with open(os.path.join(_DIR, f"prof-{self._prefix}-{os.getpid()}-steps.json"), "w") as f:
+            json.dump(self._steps, f)
 
 
 # The worker gets every patch; service_bench.py (its in-process engine side) only the engine's
