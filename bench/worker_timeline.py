@@ -5,7 +5,8 @@
 
 ``--steps`` compares engine steps instead: the worker's (worker-*.jsonl) against the in-process
 engine's of service_bench.py in the same run (bench-*.jsonl), split into decode-only steps (no
-new commands, every running request gave an output) and the others (prefill, admission).
+new commands, every running request gave an output) and the others (prefill, admission); with a
+trace taken with WORKER_TRACE_PARTS=1, also the mean ms per step of each piece of the steps.
 
 A round starts at a hand-over 0.3 s or more after the previous one. For the chosen round (default: the last),
 every event is printed with its offset in ms from the round's first Celery hand-over, and then a
@@ -74,6 +75,14 @@ def step_summary(folder: str) -> None:
             cpu = sorted(e["cpu_ms"] for e in group)
             print(f"{prefix:6} {name:6} steps {len(group):5}  wall p50 {statistics.median(wall):6.2f} "
                   f"p90 {wall[int(0.9 * (len(wall) - 1))]:6.2f} ms  cpu p50 {statistics.median(cpu):6.2f} ms")
+            parts: dict[str, float] = {}
+            for e in group:
+                for label, ms in e.get("parts", {}).items():
+                    parts[label] = parts.get(label, 0.0) + ms
+            if parts:  # WORKER_TRACE_PARTS: mean ms per step of each piece (inclusive where they nest)
+                mean_cmds = sum(e["cmds"] for e in group) / len(group)
+                print(f"{'':14}cmds {mean_cmds:.1f}/step; " + ", ".join(
+                    f"{label} {ms / len(group):.2f}" for label, ms in sorted(parts.items(), key=lambda kv: -kv[1])))
 
 
 def main() -> None:

@@ -72,7 +72,47 @@ def _install(prefix: str, only: tuple[str, ...] | None = None, skip: tuple[str, 
 
         mod.JobHost.submit = traced_submit
 
+    parts_on = bool(os.environ.get("WORKER_TRACE_PARTS"))
     profiles = _StepProfiles(prefix) if os.environ.get("WORKER_TRACE_PROFILE") and prefix != "web" else None
+
+    # WORKER_TRACE_PARTS=1: each step event also carries ``parts``, the ms spent in the step's
+    # pieces (mlx-lm's BatchGenerator stages, the scheduler's own), inclusive where they nest.
+    step_parts = threading.local()
+
+    def timed(cls, name: str, label: str) -> None:
+        func = getattr(cls, name)
+
+        def wrapper(*args, **kw):
+            parts = getattr(step_parts, "d", None)
+            if parts is None:
+                return func(*args, **kw)
+            t = time.perf_counter()
+            try:
+                return func(*args, **kw)
+            finally:
+                parts[label] = parts.get(label, 0.0) + 1000 * (time.perf_counter() - t)
+
+        setattr(cls, name, wrapper)
+
+    def patch_mlx_generate(mod) -> None:
+        if not parts_on:
+            return
+        for cls, name, label in ((mod.BatchGenerator, "_make_batch", "make_batch"),
+                                 (mod.PromptProcessingBatch, "extend", "prompt_extend"),
+                                 (mod.PromptProcessingBatch, "split", "split"),
+                                 (mod.PromptProcessingBatch, "generate", "generate"),
+                                 (mod.PromptProcessingBatch, "prompt", "prompt"),
+                                 (mod.GenerationBatch, "next", "decode"),
+                                 (mod.GenerationBatch, "extend", "gen_extend"),
+                                 (mod.GenerationBatch, "filter", "gen_filter")):
+            timed(cls, name, label)
+
+    def patch_scheduler(mod) -> None:
+        if not parts_on:
+            return
+        for name, label in (("add_request", "add"), ("_schedule_waiting", "schedule"), ("_insert", "insert"),
+                            ("_process_responses", "responses"), ("_finish", "finish")):
+            timed(mod.Scheduler, name, label)
 
     def patch_engine(mod) -> None:
         step = mod.EngineCore._step
@@ -80,12 +120,16 @@ def _install(prefix: str, only: tuple[str, ...] | None = None, skip: tuple[str, 
         def traced_step(self, commands):
             t0, cpu = time.time(), time.thread_time()
             profile = profiles.start(self.scheduler, commands) if profiles else None
+            if parts_on:
+                step_parts.d = {}
             outputs = step(self, commands)
+            parts, step_parts.d = getattr(step_parts, "d", None), None
             running = len(getattr(self.scheduler, "running", ()) or ())
             if profile is not None:
                 profiles.stop(profile)
+            extra = {"parts": {k: round(v, 2) for k, v in parts.items()}} if parts else {}
             emit("step", t0=t0, cpu_ms=round(1000 * (time.thread_time() - cpu), 2), cmds=len(commands), outs=len(outputs),
-                 running=running)
+                 running=running, **extra)
             return outputs
 
         mod.EngineCore._step = traced_step
@@ -172,6 +216,8 @@ def _install(prefix: str, only: tuple[str, ...] | None = None, skip: tuple[str, 
         "api.services.job_lifecycle": patch_lifecycle,
         "engine_worker.runtime.host": patch_host,
         "engine_worker.engine_core": patch_engine,
+        "engine_worker.scheduler": patch_scheduler,
+        "mlx_lm.generate": patch_mlx_generate,
         "engine_worker.runtime.io_thread": patch_io,
     }
 
@@ -242,4 +288,4 @@ if _DIR and "run_engine_worker" in sys.argv:
 elif _DIR and "inference_service.asgi:application" in sys.argv:
     _install("web", _WEB)  # a daphne process of inference_service.serve_web
 elif _DIR and any(arg.endswith("service_bench.py") for arg in sys.argv):
-    _install("bench", ("engine_worker.engine_core",))
+    _install("bench", ("engine_worker.engine_core", "engine_worker.scheduler", "mlx_lm.generate"))
