@@ -42,11 +42,11 @@ def _install(prefix: str, only: tuple[str, ...] | None = None, skip: tuple[str, 
             emit("handover", job=job_id)
             return admit(self, job_id)
 
-        def traced_admit_batch(self, job_ids):
-            emit("admit_start", n=len(job_ids))
+        def traced_admit_batch(self, job_ids, **kw):  # woken=True: the database's notice
+            emit("admit_start", n=len(job_ids), **kw)
             cpu = time.thread_time()
             try:
-                return admit_batch(self, job_ids)
+                return admit_batch(self, job_ids, **kw)
             finally:
                 emit("admit_end", n=len(job_ids), cpu_ms=round(1000 * (time.thread_time() - cpu), 2))
 
