@@ -10,12 +10,12 @@ for a saved row. ``pre_save``/``post_save`` signals are not sent: nothing listen
 ``Job`` (a test keeps it so).
 
 On PostgreSQL, outside a transaction, :func:`job_insert_within_quota` sends the whole submission
-as one call: ``BEGIN``, this INSERT, the key's quota gate (services/quotas.py) and ``COMMIT``.
-Every submission of one key waits for that key's row lock. Taken in Django's transaction, the lock
-was held across the usage query's answer, the Python that checked it and the ``COMMIT``'s round
-trip, all waiting for the GIL in a busy web process: on the 16-core GPU host, 32 simultaneous
-submissions of one key queued 23-28 ms (median) for that lock. Here the database decides, and the
-lock is held only for the server's own work up to the ``COMMIT``.
+as one call: ``BEGIN``, this INSERT, the key's quota gate (services/quotas.py, a server function)
+and ``COMMIT``. Every submission of one key waits for that key's row lock. Taken in Django's
+transaction, the lock was held across the usage query's answer, the Python that checked it and
+the ``COMMIT``'s round trip, all waiting for the GIL in a busy web process: on the 16-core GPU
+host, 32 simultaneous submissions of one key queued 23-28 ms (median) for that lock. Here the
+database decides, and the lock is held only for the server's own work up to the ``COMMIT``.
 """
 
 from __future__ import annotations
@@ -71,9 +71,9 @@ def job_insert_within_quota(job: Job, *, now: dt.datetime, using: str = "default
     with connection.cursor() as cursor:
         try:
             cursor.execute(sql, params)
-            # A missing key row leaves the lock and the gate without a row, and the job's
-            # deferred foreign key then fails the COMMIT: handled below.
-            position, _lock, usage = _row_results(cursor)
+            # A missing key row leaves the gate without a row, and the job's deferred foreign
+            # key then fails the COMMIT: handled below.
+            position, usage = _row_results(cursor)
         except DatabaseError:
             _rollback(cursor)
             if not ApiKey.objects.using(using).filter(id=job.api_key_id).exists():

@@ -232,38 +232,20 @@ def _lock_key_and_usage(*, api_key: ApiKey, now: dt.datetime) -> KeyUsage:
     return KeyUsage(int(limits[0]), int(limits[1]), int(usage[0]), int(usage[1]))
 
 
-# PostgreSQL, after a job's INSERT in the same transaction (job_insert_within_quota): lock the
-# key row, then, in a statement whose snapshot is taken once the lock is granted, read the key's
-# limits and usage and delete the job again if it breaks a quota. The decision is made in the
-# database, so the lock is held for no client round trip: only until the COMMIT that follows in
-# the same call.
-_GATE_SQL = """
-WITH key_usage AS ({usage}),
-     key_limits AS (SELECT max_concurrent_jobs, tokens_per_day FROM {key_table} WHERE id = %s),
-     refused AS (
-       DELETE FROM {job_table} WHERE id = %s AND EXISTS (
-         SELECT 1 FROM key_usage, key_limits
-         WHERE key_usage.active_jobs > key_limits.max_concurrent_jobs
-            OR key_usage.tokens_used > key_limits.tokens_per_day))
-SELECT key_limits.max_concurrent_jobs, key_limits.tokens_per_day, key_usage.active_jobs, key_usage.tokens_used
-FROM key_usage, key_limits
-"""
-
-
 def quota_gate_sql() -> str:
-    """The statements :func:`job_insert_within_quota` runs after the INSERT (PostgreSQL). Their
-    parameters: :func:`quota_gate_params`. The last statement's row gives the :class:`KeyUsage`,
-    and the job was deleted exactly when ``KeyUsage.exceeded()`` (the same comparison); no row
-    means the key no longer exists. (PostgreSQL runs a data-modifying WITH whether or not the
-    query reads it.)"""
-    quote = connection.ops.quote_name
-    gate = _GATE_SQL.format(usage=_key_usage_sql(), key_table=quote(ApiKey._meta.db_table),
-                            job_table=quote(Job._meta.db_table))
-    return f"{_lock_key_sql()}; {gate}"
+    """The statement :func:`job_insert_within_quota` runs after the INSERT (PostgreSQL): the key's
+    gate, migration 0004's ``api_key_gate`` function. It locks the key's row, then reads the key's
+    limits and usage once the lock is granted and deletes the job again if it breaks a quota, so
+    the lock is held for no client round trip, only until the ``COMMIT`` that follows in the same
+    call, and the gate's plans are the connection's, not made again under the lock. Its row gives
+    the :class:`KeyUsage`, and the job was deleted exactly when ``KeyUsage.exceeded()``; no row
+    means the key no longer exists. Parameters: :func:`quota_gate_params`."""
+    return "SELECT * FROM api_key_gate(%s, %s, %s, %s)"
 
 
 def quota_gate_params(*, api_key_id: Any, job_id: Any, now: dt.datetime) -> list[Any]:
-    return [api_key_id, *_key_usage_params(api_key_id=api_key_id, now=now), api_key_id, job_id]
+    start = _day_bounds(now)[0]
+    return [api_key_id, job_id, start, start.date()]
 
 
 def usage_rollup(*, day: dt.date) -> int:
