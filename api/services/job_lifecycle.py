@@ -188,22 +188,40 @@ class Progress:
 
 
 def jobs_record_progress(*, worker_id: str, progress: list[Progress]) -> int:
-    """The text so far of running jobs (throttled by the caller), for polling clients: one
-    statement executed for all of them in one transaction.
+    """The text so far of running jobs (throttled by the caller), for polling clients, in one
+    transaction (one statement on PostgreSQL).
 
     Plain SQL: the ORM form (a CASE per column with a WHEN per job) took 38.7 ms of the worker's
     CPU for 32 jobs (this takes 6.8), mostly compiling, while the engine thread waited for the GIL."""
     if not progress:
         return 0
     pk = Job._meta.pk
-    params = [
-        (p.text, p.last_seq, p.completion_tokens, pk.get_db_prep_value(uuid.UUID(p.job_id), connection),
-         JobStatus.IN_PROGRESS.value, worker_id)
-        for p in progress
-    ]
+    rows = [(pk.get_db_prep_value(uuid.UUID(p.job_id), connection), p.text, p.last_seq, p.completion_tokens)
+            for p in {p.job_id: p for p in progress}.values()]
+    in_progress = JobStatus.IN_PROGRESS.value
     with transaction.atomic(), connection.cursor() as cursor:
-        cursor.executemany(_progress_sql(), params)
+        if connection.vendor == "postgresql":  # one statement, as for the finals (jobs_complete)
+            cursor.execute(_progress_sql_pg().format(rows=", ".join([_PROGRESS_ROW_PG] * len(rows))),
+                           [*(value for row in rows for value in row), in_progress, worker_id])
+        else:
+            cursor.executemany(_progress_sql(), [(*row[1:], row[0], in_progress, worker_id) for row in rows])
         return cursor.rowcount
+
+
+_PROGRESS_ROW_PG = "(%s::uuid, %s::text, %s::integer, %s::integer)"
+
+
+@cache
+def _progress_sql_pg() -> str:
+    q = connection.ops.quote_name
+    column = {name: q(Job._meta.get_field(name).column)
+              for name in ("id", "output_text", "last_seq", "completion_tokens", "status", "worker_id")}
+    names = ("output_text", "last_seq", "completion_tokens")
+    return (
+        f"UPDATE {q(Job._meta.db_table)} AS j SET " + ", ".join(f"{column[n]} = v.{column[n]}" for n in names)
+        + f" FROM (VALUES {{rows}}) AS v({column['id']}, {', '.join(column[n] for n in names)}) "
+        f"WHERE j.{column['id']} = v.{column['id']} AND j.{column['status']} = %s AND j.{column['worker_id']} = %s"
+    )
 
 
 @cache

@@ -191,12 +191,17 @@ def test_progress_of_several_running_jobs_is_written_in_one_update():
     for job in (a, b):
         lc.job_claim(job_id=str(job.id), worker_id="w1", lease_s=30)
     lc.job_claim(job_id=str(other.id), worker_id="w2", lease_s=30)
-    written = lc.jobs_record_progress(worker_id="w1", progress=[
-        lc.Progress(job_id=str(a.id), text="Once", last_seq=1, completion_tokens=1),
-        lc.Progress(job_id=str(b.id), text="Hello there", last_seq=3, completion_tokens=4),
-        lc.Progress(job_id=str(other.id), text="not mine", last_seq=1, completion_tokens=1),
-    ])
+    from django.test.utils import CaptureQueriesContext
+
+    with CaptureQueriesContext(connection) as queries:
+        written = lc.jobs_record_progress(worker_id="w1", progress=[
+            lc.Progress(job_id=str(a.id), text="Once", last_seq=1, completion_tokens=1),
+            lc.Progress(job_id=str(b.id), text="Hello there", last_seq=3, completion_tokens=4),
+            lc.Progress(job_id=str(other.id), text="not mine", last_seq=1, completion_tokens=1),
+        ])
     assert written == 2
+    [update] = [q["sql"] for q in queries.captured_queries if "UPDATE" in q["sql"].upper()]
+    assert "FROM (VALUES" in update if connection.vendor == "postgresql" else update.startswith("3 times: ")
     for job in (a, b, other):
         job.refresh_from_db()
     assert (a.output_text, a.last_seq, a.completion_tokens) == ("Once", 1, 1)
