@@ -92,6 +92,8 @@ def _day_bounds(now: dt.datetime) -> tuple[dt.datetime, dt.datetime]:
 #
 # PostgreSQL reads the finished jobs' tokens from KeyDayTokens (kept by a trigger, see the model)
 # and sums only the key's active jobs, whatever the day's volume. SQLite sums the day's jobs.
+# On PostgreSQL a submission's gate runs migration 0004's api_key_gate function, which repeats the
+# PostgreSQL query: change both together (tests/api/test_submission_round_trip.py compares them).
 _KEY_USAGE_SQL = {
     "postgresql": """
 SELECT

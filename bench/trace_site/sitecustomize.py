@@ -245,7 +245,9 @@ class _StepProfiles:
     step, chosen as the step starts ("admit": commands to take, requests waiting or still without
     a token; "decode": the rest). Written to prof-<prefix>-<pid>-<kind>.pstats at most once a second
     and at exit (read with ``python bench/step_profiles.py DIR``). Slows the steps down, so a
-    profiled run's figures are not the benchmark's."""
+    profiled run's figures are not the benchmark's. From Python 3.12 cProfile records every
+    thread of the process while it is enabled, so a profile also holds what the other threads did
+    during the steps; WORKER_TRACE_PARTS times the engine thread's own pieces."""
 
     def __init__(self, prefix: str) -> None:
         import atexit
