@@ -8,9 +8,7 @@ in-process engine's steps, to bench-<pid>.jsonl (``worker_timeline.py DIR --step
 A daphne process of inference_service.serve_web logs one ``post`` line per POST /api/v1/jobs to
 web-<pid>.jsonl: when its connection was made, its ASGI app created, a request thread took it, and
 when authentication, tokenization, the rate limit, the INSERT and the Celery publish ended (read
-it with ``python bench/web_timeline.py DIR``). With WORKER_TRACE_PROFILE=1 the engine steps of the
-worker and of service_bench.py's in-process engine are also run under cProfile (see _StepProfiles;
-compare them with ``python bench/step_profiles.py DIR``). Other processes are left alone."""
+it with ``python bench/web_timeline.py DIR``). Other processes are left alone."""
 
 import importlib.abc
 import importlib.machinery
@@ -73,7 +71,6 @@ def _install(prefix: str, only: tuple[str, ...] | None = None, skip: tuple[str, 
         mod.JobHost.submit = traced_submit
 
     parts_on = bool(os.environ.get("WORKER_TRACE_PARTS"))
-    profiles = _StepProfiles(prefix) if os.environ.get("WORKER_TRACE_PROFILE") and prefix != "web" else None
 
     # WORKER_TRACE_PARTS=1: each step event also carries ``parts``, the ms spent in the step's
     # pieces (mlx-lm's BatchGenerator stages, the scheduler's own), inclusive where they nest.
@@ -119,14 +116,11 @@ def _install(prefix: str, only: tuple[str, ...] | None = None, skip: tuple[str, 
 
         def traced_step(self, commands):
             t0, cpu = time.time(), time.thread_time()
-            profile = profiles.start(self.scheduler, commands) if profiles else None
             if parts_on:
                 step_parts.d = {}
             outputs = step(self, commands)
             parts, step_parts.d = getattr(step_parts, "d", None), None
             running = len(getattr(self.scheduler, "running", ()) or ())
-            if profile is not None:
-                profiles.stop(profile)
             extra = {"parts": {k: round(v, 2) for k, v in parts.items()}} if parts else {}
             emit("step", t0=t0, cpu_ms=round(1000 * (time.thread_time() - cpu), 2), cmds=len(commands), outs=len(outputs),
                  running=running, **extra)
@@ -238,47 +232,6 @@ def _install(prefix: str, only: tuple[str, ...] | None = None, skip: tuple[str, 
             return spec
 
     sys.meta_path.insert(0, Finder())
-
-
-class _StepProfiles:
-    """WORKER_TRACE_PROFILE=1: run every engine step under cProfile, into one profile per kind of
-    step, chosen as the step starts ("admit": commands to take, requests waiting or still without
-    a token; "decode": the rest). Written to prof-<prefix>-<pid>-<kind>.pstats at most once a second
-    and at exit (read with ``python bench/step_profiles.py DIR``). Slows the steps down, so a
-    profiled run's figures are not the benchmark's. From Python 3.12 cProfile records every
-    thread of the process while it is enabled, so a profile also holds what the other threads did
-    during the steps; WORKER_TRACE_PARTS times the engine thread's own pieces."""
-
-    def __init__(self, prefix: str) -> None:
-        import atexit
-        import cProfile
-
-        self._prefix = prefix
-        self._profiles = {"admit": cProfile.Profile(), "decode": cProfile.Profile()}
-        self._steps = {"admit": 0, "decode": 0}
-        self._dumped = time.monotonic()
-        atexit.register(self.dump)  # a worker that ends with os._exit skips this: hence the periodic dumps
-
-    def start(self, scheduler, commands):
-        waiting = bool(getattr(scheduler, "waiting", None))
-        fresh = any(r.num_output_tokens == 0 for r in getattr(scheduler, "running", {}).values())
-        kind = "admit" if commands or waiting or fresh else "decode"
-        self._steps[kind] += 1
-        profile = self._profiles[kind]
-        profile.enable()
-        return profile
-
-    def stop(self, profile) -> None:
-        profile.disable()
-        if time.monotonic() - self._dumped > 1.0:
-            self.dump()
-
-    def dump(self) -> None:
-        self._dumped = time.monotonic()
-        for kind, profile in self._profiles.items():
-            profile.dump_stats(os.path.join(_DIR, f"prof-{self._prefix}-{os.getpid()}-{kind}.pstats"))
-        with open(os.path.join(_DIR, f"prof-{self._prefix}-{os.getpid()}-steps.json"), "w") as f:
-            json.dump(self._steps, f)
 
 
 # The worker gets every patch; service_bench.py (its in-process engine side) only the engine's
