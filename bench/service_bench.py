@@ -287,8 +287,9 @@ async def service_round(port: int, key: str, prompts: list[str], max_tokens: int
     post: list[float] = []
     sent: list[float] = []
     ws_open: list[float] = []
+    ws_close: list[float] = []
 
-    traces: list[tuple[str, float, float]] = []
+    traces: list[tuple[str, float, float, float]] = []
 
     async def one(prompt: str) -> None:
         t0, t0_wall = time.perf_counter(), time.time()
@@ -301,13 +302,17 @@ async def service_round(port: int, key: str, prompts: list[str], max_tokens: int
         async with websockets.connect(url, open_timeout=120) as ws:
             ws_open.append(time.perf_counter() - t_open)
             first, completion = await _read_stream(ws, t0)
-        last = time.perf_counter() - t0
+            final = time.perf_counter() - t0
+        # The round's wall (and tok/s) ends with the closing handshakes; the final's arrival is
+        # what the stages use, and ws_close is the difference.
+        ws_close.append(time.perf_counter() - t0 - final)
         ttft.append(first)
         tokens.append(completion)
         # Wall clock: the database's timestamps are too.
-        traces.append((job_id, t0_wall, t0_wall + first, t0_wall + last))
+        traces.append((job_id, t0_wall, t0_wall + first, t0_wall + final))
 
-    result = await _round(one, prompts, ttft, tokens, post_s=post, client_send_s=sent, ws_open_s=ws_open)
+    result = await _round(one, prompts, ttft, tokens, post_s=post, client_send_s=sent, ws_open_s=ws_open,
+                          ws_close_s=ws_close)
     result["traces"] = traces
     return result
 
@@ -464,7 +469,7 @@ def _report(engine_runs: list[dict], service_runs: list[dict], ws_runs: list[dic
                 "ttft_ms_p90": round(1000 * percentile(ttft, 90), 1),
                 "tokens_per_run": sum(runs[0]["tokens"]),
                 **{f"{name}_ms_p50": round(1000 * percentile([t for r in runs for t in r[f"{name}_s"]], 50), 1)
-                   for name in ("post", "client_send", "ws_open", "first_token_to_final") if f"{name}_s" in runs[0]},
+                   for name in ("post", "client_send", "ws_open", "ws_close", "first_token_to_final") if f"{name}_s" in runs[0]},
                 "runs_tok_s": [round(r["tok_s"], 1) for r in runs]}
 
     eng, svc = summary(engine_runs), summary(service_runs)

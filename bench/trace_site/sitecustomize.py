@@ -139,6 +139,38 @@ def _install(prefix: str, only: tuple[str, ...] | None = None, skip: tuple[str, 
 
         mod.IOThread._publish = traced_publish
 
+    def patch_sink(mod) -> None:
+        """The output process: each batch's publish, with the time of each of its parts (ms)."""
+        cls = mod.RedisJobSink
+        parts_of = {"_reset_streams": "reset", "_write_finals": "finals_db", "_write_streams": "streams",
+                    "_fan_out": "fan_out", "_write_bookkeeping": "bookkeeping"}
+        current: dict[str, float] = {}
+
+        def timed(name, label):
+            func = getattr(cls, name)
+
+            def traced(self, *args, **kw):
+                t = time.perf_counter()
+                try:
+                    return func(self, *args, **kw)
+                finally:
+                    current[label] = round(1000 * (time.perf_counter() - t), 3)
+
+            setattr(cls, name, traced)
+
+        for name, label in parts_of.items():
+            timed(name, label)
+        publish = cls.publish
+
+        def traced_publish(self, batch):
+            current.clear()
+            t0 = time.time()
+            publish(self, batch)
+            emit("sink", t0=t0, chunks=len(batch.chunks), finals=len(batch.finals), first=len(batch.first_tokens),
+                 started=len(batch.started), parts=dict(current))
+
+        cls.publish = traced_publish
+
     marks = threading.local()  # web: this request thread's timestamps, reset per request
 
     def mark_end(mod, name: str, label: str) -> None:
@@ -213,6 +245,7 @@ def _install(prefix: str, only: tuple[str, ...] | None = None, skip: tuple[str, 
         "engine_worker.scheduler": patch_scheduler,
         "mlx_lm.generate": patch_mlx_generate,
         "engine_worker.runtime.io_thread": patch_io,
+        "api.streaming.sink": patch_sink,
     }
 
     class Finder(importlib.abc.MetaPathFinder):
@@ -240,6 +273,8 @@ _WEB = ("daphne.server", "twisted.web.http", "inference_service.asgi_handler", "
         "api.services.jobs", "api.authentication")
 if _DIR and "run_engine_worker" in sys.argv:
     _install("worker", skip=_WEB)
+elif _DIR and sys.argv[:1] == ["-m"] and "--worker-id" in sys.argv:
+    _install("sink", ("api.streaming.sink",))  # the worker's output process (api.streaming.sink_process)
 elif _DIR and "inference_service.asgi:application" in sys.argv:
     _install("web", _WEB)  # a daphne process of inference_service.serve_web
 elif _DIR and any(arg.endswith("service_bench.py") for arg in sys.argv):
