@@ -7,12 +7,16 @@ For each :class:`StepBatch` (one or more engine steps, at most one chunk per job
 1. database: finals (the job's status, text and usage);
 2. one Redis pipeline: XADD every chunk and final to its job's stream, refresh the streams' TTL;
 3. the channel layer: one group message per chunk and final (live fan-out, at most once);
-4. database: first-token times (one UPDATE per batch) and the text so far of running jobs, all
-   of them in one UPDATE every ``progress_interval_s`` (for polling clients).
+4. database: the text so far of running jobs and the first-token times seen since the last write,
+   all of them in one UPDATE every ``progress_interval_s`` (for polling clients). A job that
+   finishes first gets its first-token time with its final.
 
 Finals reach the database first so a client that sees ``final`` and then reads the job finds it
 finished; the stream before the group so a consumer that notices a gap can fill it from the
-stream; bookkeeping that no client waits for comes last, off the time to first token. Runs in the
+stream; bookkeeping that no client waits for comes last, off the time to first token. First-token
+times wait for the progress write because batches queue behind this one: on the GPU host, with
+one UPDATE per admission batch, a 32-job burst's batches took 6-10 ms each in this sink (5-8 of
+them in that UPDATE), about as long as the engine's admission steps between them. Runs in the
 worker's output process (sink_process.py), or with ``WORKER_OUTPUT_PROCESS=0`` on the worker's
 I/O thread; never on the engine thread.
 """
@@ -48,6 +52,7 @@ class RedisJobSink:
         self._unsaved: set[str] = set()  # jobs with text the database does not have yet
         self._progress_at = time.monotonic()
         self._tokens: dict[str, tuple[int, int]] = {}  # job id -> (last seq, completion tokens)
+        self._first_at: dict[str, float] = {}  # first-token times the database does not have yet
 
     def publish(self, batch: StepBatch) -> None:
         self._reset_streams(batch)
@@ -80,13 +85,9 @@ class RedisJobSink:
                 self._texts.setdefault(chunk.job_id, []).append(chunk.text)
                 self._tokens[chunk.job_id] = (chunk.seq, chunk.completion_tokens)
                 self._unsaved.add(chunk.job_id)
-        # One UPDATE per time the worker saw first tokens: one for a batch as the worker sent it,
-        # a few for batches the output process merged.
-        by_time: dict[float, list[str]] = {}
         for first in batch.first_tokens:
-            by_time.setdefault(first.at, []).append(first.job_id)
-        for at, job_ids in by_time.items():
-            job_lifecycle.jobs_record_first_token(job_ids=job_ids, worker_id=self.worker_id, at=at)
+            if first.job_id not in finished:  # else its final carried the time
+                self._first_at.setdefault(first.job_id, first.at)
         self._write_progress()
 
     def _write_progress(self) -> None:
@@ -101,7 +102,7 @@ class RedisJobSink:
         for job_id in self._unsaved:
             seq, tokens = self._tokens[job_id]
             due.append(job_lifecycle.Progress(job_id=job_id, text="".join(self._texts[job_id]), last_seq=seq,
-                                              completion_tokens=tokens))
+                                              completion_tokens=tokens, first_token_at=self._first_at.pop(job_id, None)))
         self._unsaved.clear()
         job_lifecycle.jobs_record_progress(worker_id=self.worker_id, progress=due)
 
@@ -109,6 +110,7 @@ class RedisJobSink:
         self._texts.pop(job_id, None)
         self._unsaved.discard(job_id)
         self._tokens.pop(job_id, None)
+        self._first_at.pop(job_id, None)
 
     # -- Redis streams ------------------------------------------------------------------------
 

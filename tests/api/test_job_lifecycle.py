@@ -102,7 +102,8 @@ def test_the_final_brings_the_first_token_time_when_the_row_has_none():
     alone, recorded = make_job(), make_job()
     for job in (alone, recorded):
         lc.job_claim(job_id=str(job.id), worker_id="w1", lease_s=30)
-    lc.job_record_first_token(job_id=str(recorded.id), worker_id="w1", at=1_800_000_000.0)
+    lc.jobs_record_progress(worker_id="w1", progress=[
+        lc.Progress(job_id=str(recorded.id), text="a", last_seq=1, completion_tokens=1, first_token_at=1_800_000_000.0)])
     finals = [final(job, first_token_at=1_800_000_001.0) for job in (alone, recorded)]
     assert lc.jobs_complete(results=finals, worker_id="w1") == 2
     for job in (alone, recorded):
@@ -134,11 +135,14 @@ def test_requeue_by_lease_only_after_the_lease_expired():
     assert not lc.job_complete(result=final(job), worker_id="w1")
 
 
-def test_first_token_is_recorded_once():
+def test_a_progress_write_records_the_first_token_time_once():
     job = make_job()
     lc.job_claim(job_id=str(job.id), worker_id="w1", lease_s=30)
-    assert lc.job_record_first_token(job_id=str(job.id), worker_id="w1", at=time.time())
-    assert not lc.job_record_first_token(job_id=str(job.id), worker_id="w1", at=time.time() + 5)
+    for seq, at in ((1, 1_800_000_000.0), (2, 1_800_000_005.0), (3, None)):
+        lc.jobs_record_progress(worker_id="w1", progress=[
+            lc.Progress(job_id=str(job.id), text="x" * seq, last_seq=seq, completion_tokens=seq, first_token_at=at)])
+        job.refresh_from_db()
+        assert job.first_token_at.timestamp() == 1_800_000_000.0 and job.last_seq == seq
 
 
 def test_queued_jobs_need_dispatch_only_after_their_claim_deadline():
@@ -179,13 +183,6 @@ def test_expire_jobs_expires_only_long_queued_jobs(settings):
     assert (stale.status, fresh.status) == (JobStatus.EXPIRED, JobStatus.QUEUED)
 
 
-def test_first_tokens_of_a_batch_are_recorded_in_one_update_and_only_for_held_jobs():
-    mine, other = make_job(), make_job()
-    lc.job_claim(job_id=str(mine.id), worker_id="w1", lease_s=30)
-    lc.job_claim(job_id=str(other.id), worker_id="w2", lease_s=30)
-    assert lc.jobs_record_first_token(job_ids=[str(mine.id), str(other.id)], worker_id="w1", at=time.time()) == 1
-
-
 def test_progress_of_several_running_jobs_is_written_in_one_update():
     a, b, other = make_job(), make_job(), make_job()
     for job in (a, b):
@@ -195,9 +192,10 @@ def test_progress_of_several_running_jobs_is_written_in_one_update():
 
     with CaptureQueriesContext(connection) as queries:
         written = lc.jobs_record_progress(worker_id="w1", progress=[
-            lc.Progress(job_id=str(a.id), text="Once", last_seq=1, completion_tokens=1),
+            lc.Progress(job_id=str(a.id), text="Once", last_seq=1, completion_tokens=1, first_token_at=1_800_000_000.0),
             lc.Progress(job_id=str(b.id), text="Hello there", last_seq=3, completion_tokens=4),
-            lc.Progress(job_id=str(other.id), text="not mine", last_seq=1, completion_tokens=1),
+            lc.Progress(job_id=str(other.id), text="not mine", last_seq=1, completion_tokens=1,
+                        first_token_at=1_800_000_000.0),
         ])
     assert written == 2
     [update] = [q["sql"] for q in queries.captured_queries if "UPDATE" in q["sql"].upper()]
@@ -205,8 +203,9 @@ def test_progress_of_several_running_jobs_is_written_in_one_update():
     for job in (a, b, other):
         job.refresh_from_db()
     assert (a.output_text, a.last_seq, a.completion_tokens) == ("Once", 1, 1)
-    assert (b.output_text, b.last_seq, b.completion_tokens) == ("Hello there", 3, 4)
-    assert other.output_text == ""
+    assert a.first_token_at.timestamp() == 1_800_000_000.0
+    assert (b.output_text, b.last_seq, b.completion_tokens, b.first_token_at) == ("Hello there", 3, 4, None)
+    assert (other.output_text, other.first_token_at) == ("", None)
 
 
 def test_a_batch_claim_takes_only_claimable_jobs_in_the_order_given():

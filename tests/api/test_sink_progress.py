@@ -67,15 +67,47 @@ def test_a_started_job_s_earlier_stream_is_cleared_before_its_first_chunk(redis_
     assert [fields["text"] for _, fields in redis_client.xrange(key)] == ["new"]
 
 
-def test_first_tokens_of_merged_batches_keep_each_job_s_own_time(redis_client):
-    # The output process publishes batches that waited in its pipe as one: each job's first-token
-    # time must still be the one the worker saw, not the earliest of the merged batches.
+def test_first_token_times_wait_for_the_progress_write_and_keep_each_job_s_own_time(redis_client, monkeypatch):
+    # A batch with first tokens writes nothing to the database: the batches queued behind it (the
+    # next admission's first tokens, on a burst) would wait for that UPDATE. The times go out with
+    # the next progress write, each job's own (batches the output process merged hold several).
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
     from engine_worker.protocol import FirstToken
 
+    clock = Clock()
+    monkeypatch.setattr(sink_module.time, "monotonic", clock)
     early, late = (str(make_job(status=JobStatus.IN_PROGRESS, worker_id="w").id) for _ in range(2))
-    sink = RedisJobSink(worker_id="w", redis_client=redis_client, sender=None)
-    sink.publish(StepBatch(first_tokens=(FirstToken(job_id=early, at=1_800_000_000.0),
-                                         FirstToken(job_id=late, at=1_800_000_000.5))))
+    sink = RedisJobSink(worker_id="w", redis_client=redis_client, sender=None, progress_interval_s=1.0)
 
+    def chunks(seq: int) -> tuple[OutputChunk, ...]:
+        return tuple(OutputChunk(job_id=j, seq=seq, text=f"<{seq}>", completion_tokens=seq) for j in (early, late))
+
+    with CaptureQueriesContext(connection) as queries:
+        sink.publish(StepBatch(chunks=chunks(1), first_tokens=(FirstToken(job_id=early, at=1_800_000_000.0),
+                                                               FirstToken(job_id=late, at=1_800_000_000.5))))
+    assert queries.captured_queries == []
+    assert not Job.objects.filter(first_token_at__isnull=False).exists()
+
+    clock.now += 1.0
+    sink.publish(StepBatch(chunks=chunks(2)))
     times = {str(j.id): j.first_token_at.timestamp() for j in Job.objects.filter(id__in=[early, late])}
     assert times == {early: 1_800_000_000.0, late: 1_800_000_000.5}
+    assert Job.objects.get(id=early).output_text == "<1><2>"
+
+
+def test_a_job_that_finishes_before_the_progress_write_gets_its_first_token_time_with_its_final(redis_client):
+    from engine_worker.protocol import FinalResult, FirstToken
+
+    job_id = str(make_job(status=JobStatus.IN_PROGRESS, worker_id="w").id)
+    sink = RedisJobSink(worker_id="w", redis_client=redis_client, sender=None, progress_interval_s=60.0)
+    sink.publish(StepBatch(chunks=(OutputChunk(job_id=job_id, seq=1, text="a", completion_tokens=1),),
+                           first_tokens=(FirstToken(job_id=job_id, at=1_800_000_000.0),)))
+    sink.publish(StepBatch(finals=(FinalResult(job_id=job_id, text="ab", finish_reason="length", prompt_tokens=3,
+                                               completion_tokens=2, first_token_at=1_800_000_000.0,
+                                               finished_at=1_800_000_001.0, last_seq=2),)))
+    row = Job.objects.get(id=job_id)
+    assert (row.status, row.output_text) == (JobStatus.COMPLETED, "ab")
+    assert row.first_token_at.timestamp() == 1_800_000_000.0
+    assert sink._first_at == {}  # nothing left to write for it

@@ -44,7 +44,8 @@ claimed = lc.jobs_claim(job_ids=[str(jobs[0].id)], worker_id="w", lease_s=30)
 claim_same = model_to_dict(claimed[0]) == model_to_dict(Job.objects.get(id=jobs[0].id)) and \
     claimed[0].started_at == Job.objects.get(id=jobs[0].id).started_at is not None
 written = lc.jobs_record_progress(worker_id="w", progress=[
-    lc.Progress(job_id=str(j.id), text="so far", last_seq=2, completion_tokens=3) for j in jobs])
+    lc.Progress(job_id=str(j.id), text="so far", last_seq=2, completion_tokens=3, first_token_at=1_800_000_000.5)
+    for j in jobs])
 jobs[0].refresh_from_db()
 found, orm = authenticate_api_key(secret), ApiKey.objects.select_related("owner").get(id=key.id)
 # SQLite before 3.35 has no RETURNING: the INSERT and the claim fall back to the ORM.
@@ -59,7 +60,8 @@ print(json.dumps({
     "positions": positions, "insert_positions": [s.queue_position for s in submissions],
     "inserted_same": inserted_same, "claim_same": claim_same, "fallback": fallback,
     "active": active, "tokens": tokens, "prompt_len": len(jobs[0].prompt_token_ids), "refused": refused,
-    "progress": [written, jobs[0].output_text, jobs[0].last_seq, jobs[0].completion_tokens],
+    "progress": [written, jobs[0].output_text, jobs[0].last_seq, jobs[0].completion_tokens,
+                 jobs[0].first_token_at.timestamp()],
     "auth_same": model_to_dict(found) == model_to_dict(orm) and found.created_at == orm.created_at
                  and timezone.is_aware(found.created_at) and found.owner.date_joined == orm.owner.date_joined,
 }))
@@ -86,6 +88,6 @@ def test_quota_usage_and_queue_position_on_sqlite(tmp_path, tiny_model_path):
     assert result["active"] == 3
     assert result["tokens"] == 3 * (result["prompt_len"] + 7)
     assert result["refused"] == "concurrent_jobs_exceeded"
-    assert result["progress"] == [1, "so far", 2, 3]  # only the job this worker holds
+    assert result["progress"] == [1, "so far", 2, 3, 1_800_000_000.5]  # only the job this worker holds
     # The key lookup's own statement gives the ORM's instances (SQLite returns datetimes as text).
     assert result["auth_same"] is True
