@@ -60,9 +60,12 @@ class ChunkCoalescer:
     def is_tracked(self, job_id: str) -> bool:
         return job_id in self._jobs
 
-    def awaits_first_token(self, job_id: str) -> bool:
+    def awaits_first_text(self, job_id: str) -> bool:
+        """Whether the job has had no chunk yet: its client has seen nothing. A first token can
+        bring no text (the detokenizer holds a partial character, or the leading space it trims),
+        and the text then comes with a later token."""
         job = self._jobs.get(job_id)
-        return job is not None and job.first_token_at is None
+        return job is not None and job.seq == 0
 
     def job_ids(self) -> list[str]:
         return list(self._jobs)

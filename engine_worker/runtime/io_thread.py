@@ -121,12 +121,15 @@ class IOThread:
                 return
 
     def _urgent(self, items: list[object]) -> bool:
-        """Commands, first tokens (TTFT) and finals never wait for the interval."""
+        """Commands, finals and a job's output until its first text is out (TTFT) never wait for
+        the interval. Urgent up to the first token only, a job whose first token had no text (a
+        character split over tokens, or only the leading space the detokenizer trims) waited a
+        whole interval for its first delta."""
         for item in items:
             if not isinstance(item, list):
                 return True
             for out in item:
-                if out.finished or self._coalescer.awaits_first_token(out.request_id):
+                if out.finished or self._coalescer.awaits_first_text(out.request_id):
                     return True
         return False
 

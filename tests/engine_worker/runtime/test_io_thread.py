@@ -48,3 +48,28 @@ def test_plain_deltas_do_not_wake_the_io_thread_during_the_interval_but_a_first_
     io.stop(5)
     steady = "".join(c.text for b in sink.batches for c in b.chunks if c.job_id == "steady")
     assert steady == "a" * 41  # every plain delta was published, folded
+
+
+def test_a_first_token_without_text_keeps_its_job_urgent_until_its_first_text_goes_out():
+    # A character split over two tokens: the first brings no text. Its client has seen nothing,
+    # so the second token's text must not wait for the (here 2 s) interval.
+    sink = MemorySink()
+    io = IOThread(sink, on_finished=lambda job_id: None, interval_s=2.0)
+    io.start()
+    io.put(Track("split", 3))
+    io.on_outputs([RequestOutput("split", new_token_ids=[0xE4], new_text="", completion_tokens=1)])
+    deadline = time.monotonic() + 5
+    while not any(b.first_tokens for b in sink.batches):
+        assert time.monotonic() < deadline
+        time.sleep(0.002)
+    started = time.monotonic()
+    io.on_outputs([RequestOutput("split", new_token_ids=[0xB8], new_text="中", completion_tokens=2)])
+    while not any(c.text == "中" for b in sink.batches for c in b.chunks):
+        assert time.monotonic() - started < 1.0, "the first text waited for the interval"
+        time.sleep(0.002)
+    # Once the client has text, plain deltas fold again for the interval.
+    io.on_outputs(_token("split", 3))
+    time.sleep(0.2)
+    assert not any(c.text == "a" for b in sink.batches for c in b.chunks)
+    io.stop(5)
+    assert "".join(c.text for b in sink.batches for c in b.chunks) == "中a"
