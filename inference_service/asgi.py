@@ -21,6 +21,11 @@ from inference_service.asgi_handler import OneHopASGIHandler  # noqa: E402
 
 django_http = OneHopASGIHandler(threads=settings.WEB_REQUEST_THREADS)
 load_tokenizer_at_start()
+if settings.WEB_WARM_UP:
+    from inference_service import warmup
+
+    warmup.warm_up_http()
+    warmup.schedule_websocket_warm_up()
 
 http_app = ASGIStaticFilesHandler(django_http) if settings.SERVE_STATIC else django_http
 

@@ -124,6 +124,9 @@ def main(argv: list[str] | None = None) -> int:
     if processes < 1:
         parser.error("--processes must be at least 1")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    # Each daphne process warms its request path up before serving (inference_service/warmup.py);
+    # WEB_WARM_UP=0 leaves the first requests to pay for it.
+    os.environ.setdefault("WEB_WARM_UP", "1")
     sockets = listening_sockets(args.bind, args.port, processes)
     supervisor = Supervisor(sockets, processes, daphne_args)
     signal.signal(signal.SIGTERM, supervisor.stop)

@@ -188,6 +188,9 @@ JOB_LEASE_S = env_float("JOB_LEASE_S", 30.0, minimum=1.0)
 JOB_DISPATCH_THREAD = env_bool("JOB_DISPATCH_THREAD", False)
 # Threads per web process that run requests' sync code (inference_service/asgi_handler.py).
 WEB_REQUEST_THREADS = env_int("WEB_REQUEST_THREADS", 8, minimum=1)
+# Warm each web process up before it serves (inference_service/warmup.py). serve_web turns it on
+# for its daphne processes; an ASGI app imported elsewhere (tests, a shell) leaves it off.
+WEB_WARM_UP = env_bool("WEB_WARM_UP", False)
 
 LOGGING = {
     "version": 1,

@@ -114,3 +114,20 @@ def test_each_process_listens_on_its_own_socket_and_a_burst_of_connections_sprea
             client.close()
         code = web.stop(30)
     assert code == 0, web.log_tail()
+
+
+def test_each_daphne_process_warms_its_request_path_up_before_its_first_request(service_env, tmp_path):
+    # The engine queue's declaration in the broker is the warm-up's last step (inference_service/
+    # warmup.py); before it, a process's first POST paid for it, and ~200 ms more on the dev VM.
+    import redis
+
+    broker = redis.Redis.from_url(service_env["REDIS_URL"])
+    broker.delete("_kombu.binding.engine")
+    port = free_port()
+    web = start_daphne(service_env, port, tmp_path, processes=1)
+    try:
+        wait_for(lambda: broker.exists("_kombu.binding.engine"), START_TIMEOUT_S, "the warm-up, with no request sent")
+        assert _health(port)["checks"]["database"]["ok"]
+    finally:
+        code = web.stop(30)
+    assert code == 0, web.log_tail()

@@ -1,0 +1,57 @@
+"""inference_service.warmup: a web process pays its one-time costs before its first request."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import pytest
+
+from inference_service import warmup
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+ENGINE_BINDING = "_kombu.binding.engine"  # kombu's Redis transport: the engine queue's declaration
+
+
+def test_the_request_path_warm_up_declares_the_engine_queue_and_fails_no_step(redis_client):
+    assert not redis_client.exists(ENGINE_BINDING)
+    assert warmup.warm_up_http() == []
+    # What the first publish of a job did (Celery's app, the broker connection, the declaration).
+    assert redis_client.exists(ENGINE_BINDING)
+
+
+def test_a_dependency_that_is_down_costs_only_its_own_steps(redis_client, monkeypatch, caplog):
+    import api.redis_client
+    import api.selectors.api_keys
+
+    def down(**_):
+        raise ConnectionError("down")
+
+    ran = []
+
+    def _celery():
+        ran.append("_celery")
+
+    monkeypatch.setattr(warmup, "_celery", _celery)
+    monkeypatch.setattr(api.selectors.api_keys, "api_key_with_owner", down)
+    with caplog.at_level(logging.WARNING, logger="inference_service.warmup"):
+        assert warmup.warm_up_http() == ["_database"]
+    assert "web warm-up: _database failed" in caplog.text
+    assert ran == ["_celery"]  # the steps after it still ran
+
+    # Redis down: the broker is the same Redis, so Celery's step (and its retries) is skipped.
+    monkeypatch.setattr(api.redis_client, "get_redis", down)
+    assert warmup.warm_up_http() == ["_database", "_redis", "_celery"]
+    assert ran == ["_celery"]
+
+
+def test_the_websocket_path_warm_up_runs_on_the_event_loop(redis_client):
+    assert asyncio.run(warmup.warm_up_websocket()) == []
+
+
+def test_outside_daphne_no_websocket_warm_up_is_scheduled(monkeypatch):
+    import sys
+
+    monkeypatch.delitem(sys.modules, "twisted.internet.reactor", raising=False)
+    assert warmup.schedule_websocket_warm_up() is False
