@@ -6,7 +6,7 @@ and loading its result backend (~35 ms), the broker connection and the engine qu
 (~20 ms), the database connection and the key lookup's first run. With several web processes
 that was every process's first requests after a start or a restart: one job at a time on the GPU
 host, the POST's median was 111 ms over 8 jobs, most of which landed on a process that had not
-served one yet. Warmed, the first POST took 38-45 ms there. The WebSocket path (the event loop's
+served one yet. Warmed, a process's first POST took 38-45 ms on the VM. The WebSocket path (the event loop's
 Redis clients, the executor thread of the consumers' database calls) is warmed on the server's
 loop once it runs.
 
