@@ -200,12 +200,16 @@ def jobs_record_progress(*, worker_id: str, progress: list[Progress]) -> int:
 _PROGRESS_ROW_PG = "(%s::uuid, %s::text, %s::integer, %s::integer, %s::timestamptz)"
 
 
+def _job_columns(*names: str) -> dict[str, str]:
+    """The job table's quoted column of each field name (default connection)."""
+    q = connection.ops.quote_name
+    return {name: q(Job._meta.get_field(name).column) for name in names}
+
+
 @cache
 def _progress_sql_pg() -> str:
     q = connection.ops.quote_name
-    column = {name: q(Job._meta.get_field(name).column)
-              for name in ("id", "output_text", "last_seq", "completion_tokens", "first_token_at", "status",
-                           "worker_id")}
+    column = _job_columns("id", "output_text", "last_seq", "completion_tokens", "first_token_at", "status", "worker_id")
     names = ("output_text", "last_seq", "completion_tokens")
     first = column["first_token_at"]
     return (
@@ -219,9 +223,7 @@ def _progress_sql_pg() -> str:
 @cache
 def _progress_sql() -> str:
     q = connection.ops.quote_name
-    column = {name: q(Job._meta.get_field(name).column)
-              for name in ("output_text", "last_seq", "completion_tokens", "first_token_at", "id", "status",
-                           "worker_id")}
+    column = _job_columns("output_text", "last_seq", "completion_tokens", "first_token_at", "id", "status", "worker_id")
     return (
         f"UPDATE {q(Job._meta.db_table)} SET {column['output_text']} = %s, {column['last_seq']} = %s, "
         f"{column['completion_tokens']} = %s, {column['first_token_at']} = COALESCE({column['first_token_at']}, %s) "
@@ -286,7 +288,7 @@ def _complete_sql_pg() -> str:
     """The finals' UPDATE on PostgreSQL, with a ``{rows}`` placeholder for the VALUES rows; the
     same rules as :func:`_complete_sql`."""
     q = connection.ops.quote_name
-    column = {name: q(Job._meta.get_field(name).column) for name in (*_FINAL_COLUMNS, "lease_expires_at", "worker_id")}
+    column = _job_columns(*_FINAL_COLUMNS, "lease_expires_at", "worker_id")
     status = f"j.{column['status']}"
     fields = ", ".join(f"{column[name]} = v.{column[name]}" for name in _FINAL_COLUMNS[2:-1])
     return (
@@ -307,10 +309,9 @@ def _complete_sql() -> str:
     unless the row has one: a job whose first token and final the worker sent together (one token,
     or batches the output process merged) has no other."""
     q = connection.ops.quote_name
-    column = {name: q(Job._meta.get_field(name).column)
-              for name in ("status", "output_text", "finish_reason", "error", "prompt_tokens", "cached_tokens",
-                           "completion_tokens", "finished_at", "last_seq", "first_token_at", "lease_expires_at", "id",
-                           "worker_id")}
+    column = _job_columns("status", "output_text", "finish_reason", "error", "prompt_tokens", "cached_tokens",
+                          "completion_tokens", "finished_at", "last_seq", "first_token_at", "lease_expires_at", "id",
+                          "worker_id")
     status = column["status"]
     fields = ", ".join(f"{column[name]} = %s" for name in ("output_text", "finish_reason", "error", "prompt_tokens",
                                                            "cached_tokens", "completion_tokens", "finished_at",
