@@ -180,7 +180,9 @@ def _install(prefix: str, only: tuple[str, ...] | None = None, skip: tuple[str, 
             try:
                 return func(*args, **kw)
             finally:
-                getattr(marks, "d", {})[label] = time.time()
+                d = getattr(marks, "d", {})
+                d[label] = time.time()
+                d[label + "_cpu"] = time.thread_time()
 
         setattr(mod, name, traced)
 
@@ -206,7 +208,7 @@ def _install(prefix: str, only: tuple[str, ...] | None = None, skip: tuple[str, 
         respond = mod.OneHopASGIHandler._respond
 
         def traced_respond(self, scope, body_file):
-            marks.d = {**scope.get("_trace", {}), "respond": time.time()}
+            marks.d = {**scope.get("_trace", {}), "respond": time.time(), "respond_cpu": time.thread_time()}
             return respond(self, scope, body_file)
 
         mod.OneHopASGIHandler._respond = traced_respond
