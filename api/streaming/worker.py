@@ -73,7 +73,7 @@ class EngineWorkerService:
         self._sender = sender
         self._dispatch = dispatch
         self._stop = threading.Event()
-        self._admission = AdmissionThread(self._admit_batch)
+        self._admission = AdmissionThread(self._admit_batch, min_interval_s=config.claim_interval_s)
         self._threads = [
             threading.Thread(target=self._heartbeat_loop, name="worker-heartbeat", daemon=True),
             threading.Thread(target=self._cancel_loop, name="worker-cancel", daemon=True),
@@ -105,23 +105,24 @@ class EngineWorkerService:
         far as the engine's running batch has room, without waiting for their messages."""
         self._admission.wake()
 
-    def _admit_batch(self, job_ids: list[str], woken: bool = False) -> None:
+    def _admit_batch(self, job_ids: list[str], woken: bool = False) -> bool:
         """Claim the jobs (those not claimable are duplicates, cancelled or finished: ignored) and
         start them in the engine. Ids this worker already holds (claimed ahead of their message,
         or delivered twice) cost no claim. ``woken``: jobs were queued, so claim ahead even with
-        no new id in hand (a full worker leaves them to the others)."""
+        no new id in hand (a full worker leaves them to the others). Returns whether it claimed
+        (the admission thread spaces claims, not batches that needed none)."""
         job_ids = [job_id for job_id in job_ids if not self.host.holds(job_id)]
         if not self.host.engine_running():
             # This worker is going down (the heartbeat stops it). Claiming only to hand the jobs
             # back would requeue them, and the requeue's notice would wake this worker again.
             self._redispatch(job_ids)
-            return
+            return False
         ahead = 0
         if self.config.claim_ahead:
             # Room left in the engine's running batch: take that many more from the queue's head.
             ahead = max(0, self.config.claim_ahead - len(self.host.held_jobs()) - len(job_ids))
         if not job_ids and not (woken and ahead):
-            return
+            return False
         try:
             jobs = job_lifecycle.jobs_claim(job_ids=job_ids, worker_id=self.worker_id, lease_s=self.config.lease_s,
                                             ahead=ahead)
@@ -129,7 +130,7 @@ class EngineWorkerService:
             # They stay queued in the database; the reconciler sends them again.
             logger.warning("could not claim %s jobs", len(job_ids), exc_info=True)
             close_old_connections()
-            return
+            return True
         delivered = set(job_ids)
         missed = len(delivered - {str(job.id) for job in jobs})
         if missed:
@@ -150,6 +151,7 @@ class EngineWorkerService:
                 refused.append(job_id)
         if refused:  # give them straight back so another worker takes them
             self._hand_back(refused)
+        return True
 
     def cancel(self, job_id: str) -> bool:
         return self.host.cancel(job_id)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 from api.streaming.admission import AdmissionThread
 
@@ -101,3 +102,51 @@ def test_wake_ups_waiting_together_make_one_claim_with_the_ids_beside_them():
     admission.stop(5)
     admission.wake()  # stopped: ignored, and nothing is handed back for it
     assert admission.stop(0.1) == [] and len(calls) == 2
+
+
+def test_a_claim_sooner_than_the_interval_after_the_last_waits_and_takes_what_came_meanwhile():
+    batches: list[tuple[float, list[str]]] = []
+    two = threading.Event()
+
+    def admit(batch: list[str]) -> bool:
+        batches.append((time.monotonic(), batch))
+        if len(batches) == 2:
+            two.set()
+        return True  # each batch claimed
+
+    admission = AdmissionThread(admit, min_interval_s=0.3)
+    admission.start()
+    admission.put("a")
+    deadline = time.monotonic() + 5
+    while not batches and time.monotonic() < deadline:
+        time.sleep(0.005)
+    admission.put("b")
+    time.sleep(0.05)
+    admission.put("c")  # arrives while "b" waits out the interval
+    assert two.wait(5)
+    (first_at, first), (second_at, second) = batches
+    assert first == ["a"] and second == ["b", "c"]
+    assert second_at - first_at >= 0.3
+    admission.stop(5)
+
+
+def test_a_batch_that_claimed_nothing_does_not_hold_the_next_one_back():
+    batches: list[tuple[float, list[str]]] = []
+    two = threading.Event()
+
+    def admit(batch: list[str]) -> bool:
+        batches.append((time.monotonic(), batch))
+        if len(batches) == 2:
+            two.set()
+        return batch != ["held"]  # an id the worker held already: no claim
+
+    admission = AdmissionThread(admit, min_interval_s=5.0)
+    admission.start()
+    admission.put("held")
+    deadline = time.monotonic() + 5
+    while not batches and time.monotonic() < deadline:
+        time.sleep(0.005)
+    admission.put("new")
+    assert two.wait(2)  # not 5 s later
+    assert batches[1][0] - batches[0][0] < 1.0
+    admission.stop(5)

@@ -97,7 +97,8 @@ def test_the_message_of_a_job_claimed_ahead_costs_no_claim(redis_client, django_
     assert host.started == [str(first.id), str(second.id)]  # the second was claimed ahead
 
     with django_assert_num_queries(0):  # its own message arrives: nothing left to do
-        service._admit_batch([str(second.id)])
+        # and it tells the admission thread so: no claim, so the next claim need not wait
+        assert service._admit_batch([str(second.id)]) is False
     assert host.started == [str(first.id), str(second.id)]
 
 
@@ -108,12 +109,12 @@ def test_a_wake_up_claims_the_queue_head_up_to_the_free_room_and_a_full_worker_l
     host = HoldingHost(held=1)
     service = _service(host, redis_client, claim_ahead=3)
 
-    service._admit_batch([], woken=True)  # the database said jobs were queued; no message yet
+    assert service._admit_batch([], woken=True) is True  # the database said jobs were queued; no message yet
 
     assert host.started == [str(jobs[0].id), str(jobs[1].id)]  # room for 3, 1 held
     # Full now: a wake-up costs no query, and the rest stay queued for other workers.
     with django_assert_num_queries(0):
-        service._admit_batch([], woken=True)
+        assert service._admit_batch([], woken=True) is False
     assert sorted(j.status for j in type(jobs[0]).objects.all()) == ["in_progress"] * 2 + ["queued"] * 2
     # Without a wake-up, a batch of messages for jobs already held claims nothing either.
     with django_assert_num_queries(0):
@@ -138,3 +139,12 @@ def test_a_worker_whose_engine_died_claims_nothing_and_sends_delivered_jobs_back
 
     assert dispatched == [str(delivered.id)]  # for another worker; never claimed here
     assert {j.status for j in type(delivered).objects.all()} == {JobStatus.QUEUED}
+
+
+def test_the_claim_interval_comes_from_the_environment_in_milliseconds(monkeypatch):
+    monkeypatch.delenv("WORKER_CLAIM_INTERVAL_MS", raising=False)
+    assert WorkerConfig.from_env().claim_interval_s == pytest.approx(0.004)
+    monkeypatch.setenv("WORKER_CLAIM_INTERVAL_MS", "0")
+    assert WorkerConfig.from_env().claim_interval_s == 0.0
+    monkeypatch.setenv("WORKER_CLAIM_INTERVAL_MS", "12.5")
+    assert WorkerConfig.from_env().claim_interval_s == pytest.approx(0.0125)
