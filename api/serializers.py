@@ -10,6 +10,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from api.models import JobStatus
+from api.serializer_copies import ShallowFieldCopies
 
 MAX_STOP_SEQUENCES = 4
 MAX_STOP_LENGTH = 256
@@ -96,12 +97,12 @@ class RejectUnknownFieldsMixin:
         return super().to_internal_value(data)  # type: ignore[misc]
 
 
-class MessageSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
+class MessageSerializer(ShallowFieldCopies, RejectUnknownFieldsMixin, serializers.Serializer):
     role = serializers.ChoiceField(choices=["system", "user", "assistant"])
     content = StrictCharField(allow_blank=True, trim_whitespace=False)
 
 
-class JobCreateSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
+class JobCreateSerializer(ShallowFieldCopies, RejectUnknownFieldsMixin, serializers.Serializer):
     """Body of POST /api/v1/jobs. Exactly one of ``prompt`` and ``messages``."""
 
     prompt = StrictCharField(required=False, trim_whitespace=False)
@@ -188,7 +189,7 @@ class JobSerializer(serializers.Serializer):
     error = serializers.CharField(allow_null=True)
 
 
-class JobCreatedSerializer(serializers.Serializer):
+class JobCreatedSerializer(ShallowFieldCopies, serializers.Serializer):
     id = serializers.UUIDField()
     object = serializers.CharField(default="job")
     status = serializers.ChoiceField(choices=JobStatus.choices)
