@@ -183,9 +183,12 @@ DEFAULT_KEY_MAX_TOKENS_PER_JOB = env_int("DEFAULT_KEY_MAX_TOKENS_PER_JOB", MAX_T
 # this long without a heartbeat before the reconciler re-dispatches them.
 JOB_QUEUE_TIMEOUT_S = env_int("JOB_QUEUE_TIMEOUT_S", 3600, minimum=1)
 JOB_LEASE_S = env_float("JOB_LEASE_S", 30.0, minimum=1.0)
-# New jobs are published to the engine queue on the request's thread once the row commits; on:
-# from one thread per web process instead (api/services/dispatcher.py says when that pays).
-JOB_DISPATCH_THREAD = env_bool("JOB_DISPATCH_THREAD", False)
+# New jobs are published to the engine queue from one thread per web process, after the answer
+# (up to 8 ids per message), or with this off on the request's thread once the row commits. On
+# PostgreSQL the commit's notice wakes the workers, so the message is only the delivery that
+# never gets lost, and the thread saves the request its cost; with SQLite the message is what
+# wakes a worker, so it goes at once (api/services/dispatcher.py).
+JOB_DISPATCH_THREAD = env_bool("JOB_DISPATCH_THREAD", DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql")
 # Threads per web process that run requests' sync code (inference_service/asgi_handler.py).
 WEB_REQUEST_THREADS = env_int("WEB_REQUEST_THREADS", 8, minimum=1)
 # Warm each web process up before it serves (inference_service/warmup.py). serve_web turns it on

@@ -1,15 +1,18 @@
-"""Sends new jobs to the engine queue: on the request's thread once its row commits (the default),
-or, with ``JOB_DISPATCH_THREAD`` on, from one long-lived thread per web process.
+"""Sends new jobs to the engine queue: from one long-lived thread per web process, after the
+answer (``JOB_DISPATCH_THREAD``, the default with PostgreSQL), or on the request's thread once
+its row commits (the default with SQLite).
 
-The thread was made when Django under ASGI ran each request on a fresh thread: Celery keeps its
-result backend and kombu its Redis client per thread, so every POST rebuilt both before it could
-send, about a quarter of the view's CPU time. Requests now run on long-lived threads
-(inference_service/asgi_handler.py), which keep both, and a send costs ~0.5 ms. Measured on the
-2-core VM (``bench/service_bench.py``, two runs per side), publishing on the request's thread got
-the job to the worker sooner: insert -> claim 8-9 ms against 10-14 ms for one job, 40-55 ms
-against 67-72 ms at 32 jobs. On the thread, the send competed with the client's WebSocket
-connect in the same process. The thread remains for a broker with a slow round trip, which it
-keeps off the response.
+Which one gets a job to a worker sooner depends on what wakes the worker. With SQLite it is the
+message: on the 2-core VM (``bench/service_bench.py``, two runs per side, before the database's
+notice existed) publishing on the request's thread reached the worker sooner, insert -> claim 8-9
+ms against 10-14 ms for one job and 40-55 ms against 67-72 ms at 32 jobs, because the thread's
+send competed with the client's WebSocket connect in the same process. With PostgreSQL the
+commit's notice wakes the workers (api/streaming/queue_listener.py) and the message is only the
+delivery that cannot be lost, so it need not hold the request up. In a burst the web processes'
+CPU is what the submissions queue for, and the thread sends several ids per message:
+``bench/web_post_cpu.py`` (dev VM, 4 interleaved rounds of 20 bursts of 32) measured 3.32 ms of
+CPU per POST on the request's thread against 2.87 ms with the thread (medians), and a burst
+answered in 97-114 ms against 84-98 ms.
 
 Nothing is lost by answering first. The row is committed as ``queued`` with
 ``dispatch_count=1`` before the hand-off. If the send fails, ``job_dispatch`` takes the count
