@@ -115,6 +115,10 @@ API docs: $BASE/api/v1/docs
 Logs: $LOG_DIR/   Ctrl-C stops everything.
 EOF
 
-# Exit (and stop the rest) as soon as any process dies.
-wait -n "${PIDS[@]}" || true
-echo "a process exited; see $LOG_DIR/"
+# Exit (and stop the rest) as soon as any process dies. Ctrl-C reaches every process of the
+# group at once, so one of them may exit (status 130) before the trap runs: nothing to report.
+status=0
+wait -n "${PIDS[@]}" || status=$?
+if [ "$status" -ne 130 ]; then
+  echo "a process exited (status $status); see $LOG_DIR/"
+fi
