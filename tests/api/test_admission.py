@@ -104,49 +104,50 @@ def test_wake_ups_waiting_together_make_one_claim_with_the_ids_beside_them():
     assert admission.stop(0.1) == [] and len(calls) == 2
 
 
+class TimedBatches:
+    """An ``admit_batch`` that records when each batch came; ``claims(batch)`` says whether it
+    claimed."""
+
+    def __init__(self, claims) -> None:
+        self.batches: list[tuple[float, list[str]]] = []
+        self.two = threading.Event()
+        self._claims = claims
+
+    def __call__(self, batch: list[str]) -> bool:
+        self.batches.append((time.monotonic(), batch))
+        if len(self.batches) == 2:
+            self.two.set()
+        return self._claims(batch)
+
+    def wait_for_first(self) -> None:
+        deadline = time.monotonic() + 5
+        while not self.batches and time.monotonic() < deadline:
+            time.sleep(0.005)
+
+
 def test_a_claim_sooner_than_the_interval_after_the_last_waits_and_takes_what_came_meanwhile():
-    batches: list[tuple[float, list[str]]] = []
-    two = threading.Event()
-
-    def admit(batch: list[str]) -> bool:
-        batches.append((time.monotonic(), batch))
-        if len(batches) == 2:
-            two.set()
-        return True  # each batch claimed
-
+    admit = TimedBatches(lambda batch: True)  # each batch claimed
     admission = AdmissionThread(admit, min_interval_s=0.3)
     admission.start()
     admission.put("a")
-    deadline = time.monotonic() + 5
-    while not batches and time.monotonic() < deadline:
-        time.sleep(0.005)
+    admit.wait_for_first()
     admission.put("b")
     time.sleep(0.05)
     admission.put("c")  # arrives while "b" waits out the interval
-    assert two.wait(5)
-    (first_at, first), (second_at, second) = batches
+    assert admit.two.wait(5)
+    (first_at, first), (second_at, second) = admit.batches
     assert first == ["a"] and second == ["b", "c"]
     assert second_at - first_at >= 0.3
     admission.stop(5)
 
 
 def test_a_batch_that_claimed_nothing_does_not_hold_the_next_one_back():
-    batches: list[tuple[float, list[str]]] = []
-    two = threading.Event()
-
-    def admit(batch: list[str]) -> bool:
-        batches.append((time.monotonic(), batch))
-        if len(batches) == 2:
-            two.set()
-        return batch != ["held"]  # an id the worker held already: no claim
-
+    admit = TimedBatches(lambda batch: batch != ["held"])  # an id the worker held already: no claim
     admission = AdmissionThread(admit, min_interval_s=5.0)
     admission.start()
     admission.put("held")
-    deadline = time.monotonic() + 5
-    while not batches and time.monotonic() < deadline:
-        time.sleep(0.005)
+    admit.wait_for_first()
     admission.put("new")
-    assert two.wait(2)  # not 5 s later
-    assert batches[1][0] - batches[0][0] < 1.0
+    assert admit.two.wait(2)  # not 5 s later
+    assert admit.batches[1][0] - admit.batches[0][0] < 1.0
     admission.stop(5)
