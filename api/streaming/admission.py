@@ -17,12 +17,12 @@ number of wake-ups waiting together make one.
 
 Claims in a burst: every claim costs the worker process about a millisecond of CPU on the GPU
 host (the UPDATE's round trip, its rows, the engine submits), taken from the engine thread's GIL.
-Woken by each commit's notice, a 32-job burst made 14 claims of 1-6 jobs in its first 30 ms, and
-the engine's admission steps meanwhile took 15-17 ms against 7-10 ms in the in-process engine. A
-job claimed in the middle of an engine step waits for that step's end anyway, so with
-``min_interval_s`` (``WORKER_CLAIM_INTERVAL_MS``) a claim that follows another one sooner than
-that waits, and then takes everything that came meanwhile: fewer, larger claims. A job that comes
-after a quiet spell is claimed at once.
+Woken by each commit's notice, a 32-job burst made 12-19 claims of 1-6 jobs. A job claimed in the
+middle of an engine step waits for that step's end anyway, so with ``min_interval_s``
+(``WORKER_CLAIM_INTERVAL_MS``) a claim that follows another one sooner than that waits, and then
+takes everything that came meanwhile: fewer, larger claims. A job that comes after a quiet spell
+is claimed at once. It is off by default: at 4 ms a burst made 11-12 claims, but end to end the
+service ran the same (docs/benchmarks.md, twelfth pass).
 """
 
 from __future__ import annotations

@@ -36,8 +36,9 @@ class WorkerConfig:
     # (api/streaming/queue_listener.py), instead of at the next Celery message.
     queue_notify: bool = True
     # The least time between two claims; what comes meanwhile waits and joins the next claim
-    # (api/streaming/admission.py: fewer claims in a burst leave the engine thread its GIL).
-    claim_interval_s: float = 0.004
+    # (api/streaming/admission.py). Off by default: 4 ms made fewer claims in a burst but no
+    # measurable difference end to end (docs/benchmarks.md, twelfth pass).
+    claim_interval_s: float = 0.0
 
     @classmethod
     def from_env(cls) -> WorkerConfig:
@@ -57,7 +58,7 @@ class WorkerConfig:
             intake_process=env_bool("WORKER_INTAKE_PROCESS", True),
             claim_ahead=env_int("WORKER_CLAIM_AHEAD", -1, minimum=-1),
             queue_notify=env_bool("WORKER_QUEUE_NOTIFY", True),
-            claim_interval_s=env_float("WORKER_CLAIM_INTERVAL_MS", 4.0, minimum=0.0) / 1000.0,
+            claim_interval_s=env_float("WORKER_CLAIM_INTERVAL_MS", 0.0, minimum=0.0) / 1000.0,
         )
 
 

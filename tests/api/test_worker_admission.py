@@ -143,8 +143,8 @@ def test_a_worker_whose_engine_died_claims_nothing_and_sends_delivered_jobs_back
 
 def test_the_claim_interval_comes_from_the_environment_in_milliseconds(monkeypatch):
     monkeypatch.delenv("WORKER_CLAIM_INTERVAL_MS", raising=False)
+    assert WorkerConfig.from_env().claim_interval_s == 0.0  # off unless asked for
+    monkeypatch.setenv("WORKER_CLAIM_INTERVAL_MS", "4")
     assert WorkerConfig.from_env().claim_interval_s == pytest.approx(0.004)
-    monkeypatch.setenv("WORKER_CLAIM_INTERVAL_MS", "0")
-    assert WorkerConfig.from_env().claim_interval_s == 0.0
     monkeypatch.setenv("WORKER_CLAIM_INTERVAL_MS", "12.5")
     assert WorkerConfig.from_env().claim_interval_s == pytest.approx(0.0125)
