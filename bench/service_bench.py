@@ -33,7 +33,8 @@ The LAST printed line is one JSON object, with ``service_over_engine`` and ``add
 ``service.client_send_ms_p50`` is POST start -> the request written to the socket (this client's
 own delay: its POSTs run on its event loop, one connection each).
 
-``BENCH_WEB_NICE=N`` (diagnostics) runs the web tier under ``nice -n N``.
+``BENCH_WEB_NICE=N`` (diagnostics) runs the web tier under ``nice -n N``. ``--pin-engine-cpu N``
+(or ``BENCH_PIN_ENGINE_CPU``) runs both sides' engine threads on core N (bench/thread_pin.py).
 """
 
 from __future__ import annotations
@@ -184,6 +185,10 @@ class Service:
         log = (self.log_dir / f"service-bench-{name}.log").open("wb")
         env = {**self.env, **(extra_env or {})}
         self.procs.append(subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT))
+
+    @property
+    def worker_pid(self) -> int:
+        return self.procs[1].pid  # started after daphne
 
     def cpu_seconds(self) -> dict[str, float]:
         """CPU time (user + system) each service process has used so far (Linux /proc)."""
@@ -399,6 +404,9 @@ def main() -> None:
     parser.add_argument("--ws-submit", action="store_true",
                         help="also run each repeat's jobs through /ws/v1/generate (submit on the socket)")
     parser.add_argument("--out", default=None, help="also append the final JSON line to this file")
+    parser.add_argument("--pin-engine-cpu", type=int,
+                        default=int(os.environ["BENCH_PIN_ENGINE_CPU"]) if os.environ.get("BENCH_PIN_ENGINE_CPU") else None,
+                        help="run both engine threads (this process's and the worker's) on this core")
     parser.add_argument("--web-processes", type=int, default=int(os.environ.get("BENCH_WEB_PROCESSES", "1")),
                         help="daphne processes (inference_service.serve_web); default BENCH_WEB_PROCESSES or 1, "
                              "so bench/h200_ab_env.sh can compare two counts")
@@ -428,6 +436,14 @@ def main() -> None:
         # Warm-up with all the prompts (8 tokens each): the engine side is warm from the probe
         # (its prefix cache holds these prompts), so the worker gets the same start.
         asyncio.run(service_round(args.port, key, texts, 8))
+        pinned = None
+        if args.pin_engine_cpu is not None:  # after the warm-up, the worker's busiest thread is its engine's
+            from thread_pin import busiest_thread, own_engine_thread, pin, thread_ticks
+
+            worker_tid = busiest_thread(service.worker_pid)
+            pinned = {"cpu": args.pin_engine_cpu, "engine": pin(own_engine_thread(), args.pin_engine_cpu),
+                      "worker": pin(worker_tid, args.pin_engine_cpu)}
+            ticks_before = (thread_ticks(service.worker_pid, worker_tid), _cpu_ticks(service.worker_pid))
         engine_runs, service_runs, ws_runs = [], [], []
         for _ in range(args.repeats):
             engine_runs.append(asyncio.run(engine_round(engine, prompt_ids, args.max_tokens)))
@@ -440,6 +456,10 @@ def main() -> None:
                 ws_runs.append(asyncio.run(ws_submit_round(args.port, key, texts, args.max_tokens)))
             print(f"engine {engine_runs[-1]['tok_s']:.0f} tok/s, service {service_runs[-1]['tok_s']:.0f} tok/s",
                   flush=True)
+        if pinned is not None:  # the pinned thread should have done most of the worker's work
+            thread_used = thread_ticks(service.worker_pid, worker_tid) - ticks_before[0]
+            process_used = _cpu_ticks(service.worker_pid) - ticks_before[1]
+            pinned["worker_thread_cpu_share"] = round(thread_used / max(1, process_used), 2)
         traces = [t for run in service_runs for t in run.pop("traces")]
         stages = stage_times(traces, service.job_timestamps([t[0] for t in traces]))
     finally:
@@ -448,6 +468,8 @@ def main() -> None:
         engine.close()
 
     result = _report(engine_runs, service_runs, ws_runs, args, model_path)
+    if pinned is not None:
+        result["engine_threads_pinned"] = pinned
     result["service"]["stages_ms_p50"] = {name: round(1000 * percentile(v, 50), 1) for name, v in stages.items() if v}
     dump_json_line(result, args.out)
 
