@@ -81,6 +81,12 @@ def make_prompts(tokenizer, n: int, lo: int = 16, hi: int = 128) -> list[list[in
     return prompts
 
 
+def proc_cpu_ticks(stat_path: str | Path) -> int:
+    """User + system CPU ticks from a Linux ``/proc/<pid>/stat`` or ``/proc/<pid>/task/<tid>/stat``."""
+    fields = Path(stat_path).read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])
+
+
 def median(xs):
     return statistics.median(xs) if xs else None
 

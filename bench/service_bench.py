@@ -54,7 +54,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(ROOT))
 
-from common import dump_json_line, ensure_default_model, environment, median, percentile  # noqa: E402
+from common import dump_json_line, ensure_default_model, environment, median, percentile, proc_cpu_ticks  # noqa: E402
 
 from engine_worker.config import EngineConfig  # noqa: E402
 from engine_worker.engine_core import EngineCore  # noqa: E402
@@ -107,7 +107,7 @@ async def engine_round(engine: EngineCore, prompts: list[list[int]], max_tokens:
 
 
 class Service:
-    """daphne + one engine worker as subprocesses on a fresh DB/Redis."""
+    """daphne and (unless started without) one engine worker as subprocesses on a fresh DB/Redis."""
 
     def __init__(self, model: Path, port: int, log_dir: Path, web_processes: int = 1) -> None:
         self.port = port
@@ -129,7 +129,9 @@ class Service:
         self.web_processes = web_processes
         self.worker_id = f"bench-{os.getpid()}"
 
-    def start(self) -> str:
+    def start(self, with_worker: bool = True) -> str:
+        """Start the web tier (and, unless ``with_worker`` is False, the engine worker) on a
+        flushed database and Redis; returns a new API key."""
         import redis
 
         redis.Redis.from_url(self.env["REDIS_URL"]).flushdb()
@@ -146,11 +148,12 @@ class Service:
         nice = ["nice", "-n", os.environ["BENCH_WEB_NICE"]] if os.environ.get("BENCH_WEB_NICE") else []
         self._spawn("daphne", [*nice, py, "-m", "inference_service.serve_web", "-b", "127.0.0.1", "-p", str(self.port),
                                "--processes", str(self.web_processes)], {"DB_POOL": _db_pool()})
-        self._spawn("worker", [py, "manage.py", "run_engine_worker", "--worker-id", self.worker_id, "--loglevel", "WARNING"],
-                    {"DB_POOL": "0"})
+        if with_worker:
+            self._spawn("worker", [py, "manage.py", "run_engine_worker", "--worker-id", self.worker_id,
+                                   "--loglevel", "WARNING"], {"DB_POOL": "0"})
         r = redis.Redis.from_url(self.env["REDIS_URL"])
         deadline = time.monotonic() + 300
-        while not (r.exists(f"engine:workers:{self.worker_id}") and _port_open(self.port)):
+        while not ((not with_worker or r.exists(f"engine:workers:{self.worker_id}")) and _port_open(self.port)):
             if time.monotonic() > deadline or any(p.poll() is not None for p in self.procs):
                 raise RuntimeError(f"service did not start; see {self.log_dir}")
             time.sleep(0.2)
@@ -224,10 +227,9 @@ def _children(pid: int) -> list[int]:
 
 def _cpu_ticks(pid: int) -> int:
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return proc_cpu_ticks(f"/proc/{pid}/stat")
     except OSError:
         return 0
-    return int(fields[11]) + int(fields[12])
 
 
 def _db_pool() -> str:

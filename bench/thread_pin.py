@@ -15,6 +15,8 @@ import os
 import threading
 from pathlib import Path
 
+from common import proc_cpu_ticks
+
 
 def own_engine_thread() -> int:
     """The native id of this process's engine thread (``EngineCore`` names it ``engine-...``)."""
@@ -26,8 +28,7 @@ def own_engine_thread() -> int:
 
 def thread_ticks(pid: int, tid: int) -> int:
     """CPU ticks (user + system) thread ``tid`` of process ``pid`` has used so far."""
-    fields = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
-    return int(fields[11]) + int(fields[12])
+    return proc_cpu_ticks(f"/proc/{pid}/task/{tid}/stat")
 
 
 def busiest_thread(pid: int) -> int:
