@@ -198,14 +198,17 @@ class Service:
         tick = os.sysconf("SC_CLK_TCK")
         out = {}
         for name, proc in zip(("daphne", "worker"), self.procs, strict=False):
-            # The web launcher's CPU is its daphne children's; the worker's child is its output
-            # process (api/streaming/sink_process.py), reported on its own.
+            # The web launcher's CPU is its daphne children's; the worker's children are its output
+            # process (api/streaming/sink_process.py) and its intake process (intake_process.py),
+            # each reported on its own.
             children = _children(proc.pid)
             if name == "daphne":
                 out[name] = sum(_cpu_ticks(pid) for pid in [proc.pid, *children]) / tick
             else:
                 out[name] = _cpu_ticks(proc.pid) / tick
-                out["worker_output"] = sum(_cpu_ticks(pid) for pid in children) / tick
+                intake = [pid for pid in children if "intake_process" in _cmdline(pid)]
+                out["worker_output"] = sum(_cpu_ticks(pid) for pid in children if pid not in intake) / tick
+                out["worker_intake"] = sum(_cpu_ticks(pid) for pid in intake) / tick
         return out
 
     def stop(self) -> None:
@@ -223,6 +226,13 @@ def _children(pid: int) -> list[int]:
         return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
     except OSError:
         return []
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
 
 
 def _cpu_ticks(pid: int) -> int:
