@@ -1,5 +1,4 @@
-"""The engine worker's admission thread: job ids in, claimed batches out. It runs in the worker's
-intake process (intake_process.py), or in the worker itself when it has none.
+"""The engine worker's admission thread: job ids in, claimed batches out.
 
 ``run_job`` (the Celery consumer's thread) only hands a job id over and returns, so a burst of
 messages is consumed at broker speed. This thread takes every id waiting at that moment and
@@ -16,9 +15,8 @@ claimed are returned so the worker can send them straight back to the queue.
 asks for a claim of the queue's head with no id in hand: ``admit_batch(ids, woken=True)``. Any
 number of wake-ups waiting together make one.
 
-Claims in a burst: every claim cost the worker process about a millisecond of CPU on the GPU
-host (the UPDATE's round trip, its rows, the engine submits), taken from the engine thread's GIL
-(hence the claims' move to the intake process).
+Claims in a burst: every claim costs the worker process about a millisecond of CPU on the GPU
+host (the UPDATE's round trip, its rows, the engine submits), taken from the engine thread's GIL.
 Woken by each commit's notice, a 32-job burst made 12-19 claims of 1-6 jobs. A job claimed in the
 middle of an engine step waits for that step's end anyway, so with ``min_interval_s``
 (``WORKER_CLAIM_INTERVAL_MS``) a claim that follows another one sooner than that waits, and then

@@ -27,8 +27,7 @@ class WorkerConfig:
     stream_interval_s: float  # least time between two writes of plain deltas (see JobHost)
     prefetch: int  # job messages the Celery consumer takes at once (admission is quick)
     output_process: bool = True  # publish outputs from a child process (engine_worker/runtime/pipe_sink.py)
-    # Consume the engine queue and claim the jobs in a child process (api/streaming/intake_process.py).
-    intake_process: bool = True
+    intake_process: bool = True  # consume the engine queue in a child process (api/streaming/intake_process.py)
     # Held jobs up to which an admission also claims queued jobs whose message has not arrived yet
     # (job_lifecycle.jobs_claim's ``ahead``); 0 claims only delivered ids. The worker command
     # defaults it to the engine's running batch (SchedulerConfig.max_running).

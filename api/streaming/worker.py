@@ -8,13 +8,10 @@ It owns the :class:`JobHost` (engine thread + I/O thread), and two threads of it
 * cancel listener: the ``engine:cancel`` pub/sub channel, so a cancel reaches the engine within
   a second.
 
-Jobs come in claimed. With an intake process (the default), that process consumes the queue,
-claims the jobs (claimer.py) and passes their specs to :meth:`start_claimed` through a pipe
-(intake.py), and the worker tells it when it no longer holds a job (``release``). Without one,
-``run_job`` calls :meth:`admit` in this process, which hands the job id to the admission thread
+``run_job`` calls :meth:`admit`, which hands the job id to the admission thread
 (admission.py) and returns: that thread claims whatever has arrived with one conditional UPDATE
-and starts the jobs. Either way nothing waits for a job to run, so one Celery consumer admits any
-number of jobs into the engine's continuous batch.
+and hands the jobs to the engine without waiting for them to run, so one Celery consumer admits
+any number of jobs into the engine's continuous batch.
 """
 
 from __future__ import annotations
@@ -32,11 +29,10 @@ from django.db import DatabaseError, close_old_connections
 from api.keys import CANCEL_CHANNEL, WORKER_HEARTBEAT_TTL_S, worker_heartbeat_key
 from api.services import job_lifecycle
 from api.streaming.admission import AdmissionThread
-from api.streaming.claimer import Claimer
 from api.streaming.config import WorkerConfig
 from api.streaming.fanout import GroupSender
 from engine_worker.errors import RequestError
-from engine_worker.protocol import JobSpec, to_dict
+from engine_worker.protocol import to_dict
 from engine_worker.runtime import JobHost
 
 logger = logging.getLogger(__name__)
@@ -69,19 +65,14 @@ def current() -> EngineWorkerService | None:
 class EngineWorkerService:
     def __init__(
         self, *, config: WorkerConfig, host: JobHost, redis_client: redis.Redis, sender: GroupSender | None,
-        dispatch: Callable[[str], None], release: Callable[[str], None] | None = None,
+        dispatch: Callable[[str], None],
     ) -> None:
-        """``release(job_id)``: called for a claimed job this worker did not start (the host calls
-        it too, for every job it stops holding): the intake process's ``release``."""
         self.config = config
         self.host = host
         self._redis = redis_client
         self._sender = sender
         self._dispatch = dispatch
-        self._release = release
         self._stop = threading.Event()
-        self._claimer = Claimer(worker_id=config.worker_id, lease_s=config.lease_s, claim_ahead=config.claim_ahead,
-                                held=host)
         self._admission = AdmissionThread(self._admit_batch, min_interval_s=config.claim_interval_s)
         self._threads = [
             threading.Thread(target=self._heartbeat_loop, name="worker-heartbeat", daemon=True),
@@ -115,47 +106,52 @@ class EngineWorkerService:
         self._admission.wake()
 
     def _admit_batch(self, job_ids: list[str], woken: bool = False) -> bool:
-        """Claim the jobs (see Claimer.claim) and start them in the engine. ``woken``: jobs were
-        queued, so claim ahead even with no new id in hand (a full worker leaves them to the
-        others). Returns whether it claimed (the admission thread spaces claims, not batches that
-        needed none)."""
+        """Claim the jobs (those not claimable are duplicates, cancelled or finished: ignored) and
+        start them in the engine. Ids this worker already holds (claimed ahead of their message,
+        or delivered twice) cost no claim. ``woken``: jobs were queued, so claim ahead even with
+        no new id in hand (a full worker leaves them to the others). Returns whether it claimed
+        (the admission thread spaces claims, not batches that needed none)."""
+        job_ids = [job_id for job_id in job_ids if not self.host.holds(job_id)]
         if not self.host.engine_running():
             # This worker is going down (the heartbeat stops it). Claiming only to hand the jobs
             # back would requeue them, and the requeue's notice would wake this worker again.
-            self._redispatch([job_id for job_id in job_ids if not self.host.holds(job_id)])
+            self._redispatch(job_ids)
+            return False
+        ahead = 0
+        if self.config.claim_ahead:
+            # Room left in the engine's running batch: take that many more from the queue's head.
+            ahead = max(0, self.config.claim_ahead - len(self.host.held_jobs()) - len(job_ids))
+        if not job_ids and not (woken and ahead):
             return False
         try:
-            specs = self._claimer.claim(job_ids, woken=woken)
+            jobs = job_lifecycle.jobs_claim(job_ids=job_ids, worker_id=self.worker_id, lease_s=self.config.lease_s,
+                                            ahead=ahead)
         except DatabaseError:
             # They stay queued in the database; the reconciler sends them again.
             logger.warning("could not claim %s jobs", len(job_ids), exc_info=True)
             close_old_connections()
             return True
-        if specs is None:
-            return False
-        self.start_claimed(specs)
-        return True
-
-    def start_claimed(self, specs: list[JobSpec]) -> None:
-        """Start jobs claimed for this worker in the engine. A job that cannot run anywhere (the
-        engine rejects its request) fails alone; one this engine cannot take now (draining, or
-        the engine's own trouble) goes straight back to the queue for another worker."""
+        delivered = set(job_ids)
+        missed = len(delivered - {str(job.id) for job in jobs})
+        if missed:
+            logger.debug("%s of %s deliveries not claimable by %s (claimed ahead, cancelled or finished); ignored",
+                         missed, len(delivered), self.worker_id)
         refused = []
-        for spec in specs:
+        for job in jobs:
+            job_id = str(job.id)
             try:
-                if not self.host.submit(spec) and not self.host.holds(spec.job_id):
-                    refused.append(spec.job_id)  # draining
-            except RequestError as exc:  # this job cannot run anywhere: it fails alone
-                logger.warning("job %s cannot run: %s", spec.job_id, exc)
-                job_lifecycle.job_fail(job_id=spec.job_id, worker_id=self.worker_id, error=str(exc))
+                spec = job_lifecycle.job_spec(job)  # malformed stored params raise ValueError/TypeError
+                if not self.host.submit(spec):
+                    refused.append(job_id)  # draining
+            except (RequestError, ValueError, TypeError) as exc:  # this job cannot run anywhere: it fails alone
+                logger.warning("job %s cannot run: %s", job_id, exc)
+                job_lifecycle.job_fail(job_id=job_id, worker_id=self.worker_id, error=str(exc))
             except Exception:  # the engine's trouble, not the job's: another worker may run it
-                logger.exception("could not start job %s here; handing it back", spec.job_id)
-                refused.append(spec.job_id)
+                logger.exception("could not start job %s here; handing it back", job_id)
+                refused.append(job_id)
         if refused:  # give them straight back so another worker takes them
             self._hand_back(refused)
-            if self._release is not None:
-                for job_id in refused:
-                    self._release(job_id)
+        return True
 
     def cancel(self, job_id: str) -> bool:
         return self.host.cancel(job_id)

@@ -1,8 +1,7 @@
 """Diagnostic timeline of an engine worker (bench only): put this folder first on PYTHONPATH and
 set WORKER_TRACE_DIR; a process running ``run_engine_worker`` then appends one JSON line per event
-to WORKER_TRACE_DIR/worker-<pid>.jsonl (wall-clock ``t``): engine submits, engine steps (commands
-taken, outputs) and the I/O thread's publishes; its intake process, to worker-intake-<pid>.jsonl,
-the Celery hand-overs, admission batches and claims;
+to WORKER_TRACE_DIR/worker-<pid>.jsonl (wall-clock ``t``): Celery hand-overs, admission batches,
+claims, engine submits, engine steps (commands taken, outputs) and the I/O thread's publishes;
 steps, admissions and publishes also carry the CPU time their thread spent in them (``cpu_ms``).
 Read it with ``python bench/worker_timeline.py DIR``. service_bench.py itself logs only its
 in-process engine's steps, to bench-<pid>.jsonl (``worker_timeline.py DIR --steps`` compares them).
@@ -50,35 +49,6 @@ def _install(prefix: str, only: tuple[str, ...] | None = None, skip: tuple[str, 
                 emit("admit_end", n=len(job_ids), cpu_ms=round(1000 * (time.thread_time() - cpu), 2))
 
         cls.admit, cls._admit_batch = traced_admit, traced_admit_batch
-        start_claimed = cls.start_claimed
-
-        def traced_start_claimed(self, specs):
-            cpu = time.thread_time()
-            try:
-                return start_claimed(self, specs)
-            finally:
-                emit("start_claimed", n=len(specs), cpu_ms=round(1000 * (time.thread_time() - cpu), 3))
-
-        cls.start_claimed = traced_start_claimed
-
-    def patch_intake(mod) -> None:
-        """The worker's intake process: the hand-overs and claims it makes for the worker."""
-        cls = mod.IntakeAdmission
-        admit, claim_and_send = cls.admit, cls._claim_and_send
-
-        def traced_admit(self, job_id):
-            emit("handover", job=job_id)
-            return admit(self, job_id)
-
-        def traced_claim_and_send(self, job_ids, **kw):
-            emit("admit_start", n=len(job_ids), **kw)
-            cpu = time.thread_time()
-            try:
-                return claim_and_send(self, job_ids, **kw)
-            finally:
-                emit("admit_end", n=len(job_ids), cpu_ms=round(1000 * (time.thread_time() - cpu), 2))
-
-        cls.admit, cls._claim_and_send = traced_admit, traced_claim_and_send
 
     def patch_lifecycle(mod) -> None:
         claim = mod.jobs_claim
@@ -271,7 +241,6 @@ def _install(prefix: str, only: tuple[str, ...] | None = None, skip: tuple[str, 
         "api.services.jobs": patch_jobs,
         "api.authentication": patch_auth,
         "api.streaming.worker": patch_worker,
-        "api.streaming.intake_admission": patch_intake,
         "api.services.job_lifecycle": patch_lifecycle,
         "engine_worker.runtime.host": patch_host,
         "engine_worker.engine_core": patch_engine,
@@ -306,9 +275,6 @@ _WEB = ("daphne.server", "twisted.web.http", "inference_service.asgi_handler", "
         "api.services.jobs", "api.authentication")
 if _DIR and "run_engine_worker" in sys.argv:
     _install("worker", skip=_WEB)
-elif _DIR and sys.argv[:1] == ["-m"] and "--claim-ahead" in sys.argv:
-    # The worker's intake process: its trace sits beside the worker's (worker_timeline.py merges them).
-    _install("worker-intake", ("api.streaming.intake_admission", "api.services.job_lifecycle"))
 elif _DIR and sys.argv[:1] == ["-m"] and "--worker-id" in sys.argv:
     _install("sink", ("api.streaming.sink",))  # the worker's output process (api.streaming.sink_process)
 elif _DIR and "inference_service.asgi:application" in sys.argv:

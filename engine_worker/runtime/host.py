@@ -17,7 +17,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
 from typing import Any, Protocol
 
 from engine_worker.protocol import JobSpec, WorkerHeartbeat
@@ -45,14 +44,10 @@ class JobHost:
     """Admits :class:`JobSpec` s into one engine, many at once (continuous batching)."""
 
     def __init__(self, engine: HostedEngine, sink: OutputSink, *, model_name: str = "",
-                 context_length: int | None = None, stream_interval_s: float = 0.0,
-                 on_release: Callable[[str], None] | None = None) -> None:
+                 context_length: int | None = None, stream_interval_s: float = 0.0) -> None:
         """``stream_interval_s``: the least time between two sink writes of ordinary deltas
-        (first tokens, finals and commands go at once); 0 writes after every step.
-        ``on_release(job_id)``: called once this host no longer holds a job (its final went to the
-        sink, it was handed back, or the engine refused it), on the thread that released it."""
+        (first tokens, finals and commands go at once); 0 writes after every step."""
         self.engine = engine
-        self._on_release = on_release
         self.model_name = model_name
         self.context_length = context_length
         self._held: dict[str, float] = {}  # job id -> admitted at
@@ -140,10 +135,6 @@ class JobHost:
         with self._lock:
             return list(self._held)
 
-    def held_count(self) -> int:
-        with self._lock:
-            return len(self._held)
-
     def wait_idle(self, timeout: float) -> bool:
         """True once no job is held (every final was handed to the sink)."""
         with self._lock:
@@ -180,10 +171,5 @@ class JobHost:
 
     def _finished(self, job_id: str) -> None:
         with self._lock:
-            held = self._held.pop(job_id, None) is not None
+            self._held.pop(job_id, None)
             self._lock.notify_all()
-        if held and self._on_release is not None:
-            try:
-                self._on_release(job_id)
-            except Exception:  # the listener's trouble must not stop the outputs
-                logger.exception("release listener failed for job %s", job_id)

@@ -36,19 +36,14 @@ class FakeHost:
     def holds(self, job_id: str) -> bool:
         return job_id in self.started
 
-    def held_count(self) -> int:
-        return len(self.started)
-
     def engine_running(self) -> bool:
         return True
 
 
-def _service(host, redis_client, *, claim_ahead: int = 0, dispatch=lambda job_id: None,
-             release=None) -> EngineWorkerService:
+def _service(host, redis_client, *, claim_ahead: int = 0, dispatch=lambda job_id: None) -> EngineWorkerService:
     config = WorkerConfig(worker_id="w1", model_path="", lease_s=30, heartbeat_s=2, drain_s=1,
                           redispatch_after_s=30, stream_interval_s=0, prefetch=16, claim_ahead=claim_ahead)
-    return EngineWorkerService(config=config, host=host, redis_client=redis_client, sender=None, dispatch=dispatch,
-                               release=release)
+    return EngineWorkerService(config=config, host=host, redis_client=redis_client, sender=None, dispatch=dispatch)
 
 
 def test_a_batch_starts_every_good_job_fails_a_bad_one_and_hands_back_on_engine_trouble(redis_client):
@@ -78,9 +73,6 @@ class HoldingHost(FakeHost):
 
     def held_jobs(self) -> list[str]:
         return self._held + self.started
-
-    def held_count(self) -> int:
-        return len(self.held_jobs())
 
 
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="claims ahead on PostgreSQL")
@@ -156,38 +148,3 @@ def test_the_claim_interval_comes_from_the_environment_in_milliseconds(monkeypat
     assert WorkerConfig.from_env().claim_interval_s == pytest.approx(0.004)
     monkeypatch.setenv("WORKER_CLAIM_INTERVAL_MS", "12.5")
     assert WorkerConfig.from_env().claim_interval_s == pytest.approx(0.0125)
-
-
-class DrainingHost(FakeHost):
-    def submit(self, spec) -> bool:
-        return False  # closed: it takes nothing
-
-
-def test_jobs_claimed_elsewhere_that_a_draining_worker_cannot_start_go_back_and_are_released(redis_client):
-    from api.services import job_lifecycle
-
-    jobs = [make_job() for _ in range(2)]
-    claimed = job_lifecycle.jobs_claim(job_ids=[str(j.id) for j in jobs], worker_id="w1", lease_s=30)
-    dispatched: list[str] = []
-    released: list[str] = []
-    service = _service(DrainingHost(invalid=set(), engine_down=set()), redis_client, dispatch=dispatched.append,
-                       release=released.append)
-
-    service.start_claimed([job_lifecycle.job_spec(job) for job in claimed])
-
-    ids = [str(j.id) for j in jobs]
-    assert sorted(dispatched) == sorted(ids) and released == ids  # the intake process no longer counts them
-    assert {(j.status, j.worker_id) for j in type(jobs[0]).objects.all()} == {(JobStatus.QUEUED, None)}
-
-
-def test_a_claimed_job_whose_stored_params_cannot_make_a_spec_fails_alone(redis_client):
-    bad = make_job(params={"max_tokens": "many"})
-    good = make_job()
-    host = FakeHost(invalid=set(), engine_down=set())
-    service = _service(host, redis_client)
-
-    assert service._admit_batch([str(bad.id), str(good.id)]) is True
-
-    assert host.started == [str(good.id)]
-    bad.refresh_from_db()
-    assert (bad.status, bad.finish_reason) == (JobStatus.FAILED, "error")

@@ -2,10 +2,10 @@
 
 It loads the model itself (never in a process that forks later, mlx-notes.md section 6), runs
 EngineCore on its engine thread, and consumes only the ``engine`` Celery queue with a
-non-forking pool: in its intake process, a child that claims the handed-over jobs for this worker
-and passes their specs back through a pipe (api/streaming/intake_process.py), or with
-``WORKER_INTAKE_PROCESS=0`` in this process. ``run_job`` admits jobs and returns at once, so one
-Celery consumer feeds any number of jobs into the engine's continuous batch.
+non-forking pool: in its intake process, a child that passes the handed-over job ids back through
+a pipe (api/streaming/intake_process.py), or with ``WORKER_INTAKE_PROCESS=0`` in this process.
+``run_job`` admits jobs and returns at once, so one Celery consumer feeds any number of jobs into
+the engine's continuous batch.
 
 SIGTERM (or Ctrl-C): the consumer stops (Celery's warm shutdown), running jobs get ``WORKER_DRAIN_S`` seconds to
 finish, the rest are handed back to the queue, the engine thread is stopped, and the process exits
@@ -31,8 +31,6 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Callable
-from dataclasses import replace
 from typing import Any
 
 from django.core.management.base import BaseCommand
@@ -44,7 +42,6 @@ from api.streaming.consumer import consume
 from api.streaming.intake import IntakeProcess
 from api.streaming.queue_listener import QueueListener, django_connect
 from api.streaming.worker import keep_database_connections
-from engine_worker.config import SchedulerConfig
 
 logger = logging.getLogger(__name__)
 
@@ -60,18 +57,18 @@ class Command(BaseCommand):
         parser.add_argument("--loglevel", default="INFO")
 
     def handle(self, *args: Any, **options: Any) -> None:
+        from dataclasses import replace
+
         keep_database_connections()
         config = WorkerConfig.from_env()
         if options["worker_id"]:
             config = replace(config, worker_id=options["worker_id"])
         consumer = {"worker_id": config.worker_id, "prefetch": config.prefetch, "pool": options["pool"],
                     "concurrency": options["concurrency"], "loglevel": options["loglevel"]}
-        if config.claim_ahead < 0:  # unset: as many as the engine runs at once
-            config = replace(config, claim_ahead=SchedulerConfig.from_env().max_running)
         listen = _listens(config)
-        intake = _start_intake(consumer, listen, config) if config.intake_process else None  # before the model loads
+        intake = _start_intake(consumer, listen) if config.intake_process else None  # before the model loads
         try:
-            service, engine, sink = _build(config, release=intake.release if intake is not None else None)
+            service, engine, sink = _build(config)
         except BaseException:
             if intake is not None:
                 intake.stop(10.0)
@@ -88,7 +85,7 @@ class Command(BaseCommand):
                 consume(**consumer)
             else:
                 logging.getLogger().setLevel(options["loglevel"].upper())
-                intake.serve(lambda spec: service.start_claimed([spec]), held_jobs=service.host.held_jobs)
+                intake.serve(service.admit, service.wake)
                 _wait_for_stop_signal()
         finally:
             try:
@@ -114,13 +111,12 @@ def _listens(config: WorkerConfig) -> bool:
     return config.queue_notify and config.claim_ahead != 0 and connection.vendor == "postgresql"
 
 
-def _start_intake(consumer: dict[str, Any], listen: bool, config: WorkerConfig) -> IntakeProcess:
-    """The Celery consumer and the claims in a child process (api/streaming/intake_process.py)."""
+def _start_intake(consumer: dict[str, Any], listen: bool) -> IntakeProcess:
+    """The Celery consumer in a child process (api/streaming/intake_process.py)."""
     from api.streaming import intake_process, sink_process
 
-    argv = intake_process.argv(**consumer, listen=listen, claim_ahead=config.claim_ahead,
-                               claim_interval_ms=config.claim_interval_s * 1000)
-    intake = IntakeProcess(argv, cwd=sink_process.project_root(), on_failure=_intake_process_failed)
+    intake = IntakeProcess(intake_process.argv(**consumer, listen=listen), cwd=sink_process.project_root(),
+                           on_failure=_intake_process_failed)
     intake.start()
     return intake
 
@@ -161,11 +157,10 @@ def _exit_without_finalization() -> None:
     os._exit(0)
 
 
-def _build(config: WorkerConfig, *, release: Callable[[str], None] | None = None,
-           ) -> tuple[worker.EngineWorkerService, Any, Any]:
+def _build(config: WorkerConfig) -> tuple[worker.EngineWorkerService, Any, Any]:
     """Start the output process, load the model in this process, start the engine thread, wire
-    the runtime to Redis. Returns the service, the engine and the sink. ``release``: told of
-    every claimed job the worker stops holding (the intake process's)."""
+    the runtime to Redis. Returns the service, the engine and the sink."""
+    from dataclasses import replace
     from pathlib import Path
 
     from api.redis_client import get_redis
@@ -173,6 +168,7 @@ def _build(config: WorkerConfig, *, release: Callable[[str], None] | None = None
     from api.streaming.fanout import GroupSender
     from api.streaming.sink import RedisJobSink
     from api.tasks import dispatch_job
+    from engine_worker.config import SchedulerConfig
     from engine_worker.engine_core import EngineConfig, EngineCore
     from engine_worker.loader import context_length, load_model
     from engine_worker.runtime import JobHost
@@ -188,12 +184,15 @@ def _build(config: WorkerConfig, *, release: Callable[[str], None] | None = None
         sender = GroupSender()
         sink = RedisJobSink(worker_id=config.worker_id, redis_client=redis_client, sender=sender)
     model, tokenizer = load_model(config.model_path)
-    engine = EngineCore(model, tokenizer, EngineConfig.from_env())
+    engine_config = EngineConfig.from_env()
+    if config.claim_ahead < 0:  # unset: as many as the engine runs at once
+        config = replace(config, claim_ahead=(engine_config.scheduler_config or SchedulerConfig()).max_running)
+    engine = EngineCore(model, tokenizer, engine_config)
     engine.start()
     host = JobHost(engine, sink, model_name=Path(config.model_path).name, context_length=context_length(model),
-                   stream_interval_s=config.stream_interval_s, on_release=release)
+                   stream_interval_s=config.stream_interval_s)
     service = worker.EngineWorkerService(
-        config=config, host=host, redis_client=redis_client, sender=sender, dispatch=dispatch_job, release=release
+        config=config, host=host, redis_client=redis_client, sender=sender, dispatch=dispatch_job
     )
     return service, engine, sink
 

@@ -9,7 +9,6 @@ import pytest
 
 from engine_worker.config import EngineConfig, SchedulerConfig
 from engine_worker.engine_core import EngineCore
-from engine_worker.errors import EngineClosed
 from engine_worker.protocol import JobSpec, StepBatch
 from engine_worker.request import SamplingParams
 from engine_worker.runtime import JobHost, MemorySink
@@ -275,30 +274,3 @@ def test_a_started_job_is_announced_once_in_a_batch_before_its_first_chunk(engin
     announced = [i for i, b in enumerate(sink.batches) if "job-a" in b.started]
     first_chunk = next(i for i, b in enumerate(sink.batches) if any(c.job_id == "job-a" for c in b.chunks))
     assert len(announced) == 1 and announced[0] <= first_chunk
-
-
-def test_the_release_listener_hears_of_every_job_the_host_stops_holding_once(engine, tiny_model):
-    _, tokenizer = tiny_model
-    sink = MemorySink()
-    released: list[str] = []
-    host = JobHost(engine, sink, model_name="tiny", context_length=4096, on_release=released.append)
-    host.start()
-    host.submit(spec(tokenizer, "done", "The quick brown fox", max_tokens=4))
-    host.submit(spec(tokenizer, "back", "Once upon a time", max_tokens=3000))
-    sink.wait_final("done", 60)
-    assert host.wait_idle(0.01) is False  # "back" still runs
-    assert released == ["done"]  # after its final reached the sink
-    assert host.held_count() == 1
-    host.hand_back(["back", "never-held"])
-    assert released == ["done", "back"]
-    host.submit(spec(tokenizer, "bad", "def main():", max_tokens=0))  # the engine ends it with an error
-    assert sink.wait_final("bad", 60).finish_reason == "error"
-    assert host.wait_idle(5)
-    assert released == ["done", "back", "bad"]
-    engine.stop()
-    engine.close()
-    with pytest.raises(EngineClosed):
-        host.submit(spec(tokenizer, "late", "def main():"))
-    assert released == ["done", "back", "bad", "late"]  # taken, then given up: it is not held
-    assert host.held_count() == 0
-    host.stop()
