@@ -3,7 +3,9 @@
 # bench/ab_service.sh does locally. The device gets no .git, so the old side travels as a tree:
 #
 #   here:   rm -rf _old && mkdir _old && git archive OLD_COMMIT | tar x -C _old
-#           rm -rf _old/bench/results _old/docs _old/tests   # the carry limit is 64 MiB with .whl/
+#           rm -rf _old/bench/results _old/docs _old/tests _old/engine_worker/model/corpus.txt
+#           (the device copies at most 64 MiB with .whl/; the corpus, which both sides' model and
+#           prompts come from, is copied back from this tree on the device)
 #   device: carry [".whl"], command "bash bench/h200_ab_service.sh ROUNDS [service_bench args]"
 #           (MODEL=/tmp/m300 MODEL_ARGS="..." for another model, as bench/h200_service.sh reads)
 #
@@ -15,6 +17,7 @@ set -u
 ROUNDS=$1
 shift
 ln -sfn ../.whl _old/.whl
+[ -f _old/engine_worker/model/corpus.txt ] || cp engine_worker/model/corpus.txt _old/engine_worker/model/corpus.txt
 for _ in $(seq "$ROUNDS"); do
     for side in old new; do
         dir=.
