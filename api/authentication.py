@@ -10,7 +10,7 @@ from rest_framework.request import Request
 
 from api.errors import AuthenticationFailed
 from api.models import ApiKey
-from api.selectors.api_keys import api_key_with_owner
+from api.selectors.api_keys import api_key_with_owner, api_key_with_owner_and_job
 from api.services.api_keys import api_key_touch, hash_secret
 
 
@@ -18,9 +18,23 @@ def authenticate_api_key(raw: str | None) -> ApiKey:
     """The active key whose secret is ``raw`` (with its owner loaded), or AuthenticationFailed.
 
     Synchronous (ORM); a consumer calls it through ``database_sync_to_async``."""
+    _require(raw)
+    return _active(api_key_with_owner(hashed_key=hash_secret(raw)))
+
+
+def authenticate_api_key_for_job(raw: str | None, job_id: str) -> tuple[ApiKey, bool]:
+    """:func:`authenticate_api_key`, and whether job ``job_id`` is the key owner's: one query."""
+    _require(raw)
+    api_key, owns = api_key_with_owner_and_job(hashed_key=hash_secret(raw), job_id=job_id)
+    return _active(api_key), owns
+
+
+def _require(raw: str | None) -> None:
     if not raw:
         raise AuthenticationFailed("Missing API key. Send 'Authorization: Bearer <key>'.", code="missing_api_key")
-    api_key = api_key_with_owner(hashed_key=hash_secret(raw))
+
+
+def _active(api_key: ApiKey | None) -> ApiKey:
     if api_key is None or not api_key.owner.is_active:
         raise AuthenticationFailed("Invalid API key.", code="invalid_api_key")
     if api_key.revoked_at is not None:

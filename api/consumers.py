@@ -22,7 +22,7 @@ from channels.consumer import get_handler_name
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 
-from api.authentication import authenticate_api_key, bearer_token
+from api.authentication import authenticate_api_key, authenticate_api_key_for_job, bearer_token
 from api.errors import AuthenticationFailed, ServiceError, error_body, exception_handler
 from api.keys import job_group_name
 from api.models import ApiKey, Job
@@ -179,13 +179,9 @@ def _db(func: Callable[..., Any]) -> Callable[..., Any]:
 
 @_db
 def _authorize_job(raw_key: str | None, job_id: str) -> tuple[ApiKey, bool]:
-    """The caller's key (or AuthenticationFailed) and whether the job is theirs: one thread hop."""
-    api_key = authenticate_api_key(raw_key)
-    try:
-        owns = Job.objects.filter(id=job_id, owner_id=api_key.owner_id).exists()
-    except ValueError:  # not a UUID; the URL pattern normally prevents this
-        owns = False
-    return api_key, owns
+    """The caller's key (or AuthenticationFailed) and whether the job is theirs: one thread hop,
+    one query."""
+    return authenticate_api_key_for_job(raw_key, job_id)
 
 
 @_db

@@ -110,3 +110,30 @@ def test_create_api_user_twice_adds_a_second_key_to_the_same_user():
     call_command("create_api_user", "demo", "--quiet", stdout=StringIO())
 
     assert ApiKey.objects.filter(owner__username="demo").count() == 2
+
+
+def test_a_jobs_websocket_learns_the_key_and_whether_the_job_is_its_owners_in_one_query(django_assert_num_queries):
+    from api.authentication import authenticate_api_key_for_job
+    from tests.api.factories import make_job
+
+    api_key, secret = make_api_key()
+    other_key, other_secret = make_api_key()
+    mine, theirs = make_job(api_key=api_key), make_job(api_key=other_key)
+    authenticate_api_key(secret)  # records last_used_at (an UPDATE) once; the rest is the lookup
+
+    with django_assert_num_queries(1):
+        assert authenticate_api_key_for_job(secret, str(mine.id)) == (api_key, True)
+    assert authenticate_api_key_for_job(secret, str(theirs.id)) == (api_key, False)
+    assert authenticate_api_key_for_job(secret, "00000000-0000-0000-0000-000000000000") == (api_key, False)
+    assert authenticate_api_key_for_job(secret, "not-a-uuid") == (api_key, False)
+    key, owns = authenticate_api_key_for_job(other_secret, str(theirs.id))
+    assert (key, owns, key.owner) == (other_key, True, other_key.owner)
+
+    for raw, code in ((None, "missing_api_key"), ("sk-not-a-key", "invalid_api_key")):
+        with pytest.raises(AuthenticationFailed) as failed:
+            authenticate_api_key_for_job(raw, str(mine.id))
+        assert failed.value.code == code
+    api_key_revoke(api_key_id=api_key.id)
+    with pytest.raises(AuthenticationFailed) as failed:
+        authenticate_api_key_for_job(secret, str(mine.id))
+    assert failed.value.code == "revoked_api_key"

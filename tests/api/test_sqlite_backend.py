@@ -48,6 +48,10 @@ written = lc.jobs_record_progress(worker_id="w", progress=[
     for j in jobs])
 jobs[0].refresh_from_db()
 found, orm = authenticate_api_key(secret), ApiKey.objects.select_related("owner").get(id=key.id)
+from api.authentication import authenticate_api_key_for_job
+other = User.objects.create(username="other")
+foreign = Job.objects.create(owner=other, status="completed", prompt="x", prompt_token_ids=[1], params={"max_tokens": 1})
+owns = [authenticate_api_key_for_job(secret, str(j.id))[1] for j in (jobs[0], foreign)]
 # SQLite before 3.35 has no RETURNING: the INSERT and the claim fall back to the ORM.
 from django.db import connection
 connection.features.can_return_columns_from_insert = False
@@ -62,6 +66,7 @@ print(json.dumps({
     "active": active, "tokens": tokens, "prompt_len": len(jobs[0].prompt_token_ids), "refused": refused,
     "progress": [written, jobs[0].output_text, jobs[0].last_seq, jobs[0].completion_tokens,
                  jobs[0].first_token_at.timestamp()],
+    "owns": owns,
     "auth_same": model_to_dict(found) == model_to_dict(orm) and found.created_at == orm.created_at
                  and timezone.is_aware(found.created_at) and found.owner.date_joined == orm.owner.date_joined,
 }))
@@ -91,3 +96,4 @@ def test_quota_usage_and_queue_position_on_sqlite(tmp_path, tiny_model_path):
     assert result["progress"] == [1, "so far", 2, 3, 1_800_000_000.5]  # only the job this worker holds
     # The key lookup's own statement gives the ORM's instances (SQLite returns datetimes as text).
     assert result["auth_same"] is True
+    assert result["owns"] == [True, False]  # a job's WebSocket: the key and the job's owner in one statement
