@@ -1,0 +1,109 @@
+"""CPU of the parts of one ``POST /api/v1/jobs``, in this process (diagnostics of the web tier).
+
+    python bench/post_parts_cpu.py [--calls 300]
+
+Times each part of a submission on this thread (``time.thread_time``, ms per call): the key
+lookup, the request serializer, tokenization, the rate limit, the INSERT with the quota gate, all
+of ``job_create``, and the whole request through Django and DRF (the test client: middleware,
+DRF's dispatch, authentication, the view, the response). What the whole costs beyond its parts is
+the frameworks' share. ``bench/web_post_cpu.py`` gives the same request's CPU through daphne. Work
+done on other threads is not counted: the tokenizer's Rust pool, the dispatcher thread's Celery
+publish. Not the issue's benchmark. Uses the service benchmark's databases (BENCH_DATABASE_URL,
+default PostgreSQL's ``service_bench``; BENCH_REDIS_URL, default redis://127.0.0.1:6379/11).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import REPO, dump_json_line, ensure_default_model, environment  # noqa: E402
+from service_bench import _postgres_bench_db  # noqa: E402
+from web_post_cpu import PROMPT  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=300)
+    parser.add_argument("--out", default=None, help="also append the final JSON line to this file")
+    args = parser.parse_args()
+
+    os.environ["DATABASE_URL"] = os.environ.get("BENCH_DATABASE_URL") or _postgres_bench_db()
+    os.environ["REDIS_URL"] = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/11")
+    os.environ["MODEL_PATH"] = str(ensure_default_model(os.environ.get("MODEL_PATH")).resolve())
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "inference_service.settings")
+    os.chdir(REPO)
+    import django
+
+    django.setup()
+    from django.contrib.auth import get_user_model
+    from django.core.management import call_command
+    from django.utils import timezone
+    from rest_framework.test import APIClient
+
+    from api.authentication import authenticate_api_key
+    from api.models import Job
+    from api.serializers import JobCreateSerializer
+    from api.services.api_keys import api_key_create
+    from api.services.job_insert import job_insert_within_quota
+    from api.services.jobs import SAMPLING_DEFAULTS, JobRequest, _tokenize, job_create
+    from api.services.quotas import quota_consume_request
+
+    call_command("migrate", verbosity=0)
+    owner = get_user_model().objects.create(username=f"post-parts-{uuid.uuid4().hex[:8]}")
+    api_key, secret = api_key_create(owner=owner, name="post_parts_cpu", requests_per_minute=10**9,
+                                     tokens_per_day=10**12, max_concurrent_jobs=10**6)
+    body = {"prompt": PROMPT, "max_tokens": 64, "temperature": 0.0}
+
+    def validate() -> JobCreateSerializer:
+        serializer = JobCreateSerializer(data=body)
+        serializer.is_valid(raise_exception=True)
+        return serializer
+
+    request = JobRequest.from_validated(validate().validated_data)
+    token_ids = _tokenize(request)[0]
+
+    def new_job() -> Job:  # what job_create builds before its INSERT
+        return Job(owner=owner, api_key=api_key, prompt=request.prompt, prompt_token_ids=token_ids,
+                   params={**SAMPLING_DEFAULTS, "max_tokens": 64}, priority=api_key.priority,
+                   request_fingerprint=request.fingerprint(), dispatch_count=1)
+
+    client = APIClient(SERVER_NAME="127.0.0.1")
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {secret}")
+    assert client.post("/api/v1/jobs", body, format="json").status_code == 202
+    parts: dict[str, Callable[[], object]] = {
+        "authenticate": lambda: authenticate_api_key(secret),
+        "validate": validate,
+        "tokenize": lambda: _tokenize(request),
+        "rate_limit": lambda: quota_consume_request(api_key=api_key),
+        "insert_with_quota_gate": lambda: job_insert_within_quota(new_job(), now=timezone.now()),
+        "job_create": lambda: job_create(owner=owner, api_key=api_key, request=request),
+        "whole_request_django_drf": lambda: client.post("/api/v1/jobs", body, format="json"),
+    }
+    cpu_ms = {}
+    try:
+        for name, part in parts.items():
+            for _ in range(20):
+                part()
+            started = time.thread_time()
+            for _ in range(args.calls):
+                part()
+            cpu_ms[name] = round(1000 * (time.thread_time() - started) / args.calls, 4)
+            Job.objects.filter(owner=owner).delete()
+    finally:
+        owner.delete()
+    for name, ms in cpu_ms.items():
+        print(f"{name:26} {ms:.3f} ms")
+    dump_json_line({"bench": "post_parts_cpu", "calls": args.calls, "cpu_ms_per_call": cpu_ms, "env": environment()},
+                   args.out)
+
+
+if __name__ == "__main__":
+    main()
