@@ -34,8 +34,9 @@ class _Statement:
 
 def api_key_with_owner(*, hashed_key: str, using: str = "default") -> ApiKey | None:
     """The key whose secret hashes to ``hashed_key``, with ``owner`` loaded, or None."""
-    row = _fetch(_statement(using, with_job=False), [hashed_key], using)
-    return None if row is None else _key(_statement(using, with_job=False), row, using)
+    statement = _statement(using, with_job=False)
+    row = _fetch(statement, [hashed_key], using)
+    return None if row is None else _key(statement, row, using)
 
 
 def api_key_with_owner_and_job(*, hashed_key: str, job_id: str, using: str = "default") -> tuple[ApiKey | None, bool]:
