@@ -51,15 +51,6 @@ def bearer_token(header: str) -> str | None:
     return parts[1]
 
 
-def authenticate_authorization_header(header: str) -> ApiKey:
-    """:func:`authenticate_api_key` for a non-empty ``Authorization`` header value; a value that
-    is not ``Bearer <key>`` is AuthenticationFailed too."""
-    token = bearer_token(header)
-    if token is None:
-        raise AuthenticationFailed("Malformed Authorization header; expected 'Bearer <key>'.")
-    return authenticate_api_key(token)
-
-
 class ApiKeyAuthentication(BaseAuthentication):
     """DRF authentication: ``request.user`` is the key's owner, ``request.auth`` the ApiKey."""
 
@@ -70,7 +61,10 @@ class ApiKeyAuthentication(BaseAuthentication):
             header = ""
         if not header:
             return None  # DRF answers NotAuthenticated (401 via authenticate_header)
-        api_key = authenticate_authorization_header(header)
+        token = bearer_token(header)
+        if token is None:
+            raise AuthenticationFailed("Malformed Authorization header; expected 'Bearer <key>'.")
+        api_key = authenticate_api_key(token)
         return api_key.owner, api_key
 
     def authenticate_header(self, request: Request) -> str:

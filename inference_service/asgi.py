@@ -16,7 +16,6 @@ from django.conf import settings  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 
 from api.routing import websocket_urlpatterns  # noqa: E402
-from api.submit_route import SubmitRoute  # noqa: E402
 from api.tokenization import load_tokenizer_at_start  # noqa: E402
 from inference_service.asgi_handler import OneHopASGIHandler  # noqa: E402
 
@@ -28,9 +27,7 @@ if settings.WEB_WARM_UP:
     warmup.warm_up_http()
     warmup.schedule_websocket_warm_up()
 
-http_app = SubmitRoute(
-    ASGIStaticFilesHandler(django_http) if settings.SERVE_STATIC else django_http, executor=django_http.executor
-)
+http_app = ASGIStaticFilesHandler(django_http) if settings.SERVE_STATIC else django_http
 
 # No AuthMiddlewareStack: WebSocket clients authenticate with API keys inside the consumers.
 application = ProtocolTypeRouter(

@@ -42,7 +42,7 @@ class OneHopASGIHandler(ASGIHandler):
         # ASGIHandler.__init__ loaded an async chain; replace it with the sync one.
         self.load_middleware(is_async=False)
         self.threads = threads
-        self.executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="django-request")
+        self._executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="django-request")
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
@@ -53,14 +53,14 @@ class OneHopASGIHandler(ASGIHandler):
             return
         try:
             loop = asyncio.get_running_loop()
-            response = await loop.run_in_executor(self.executor, self._respond, scope, body_file)
+            response = await loop.run_in_executor(self._executor, self._respond, scope, body_file)
             try:
                 await self.send_response(response, send)
             except asyncio.CancelledError:
                 pass  # the client went away while we were sending
             finally:
                 if not response.closed:  # a streaming response: close it on a request thread too
-                    await loop.run_in_executor(self.executor, response.close)
+                    await loop.run_in_executor(self._executor, response.close)
         finally:
             body_file.close()
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import status
@@ -12,7 +10,6 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from api.models import ApiKey
 from api.selectors.jobs import job_detail, job_get, job_list, job_queue_position
 from api.serializers import (
     ErrorSerializer,
@@ -29,30 +26,6 @@ ERRORS = {
     401: OpenApiResponse(ErrorSerializer, description="Missing, invalid or revoked API key"),
     404: OpenApiResponse(ErrorSerializer, description="No such job (or not yours)"),
 }
-
-
-def job_submit(*, api_key: ApiKey, data: Any, idempotency_key: str | None) -> tuple[int, dict, dict[str, str]]:
-    """``POST /api/v1/jobs`` once the key is authenticated and the body parsed: (status, body,
-    headers). Raises ValidationError and the services' errors, which ``api.errors`` turns into the
-    envelope. Shared by the DRF view and the one-hop route (api/submit_route.py)."""
-    serializer = JobCreateSerializer(data=data)
-    serializer.is_valid(raise_exception=True)
-    submission = job_create(
-        owner=api_key.owner,
-        api_key=api_key,
-        request=JobRequest.from_validated(serializer.validated_data),
-        idempotency_key=idempotency_key,
-    )
-    job = submission.job
-    position = submission.queue_position if submission.created else job_queue_position(job=job)
-    body = {"id": job.id, "object": "job", "status": job.status, "queue_position": position,
-            "created_at": job.created_at}
-    headers = {"Location": f"/api/v1/jobs/{job.id}"}
-    rate = submission.rate_limit or quota_request_rate_state(api_key=api_key)
-    if rate is not None:
-        headers.update(rate.headers())
-    status_code = status.HTTP_202_ACCEPTED if submission.created else status.HTTP_200_OK
-    return status_code, JobCreatedSerializer(body).data, headers
 
 
 class JobPagination(PageNumberPagination):
@@ -87,10 +60,27 @@ class JobListCreateView(APIView):
         },
     )
     def post(self, request: Request) -> Response:
-        status_code, body, headers = job_submit(
-            api_key=request.auth, data=request.data, idempotency_key=request.headers.get("Idempotency-Key")
+        serializer = JobCreateSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        submission = job_create(
+            owner=request.user,
+            api_key=request.auth,
+            request=JobRequest.from_validated(serializer.validated_data),
+            idempotency_key=request.headers.get("Idempotency-Key"),
         )
-        return Response(body, status=status_code, headers=headers)
+        job = submission.job
+        position = submission.queue_position if submission.created else job_queue_position(job=job)
+        body = {"id": job.id, "object": "job", "status": job.status, "queue_position": position,
+                "created_at": job.created_at}
+        headers = {"Location": f"/api/v1/jobs/{job.id}"}
+        rate = submission.rate_limit or quota_request_rate_state(api_key=request.auth)
+        if rate is not None:
+            headers.update(rate.headers())
+        return Response(
+            JobCreatedSerializer(body).data,
+            status=status.HTTP_202_ACCEPTED if submission.created else status.HTTP_200_OK,
+            headers=headers,
+        )
 
     @extend_schema(
         operation_id="jobs_list",
