@@ -12,7 +12,8 @@
 # Rounds alternate old (_old/) and new (this tree), each with DB=postgres; every run appends its
 # JSON line to $OUT/ab.jsonl and prints a one-line summary. Remove _old/ afterwards (untracked).
 # With TRACE=1 both sides run under this tree's bench/trace_site, tracing into $OUT/trace_old and
-# $OUT/trace_new (read them with bench/worker_timeline.py and bench/web_timeline.py).
+# $OUT/trace_new, sent back packed as $OUT/traces.tar.gz (read them with bench/worker_timeline.py
+# and bench/web_timeline.py).
 set -u
 ROUNDS=$1
 shift
@@ -38,3 +39,8 @@ print(sys.argv[1], "added_ttft", d["added_ttft_ms_p50"], "ratio", d["service_ove
 PY
     done
 done
+# The device sends back at most 8 files from $OUT: the traces (one file per process) travel as one
+# archive, traces.tar.gz (unpack it here, then read it as above).
+if [ -n "${TRACE:-}" ]; then
+    tar czf "$OUT/traces.tar.gz" -C "$OUT" trace_old trace_new && rm -rf "$OUT/trace_old" "$OUT/trace_new"
+fi
