@@ -25,7 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import dump_json_line, ensure_default_model, environment, median, percentile  # noqa: E402
-from service_bench import _probe, candidate_prompts  # noqa: E402
+from service_bench import full_length_prompts  # noqa: E402
 
 from engine_worker.config import EngineConfig  # noqa: E402
 from engine_worker.engine_core import EngineCore  # noqa: E402
@@ -80,13 +80,7 @@ def main() -> None:
     engine = EngineCore(model, tokenizer, EngineConfig.from_env())
     engine.start()
     try:
-        pool = candidate_prompts(tokenizer, args.concurrency * 4)
-        ids = [tokenizer.encode(p) for p in pool]
-        probe = asyncio.run(_probe(engine, ids, args.max_tokens))  # also warms the engine and its cache
-        chosen = [i for i, n in enumerate(probe) if n == args.max_tokens][: args.concurrency]
-        rest = sorted(set(range(len(pool))) - set(chosen), key=lambda i: -probe[i])
-        chosen += rest[: args.concurrency - len(chosen)]
-        prompts = [ids[i] for i in chosen]
+        _, prompts = full_length_prompts(engine, tokenizer, args.concurrency, args.max_tokens)
         runs: dict[float, list[dict]] = {s: [] for s in spreads}
         for _ in range(args.repeats):
             for spread in spreads:

@@ -434,15 +434,7 @@ def main() -> None:
     log_dir.mkdir(parents=True, exist_ok=True)
     service = Service(model_path, args.port, log_dir, web_processes=args.web_processes)
     try:
-        # Prompts whose greedy continuation is never cut short by EOS (see the docstring).
-        pool = candidate_prompts(tokenizer, args.concurrency * 4)
-        ids = [tokenizer.encode(p) for p in pool]
-        probe = asyncio.run(_probe(engine, ids, args.max_tokens))
-        chosen = [i for i, n in enumerate(probe) if n == args.max_tokens][: args.concurrency]
-        if len(chosen) < args.concurrency:  # not enough: top up with the longest ones
-            rest = sorted(set(range(len(pool))) - set(chosen), key=lambda i: -probe[i])
-            chosen += rest[: args.concurrency - len(chosen)]
-        texts, prompt_ids = [pool[i] for i in chosen], [ids[i] for i in chosen]
+        texts, prompt_ids = full_length_prompts(engine, tokenizer, args.concurrency, args.max_tokens)
 
         key = service.start()
         # Warm-up with all the prompts (8 tokens each): the engine side is warm from the probe
@@ -484,6 +476,20 @@ def main() -> None:
         result["engine_threads_pinned"] = pinned
     result["service"]["stages_ms_p50"] = {name: round(1000 * percentile(v, 50), 1) for name, v in stages.items() if v}
     dump_json_line(result, args.out)
+
+
+def full_length_prompts(engine: EngineCore, tokenizer, n: int, max_tokens: int) -> tuple[list[str], list[list[int]]]:
+    """``n`` prompts (texts and token ids) whose greedy continuation is never cut short by EOS
+    (see the docstring), topped up with the longest ones if too few are; probing them also warms
+    ``engine`` up."""
+    pool = candidate_prompts(tokenizer, n * 4)
+    ids = [tokenizer.encode(p) for p in pool]
+    probe = asyncio.run(_probe(engine, ids, max_tokens))
+    chosen = [i for i, count in enumerate(probe) if count == max_tokens][:n]
+    if len(chosen) < n:
+        rest = sorted(set(range(len(pool))) - set(chosen), key=lambda i: -probe[i])
+        chosen += rest[: n - len(chosen)]
+    return [pool[i] for i in chosen], [ids[i] for i in chosen]
 
 
 async def _probe(engine: EngineCore, prompts: list[list[int]], max_tokens: int) -> list[int]:
