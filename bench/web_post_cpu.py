@@ -10,7 +10,8 @@ two trees or settings can be compared on the dev VM: run this script in each, al
 compare ``cpu_ms_per_post``. Each burst sends ``--burst-size`` POSTs at once (one connection
 each, as the service benchmark's client does); its jobs are deleted before the next burst (no
 worker takes them). The daphne processes' CPU (user + system, /proc) is summed over the measured
-bursts; the last line is JSON.
+bursts, and the Celery messages each burst became are counted on the engine queue; the last line
+is JSON.
 
 Uses the service benchmark's databases: BENCH_DATABASE_URL (default: PostgreSQL's
 ``service_bench`` on 127.0.0.1) and BENCH_REDIS_URL (default redis://127.0.0.1:6379/11), which it
@@ -57,12 +58,13 @@ def main() -> None:
     import redis
 
     from api.models import Job
+    from api.tasks import ENGINE_QUEUE
 
     broker = redis.Redis.from_url(service.env["REDIS_URL"])
     try:
         key = service.start(with_worker=False)  # no worker: its check_alone wait also lets daphne warm up
         body = {"prompt": PROMPT, "max_tokens": 64, "temperature": 0.0}
-        walls, cpu_s, posts = [], 0.0, 0
+        walls, messages, cpu_s, posts = [], [], 0.0, 0
         for i in range(args.warm_up + args.bursts):
             before = service.cpu_seconds()["daphne"]
             t0 = time.perf_counter()
@@ -70,10 +72,12 @@ def main() -> None:
             wall = time.perf_counter() - t0
             time.sleep(0.3)  # the answers are out; let a dispatcher thread finish its sends
             after = service.cpu_seconds()["daphne"]
+            queued_messages = broker.llen(ENGINE_QUEUE)  # no worker consumes them
             Job.objects.all().delete()
             broker.flushdb()
             if i >= args.warm_up:
                 walls.append(wall)
+                messages.append(queued_messages)
                 cpu_s += after - before
                 posts += args.burst_size
     finally:
@@ -85,10 +89,13 @@ def main() -> None:
         "processes": args.processes,
         "cpu_ms_per_post": round(1000 * cpu_s / posts, 3),
         "burst_wall_ms_p50": round(1000 * statistics.median(walls), 1),
+        # Celery messages a burst became (the dispatcher thread sends the ids waiting together).
+        "engine_messages_per_burst_p50": statistics.median(messages),
         "env_settings": {k: os.environ[k] for k in ("JOB_DISPATCH_THREAD", "WEB_REQUEST_THREADS") if k in os.environ},
         "env": environment(),
     }
-    print(f"web CPU per POST {result['cpu_ms_per_post']:.3f} ms, burst wall p50 {result['burst_wall_ms_p50']} ms")
+    print(f"web CPU per POST {result['cpu_ms_per_post']:.3f} ms, burst wall p50 {result['burst_wall_ms_p50']} ms, "
+          f"{result['engine_messages_per_burst_p50']} engine messages per burst")
     dump_json_line(result, args.out)
 
 
