@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import mlx.core as mx
 from mlx_lm.generate import BatchGenerator
@@ -25,6 +25,17 @@ logger = logging.getLogger(__name__)
 # RotatingKVCache keeps the first tokens of the sequence (usually BOS and the system prompt's
 # start) as attention sinks; 4 is mlx-lm's own choice in make_prompt_cache.
 _KV_KEEP = 4
+
+
+class StepResult(NamedTuple):
+    """One generator step: the tokens it produced, and the sequences whose prompt it finished.
+
+    A sequence whose prompt ends in step N has its first token sampled in that step, and that
+    token comes out of step N+1 (mlx-lm evaluates each step's tokens asynchronously).
+    """
+
+    generated: Sequence[Any]
+    prompts_done: Sequence[int]
 
 
 class BatchRunner(Protocol):
@@ -42,7 +53,7 @@ class BatchRunner(Protocol):
         stop_sequences: Any,
     ) -> int: ...
 
-    def step(self) -> Sequence[Any]: ...
+    def step(self) -> StepResult: ...
 
     def remove(self, uids: list[int], return_caches: bool = False) -> dict[int, tuple[list[Any], list[int]]]: ...
 
@@ -112,10 +123,10 @@ class MlxBatchRunner:
         )
         return uid
 
-    def step(self) -> Sequence[Any]:
+    def step(self) -> StepResult:
         """One generator step: decode one token per decoding sequence, prefill one chunk."""
-        _, generated = self.generator.next()
-        return generated
+        prompts, generated = self.generator.next()
+        return StepResult(generated, [r.uid for r in prompts if r.end_of_prompt])
 
     def remove(self, uids: list[int], return_caches: bool = False) -> dict[int, tuple[list[Any], list[int]]]:
         return self.generator.remove(uids, return_prompt_caches=return_caches)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from engine_worker.generator import StepResult
+
 
 @dataclass
 class Resp:
@@ -15,12 +17,17 @@ class Resp:
 
 
 class ScriptedRunner:
-    """Emits token 100+n for the n-th token of every sequence; 'length' at max_tokens."""
+    """Emits token 100+n for the n-th token of every sequence; 'length' at max_tokens.
+
+    Paced like mlx-lm's generator: a sequence's prompt ends in the first step after its insert
+    (``prompts_done``), and its tokens come out from the step after that.
+    """
 
     instances: list[ScriptedRunner] = []
 
     def __init__(self, model, config):
         self.seqs: dict[int, list[int]] = {}  # uid -> [emitted, max_tokens]
+        self.prompting: list[int] = []  # inserted, prompt not ended yet
         self.next_uid = 0
         self.fail_next = False
         self.closed = False
@@ -30,6 +37,7 @@ class ScriptedRunner:
         uid = self.next_uid
         self.next_uid += 1
         self.seqs[uid] = [0, max_tokens]
+        self.prompting.append(uid)
         return uid
 
     def step(self):
@@ -37,12 +45,15 @@ class ScriptedRunner:
             raise RuntimeError("device lost")
         out = []
         for uid, state in list(self.seqs.items()):
+            if uid in self.prompting:
+                continue
             state[0] += 1
             done = state[0] >= state[1]
             out.append(Resp(uid, self.token(state[0]), "length" if done else None))
             if done:
                 del self.seqs[uid]
-        return out
+        done_prompts, self.prompting = self.prompting, []
+        return StepResult(out, done_prompts)
 
     def token(self, n: int) -> int:
         """The n-th token (1-based) of every sequence."""
@@ -51,6 +62,8 @@ class ScriptedRunner:
     def remove(self, uids, return_caches=False):
         for uid in uids:
             self.seqs.pop(uid, None)
+            if uid in self.prompting:
+                self.prompting.remove(uid)
         return {}
 
     def close(self):

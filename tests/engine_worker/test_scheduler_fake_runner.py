@@ -79,5 +79,8 @@ def test_phase_and_rows_follow_requests_through_their_life():
         ("a", "waiting", "queued"), ("b", "waiting", "queued")]
     scheduler.step()
     rows = {r["request_id"]: r for r in scheduler.get_running_requests_info()}
+    assert rows["a"]["status"] == "running" and rows["a"]["phase"] == "prefill"
+    scheduler.step()
+    rows = {r["request_id"]: r for r in scheduler.get_running_requests_info()}
     assert rows["a"]["status"] == "running" and rows["a"]["phase"] == "generation"
     assert rows["b"]["status"] == "waiting"

@@ -1,0 +1,65 @@
+"""Admission paced to the generator: no more prompts than it can prefill at once, and nothing new
+in a step that hands out first tokens (the real tiny model)."""
+
+from __future__ import annotations
+
+from engine_worker.config import SchedulerConfig, SchedulingPolicy
+from engine_worker.request import Request
+from engine_worker.scheduler import Scheduler
+from tests.engine_worker.engine_helpers import final, greedy, prompt_ids, run_scheduler, solo_tokens
+
+
+def _first_token_steps(outputs: dict) -> dict[str, int]:
+    return {rid: next(o.step for o in outs if o.new_token_ids) for rid, outs in outputs.items()}
+
+
+def _run(scheduler: Scheduler, arrivals: dict[int, list[Request]]):
+    """Run to the end; per request its outputs (each tagged with its step), and per step the
+    requests it admitted."""
+    admitted: list[list[str]] = []
+
+    def on_step(k, result):
+        admitted.append(list(result.scheduled_request_ids))
+        for out in result.outputs:
+            out.step = k
+
+    return run_scheduler(scheduler, arrivals, on_step=on_step), admitted
+
+
+def test_a_burst_enters_the_generator_a_prefill_batch_at_a_time_and_first_tokens_leave_on_steps_that_admit_nothing(tiny_model):
+    model, tokenizer = tiny_model
+    prompts = [prompt_ids(tokenizer, 20 + 3 * i, seed_text=f"item {i} = {i * i}\n") for i in range(12)]
+    expected = [solo_tokens(model, tokenizer, p, 6) for p in prompts]
+    scheduler = Scheduler(model, tokenizer, SchedulerConfig(prefill_batch_size=4, enable_prefix_cache=False))
+    requests = [Request(f"r{i}", p, greedy(6)) for i, p in enumerate(prompts)]
+
+    outputs, admitted = _run(scheduler, {0: requests})
+
+    # Before: all twelve went into the generator's own queue in the first step.
+    assert max(len(ids) for ids in admitted) == 4
+    assert sorted(rid for ids in admitted for rid in ids) == sorted(r.request_id for r in requests)
+    first = _first_token_steps(outputs)
+    for step in set(first.values()):
+        assert admitted[step] == [], f"step {step} handed out first tokens and admitted {admitted[step]}"
+    # Each wave's first tokens come out two steps after it was admitted (prefill, then the
+    # step that ends the prompts and samples), and the next wave follows them.
+    waves = [ids for ids in admitted if ids]
+    assert [first[ids[0]] - admitted.index(ids) for ids in waves] == [2, 2, 2]
+    for i, want in enumerate(expected):
+        assert final(outputs[f"r{i}"]).output_token_ids == want
+
+
+def test_a_request_of_higher_priority_arriving_during_a_burst_starts_before_the_rest_of_it(tiny_model):
+    model, tokenizer = tiny_model
+    config = SchedulerConfig(prefill_batch_size=2, policy=SchedulingPolicy.PRIORITY, enable_prefix_cache=False)
+    scheduler = Scheduler(model, tokenizer, config)
+    burst = [Request(f"low{i}", prompt_ids(tokenizer, 16 + i), greedy(4), priority=5) for i in range(6)]
+    urgent = Request("urgent", prompt_ids(tokenizer, 18, seed_text="now()\n"), greedy(4), priority=0)
+
+    outputs, _ = _run(scheduler, {0: burst, 1: [urgent]})
+
+    # Before: the whole burst was already in the generator's queue when the urgent one came.
+    # Now it takes the next free prefill slot, beside low2.
+    first = _first_token_steps(outputs)
+    assert first["urgent"] == first["low2"] < min(first[f"low{i}"] for i in range(3, 6))
+    assert all(final(outs).finish_reason == "length" for outs in outputs.values())
