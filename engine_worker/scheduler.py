@@ -19,6 +19,7 @@ from typing import Any
 
 from engine_worker import memory
 from engine_worker.admission import RequestValidator
+from engine_worker.admission_pacer import AdmissionPacer
 from engine_worker.cache_lifecycle import CacheLifecycle
 from engine_worker.cache_protocol import PrefixCacheBackend
 from engine_worker.config import SchedulerConfig, SchedulingPolicy
@@ -96,10 +97,11 @@ class Scheduler:
         self._live_by_uid: dict[int, tuple[Request, TextStream]] = {}  # the hot path's one lookup
         self._pending_outputs: list[RequestOutput] = []
         # Generator uids inserted whose prompt has not ended yet: they hold the generator's
-        # prefill slots (``prefill_batch_size``). And whether the last step ended any prompt, in
-        # which case this step returns their first tokens (see ``_admits_this_step``).
+        # prefill slots (``prefill_batch_size``). And how many prompts the last step ended: this
+        # step returns their first tokens (see ``_admits_this_step``).
         self._prefilling: set[int] = set()
-        self._first_tokens_due = False
+        self._first_tokens_due = 0
+        self._pacer = AdmissionPacer()
         self._processor_errors: dict[str, BaseException] = {}  # filled during a generator step
         self._sampling = SamplingFactory(eos_token_ids(tokenizer))
         self._new_detokenizer = detokenizer_factory(tokenizer)
@@ -163,15 +165,12 @@ class Scheduler:
         return self.runner
 
     def _admits_this_step(self) -> bool:
-        """Whether this step hands the generator new prompts.
-
-        Not in a step that returns first tokens. mlx-lm samples a sequence's first token in the
-        step that ends its prompt and hands it out in the next one, after that step's own
-        admission work (merging, prefilling, splitting: ~10 ms of a tiny model's step on an H200,
-        against ~2 ms for a decode). Admitting nothing then lets those first tokens out after a
-        plain decode step; the newcomers wait that one decode step, and join the next admission.
-        """
-        return not (self._first_tokens_due and self.running)
+        """Whether this step hands the generator new prompts: not when it returns first tokens
+        and holding admission for one decode step gains them more than it costs the queue
+        (:mod:`engine_worker.admission_pacer`)."""
+        if not self.running:
+            return True
+        return not self._pacer.hold(due=self._first_tokens_due, waiting=len(self.waiting))
 
     def _schedule_waiting(self, out: SchedulerOutput) -> None:
         cap = self.config.max_running
@@ -258,6 +257,8 @@ class Scheduler:
             self._pending_outputs = []
         if self.running:
             out.has_work = True
+            prompt_work = bool(self._prefilling)  # inserted or prefilling: the step admits or prefills
+            started = time.perf_counter()
             try:
                 responses, prompts_done = self.runner.step()
             except Exception:
@@ -270,7 +271,8 @@ class Scheduler:
                 self._pending_outputs = []
                 responses = ()
             else:
-                self._first_tokens_due = bool(prompts_done)
+                self._pacer.record(time.perf_counter() - started, prompt_work=prompt_work)
+                self._first_tokens_due = len(prompts_done)
                 self._prefilling.difference_update(prompts_done)
                 self._lifecycle.after_step(self.runner)  # mid-prefill saves; no-op for short prompts
             if self._processor_errors:
@@ -390,7 +392,7 @@ class Scheduler:
         for request in list(self.running.values()):
             self._fail(request, message)
         self._prefilling.clear()
-        self._first_tokens_due = False
+        self._first_tokens_due = 0
         runner, self.runner = self.runner, None
         if runner is not None:
             try:
@@ -520,7 +522,7 @@ class Scheduler:
     def close(self) -> None:
         """Release the generator (on the thread that stepped it)."""
         self._prefilling.clear()  # its uids die with it
-        self._first_tokens_due = False
+        self._first_tokens_due = 0
         runner, self.runner = self.runner, None
         if runner is not None:
             runner.close()

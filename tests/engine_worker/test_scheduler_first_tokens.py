@@ -1,12 +1,31 @@
 """Admission paced to the generator: no more prompts than it can prefill at once, and nothing new
-in a step that hands out first tokens (the real tiny model)."""
+in a step that hands out first tokens while that pays (the real tiny model)."""
 
 from __future__ import annotations
 
+from engine_worker.admission_pacer import AdmissionPacer
 from engine_worker.config import SchedulerConfig, SchedulingPolicy
 from engine_worker.request import Request
 from engine_worker.scheduler import Scheduler
 from tests.engine_worker.engine_helpers import final, greedy, prompt_ids, run_scheduler, solo_tokens
+
+
+class _FixedPacer(AdmissionPacer):
+    """Step times fixed, so the hold decisions do not depend on this machine's speed."""
+
+    def __init__(self, admit_ms: float, decode_ms: float) -> None:
+        super().__init__()
+        self.admit_s, self.decode_s = admit_ms / 1000, decode_ms / 1000
+
+    def record(self, seconds: float, *, prompt_work: bool) -> None:
+        pass
+
+
+def _scheduler(model, tokenizer, pacer: AdmissionPacer | None = None, **config) -> Scheduler:
+    scheduler = Scheduler(model, tokenizer, SchedulerConfig(enable_prefix_cache=False, **config))
+    if pacer is not None:
+        scheduler._pacer = pacer
+    return scheduler
 
 
 def _first_token_steps(outputs: dict) -> dict[str, int]:
@@ -14,26 +33,29 @@ def _first_token_steps(outputs: dict) -> dict[str, int]:
 
 
 def _run(scheduler: Scheduler, arrivals: dict[int, list[Request]]):
-    """Run to the end; per request its outputs (each tagged with its step), and per step the
-    requests it admitted."""
+    """Run to the end; per request its outputs (each tagged with its step), per step the
+    requests it admitted, and how many were waiting after each step."""
     admitted: list[list[str]] = []
+    waiting_after: list[int] = []
 
     def on_step(k, result):
         admitted.append(list(result.scheduled_request_ids))
+        waiting_after.append(scheduler.get_num_waiting())
         for out in result.outputs:
             out.step = k
 
-    return run_scheduler(scheduler, arrivals, on_step=on_step), admitted
+    outputs = run_scheduler(scheduler, arrivals, on_step=on_step)
+    return outputs, admitted, waiting_after
 
 
 def test_a_burst_enters_the_generator_a_prefill_batch_at_a_time_and_first_tokens_leave_on_steps_that_admit_nothing(tiny_model):
     model, tokenizer = tiny_model
     prompts = [prompt_ids(tokenizer, 20 + 3 * i, seed_text=f"item {i} = {i * i}\n") for i in range(12)]
     expected = [solo_tokens(model, tokenizer, p, 6) for p in prompts]
-    scheduler = Scheduler(model, tokenizer, SchedulerConfig(prefill_batch_size=4, enable_prefix_cache=False))
+    scheduler = _scheduler(model, tokenizer, _FixedPacer(admit_ms=10, decode_ms=2), prefill_batch_size=4)
     requests = [Request(f"r{i}", p, greedy(6)) for i, p in enumerate(prompts)]
 
-    outputs, admitted = _run(scheduler, {0: requests})
+    outputs, admitted, _ = _run(scheduler, {0: requests})
 
     # Before: all twelve went into the generator's own queue in the first step.
     assert max(len(ids) for ids in admitted) == 4
@@ -51,15 +73,39 @@ def test_a_burst_enters_the_generator_a_prefill_batch_at_a_time_and_first_tokens
 
 def test_a_request_of_higher_priority_arriving_during_a_burst_starts_before_the_rest_of_it(tiny_model):
     model, tokenizer = tiny_model
-    config = SchedulerConfig(prefill_batch_size=2, policy=SchedulingPolicy.PRIORITY, enable_prefix_cache=False)
-    scheduler = Scheduler(model, tokenizer, config)
+    scheduler = _scheduler(model, tokenizer, _FixedPacer(admit_ms=10, decode_ms=2), prefill_batch_size=2,
+                           policy=SchedulingPolicy.PRIORITY)
     burst = [Request(f"low{i}", prompt_ids(tokenizer, 16 + i), greedy(4), priority=5) for i in range(6)]
     urgent = Request("urgent", prompt_ids(tokenizer, 18, seed_text="now()\n"), greedy(4), priority=0)
 
-    outputs, _ = _run(scheduler, {0: burst, 1: [urgent]})
+    outputs, _, _ = _run(scheduler, {0: burst, 1: [urgent]})
 
     # Before: the whole burst was already in the generator's queue when the urgent one came.
     # Now it takes the next free prefill slot, beside low2.
     first = _first_token_steps(outputs)
     assert first["urgent"] == first["low2"] < min(first[f"low{i}"] for i in range(3, 6))
     assert all(final(outs).finish_reason == "length" for outs in outputs.values())
+
+
+def test_a_deep_queue_is_admitted_without_holding_and_a_short_one_is_held(tiny_model):
+    model, tokenizer = tiny_model
+    # Holding gains each of 4 due requests 4 ms and costs each waiter 2 ms: held below 8 waiting.
+    scheduler = _scheduler(model, tokenizer, _FixedPacer(admit_ms=6, decode_ms=2), prefill_batch_size=4)
+    requests = [Request(f"r{i:02d}", prompt_ids(tokenizer, 12 + i % 5), greedy(3)) for i in range(24)]
+
+    outputs, admitted, waiting_after = _run(scheduler, {0: requests})
+
+    first_token_steps = sorted(set(_first_token_steps(outputs).values()))
+    deep = [k for k in first_token_steps if waiting_after[k - 1] >= 8]
+    short = [k for k in first_token_steps if 0 < waiting_after[k - 1] < 8]
+    assert deep and short
+    assert all(admitted[k] for k in deep)
+    assert not any(admitted[k] for k in short)
+    assert all(final(outs).finish_reason in ("length", "stop") for outs in outputs.values())
+
+
+def test_the_scheduler_times_its_admission_and_decode_steps_for_the_pacer(tiny_model):
+    model, tokenizer = tiny_model
+    scheduler = _scheduler(model, tokenizer, prefill_batch_size=2)
+    run_scheduler(scheduler, {0: [Request(f"r{i}", prompt_ids(tokenizer, 10 + i), greedy(4)) for i in range(4)]})
+    assert scheduler._pacer.admit_s > 0 and scheduler._pacer.decode_s > 0
