@@ -27,6 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import engine_bench as eb  # noqa: E402  (imports engine_worker first: BLAS before mlx)
 from common import dump_json_line, ensure_default_model, environment, load_model, make_prompts, median  # noqa: E402
 
+from engine_worker.generator import StepResult  # noqa: E402
+
 
 class _Resp:
     __slots__ = ("uid", "token", "finish_reason", "prompt_cache", "all_tokens", "logprobs")
@@ -41,11 +43,13 @@ class _Resp:
 
 
 class ScriptedRunner:
-    """Generator stand-in: each step gives every live request one token, no model work."""
+    """Generator stand-in: each step gives every live request one token, no model work. Paced like
+    mlx-lm's: a request's prompt ends in its first step, and its tokens come from the next."""
 
     def __init__(self, model, config):
         self._next_uid = 0
         self._live = {}  # uid -> [produced, max_tokens]
+        self._prompting = []  # inserted, prompt not ended yet
         self._vocab = 2000
 
     def insert(self, tokens, *, max_tokens, cache=None, all_tokens=None, sampler=None,
@@ -53,12 +57,17 @@ class ScriptedRunner:
         uid = self._next_uid
         self._next_uid += 1
         self._live[uid] = [0, max_tokens]
+        self._prompting.append(uid)
         return uid
 
     def step(self):
         out = []
         done = []
+        prompts_done, self._prompting = self._prompting, []
+        fresh = set(prompts_done)
         for uid, st in self._live.items():
+            if uid in fresh:
+                continue
             st[0] += 1
             reason = "length" if st[0] >= st[1] else None
             out.append(_Resp(uid, 100 + (uid * 7 + st[0] * 13) % self._vocab, reason))
@@ -66,11 +75,13 @@ class ScriptedRunner:
                 done.append(uid)
         for uid in done:
             del self._live[uid]
-        return out
+        return StepResult(out, prompts_done)
 
     def remove(self, uids, return_caches=False):
         for uid in uids:
             self._live.pop(uid, None)
+            if uid in self._prompting:
+                self._prompting.remove(uid)
         return {}
 
     def close(self):
