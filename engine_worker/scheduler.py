@@ -1,8 +1,10 @@
 """The scheduler: the seed's ``Scheduler`` API over mlx-lm's ``BatchGenerator``.
 
 A state machine with no I/O. ``step()`` is the one step function: apply queued outputs, admit
-waiting requests within the budgets (``max_num_seqs``/generator capacity, ``max_num_batched_tokens``,
-policy order), run one generator step, turn its responses into :class:`RequestOutput`s.
+waiting requests within the budgets (``max_num_seqs``/generator capacity, the generator's free
+prefill slots, ``max_num_batched_tokens``, policy order; none while first tokens are due and
+holding pays, see :mod:`engine_worker.admission_pacer`), run one generator step, turn its
+responses into :class:`RequestOutput`s.
 
 Not thread-safe: one thread calls every method (``EngineCore`` runs it on its engine thread and
 hands other threads' requests and aborts over through queues).
