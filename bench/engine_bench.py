@@ -278,6 +278,8 @@ def main(argv=None):
     ap.add_argument("--prefill-step-size", type=int, default=2048)
     ap.add_argument("--prefix-cache", action="store_true", help="leave the engine's prefix cache on")
     ap.add_argument("--skip-engine", action="store_true", help="raw and sequential only")
+    ap.add_argument("--no-hold", action="store_true",
+                    help="diagnostic: turn the scheduler's admission pacer off (it never holds admission)")
     ap.add_argument("--out", default=None, help="also append the final JSON line to this file")
     args = ap.parse_args(argv)
 
@@ -330,6 +332,10 @@ def main(argv=None):
                                            prefill_batch_size=pbs, prefill_step_size=pss,
                                            prefix_cache=args.prefix_cache)
                 level["scheduler_config"] = used
+                pacer = getattr(engine.scheduler, "_pacer", None)
+                if args.no_hold and pacer is not None:
+                    pacer.hold = lambda **_: False
+                    level["admission_hold"] = False
                 await engine.start()
             # warm-up (not counted)
             run_raw(model, prompts, args.warmup_tokens, cbs, pbs, pss)
