@@ -278,6 +278,9 @@ def main(argv=None):
     ap.add_argument("--prefill-step-size", type=int, default=2048)
     ap.add_argument("--prefix-cache", action="store_true", help="leave the engine's prefix cache on")
     ap.add_argument("--skip-engine", action="store_true", help="raw and sequential only")
+    ap.add_argument("--skip-raw", action="store_true",
+                    help="engine only: for raw and engine in separate processes (the raw side then runs "
+                         "alone with --skip-engine), so neither shapes the other's allocations")
     ap.add_argument("--no-hold", action="store_true",
                     help="diagnostic: turn the scheduler's admission pacer off (it never holds admission)")
     ap.add_argument("--out", default=None, help="also append the final JSON line to this file")
@@ -338,23 +341,29 @@ def main(argv=None):
                     level["admission_hold"] = False
                 await engine.start()
             # warm-up (not counted)
-            run_raw(model, prompts, args.warmup_tokens, cbs, pbs, pss)
+            if not args.skip_raw:
+                run_raw(model, prompts, args.warmup_tokens, cbs, pbs, pss)
             if engine is not None:
                 await run_engine(engine, classes, prompts, args.warmup_tokens, f"w{c}")
             for rep in range(args.repeats):
                 gc.collect()
                 pauses.reset()
-                r = pauses.into(run_raw(model, prompts, args.max_tokens, cbs, pbs, pss))
-                raw_runs.append(r)
-                msg = f"# c={c} rep={rep} raw {r['tok_s']:.1f} tok/s"
+                msg = f"# c={c} rep={rep}"
+                if not args.skip_raw:
+                    r = pauses.into(run_raw(model, prompts, args.max_tokens, cbs, pbs, pss))
+                    raw_runs.append(r)
+                    msg += f" raw {r['tok_s']:.1f} tok/s"
                 if engine is not None:
                     gc.collect()
                     pauses.reset()
                     e = pauses.into(await run_engine(engine, classes, prompts, args.max_tokens, f"c{c}r{rep}"))
                     eng_runs.append(e)
-                    msg += (f" | engine {e['tok_s']:.1f} tok/s ({e['tok_s'] / r['tok_s']:.3f})"
-                            f" | cpu s raw {r['cpu_s']:.2f} engine {e['cpu_s']:.2f}"
-                            f" | gc ms raw {r['gc_ms']:.1f} engine {e['gc_ms']:.1f}")
+                    if raw_runs:
+                        msg += (f" | engine {e['tok_s']:.1f} tok/s ({e['tok_s'] / r['tok_s']:.3f})"
+                                f" | cpu s raw {r['cpu_s']:.2f} engine {e['cpu_s']:.2f}"
+                                f" | gc ms raw {r['gc_ms']:.1f} engine {e['gc_ms']:.1f}")
+                    else:
+                        msg += f" engine {e['tok_s']:.1f} tok/s | cpu s {e['cpu_s']:.2f} | gc ms {e['gc_ms']:.1f}"
                     if e["errors"]:
                         msg += f" errors: {e['errors'][:3]}"
                 print(msg, flush=True)
@@ -366,10 +375,12 @@ def main(argv=None):
                     close = getattr(engine, "close", None)
                     if close:
                         close()
-        level["raw"] = summarize(raw_runs, expected)
+        if raw_runs:
+            level["raw"] = summarize(raw_runs, expected)
         if eng_runs:
             level["engine"] = summarize(eng_runs, expected)
             level["engine"]["errors"] = sum(len(e["errors"]) for e in eng_runs)
+        if eng_runs and raw_runs:
             ratio = level["engine"]["tok_s_median"] / level["raw"]["tok_s_median"]
             level["engine_over_raw"] = round(ratio, 4)
             pairs = [e["tok_s"] / r["tok_s"] for r, e in zip(raw_runs, eng_runs, strict=True)]
