@@ -21,6 +21,10 @@ prefill_step_size 2048). The engine's prefix cache is OFF by default (``--prefix
 on): every repeat re-sends the same prompts, so a cache would let the engine skip prefill work that
 the raw generator must do.
 
+Raw and engine share the process, its mlx allocator and the GPU, so one side's runs can shape the
+other's (docs/benchmarks.md, sixteenth pass). ``--skip-engine`` and ``--skip-raw`` run one side
+alone; alternate such processes to compare the two without that.
+
 The LAST printed line is one JSON object with every figure.
 
     python bench/engine_bench.py [--model PATH] [--concurrency 1,8,32] [--repeats 3]
