@@ -150,8 +150,16 @@ class JobCreateSerializer(ShallowFieldCopies, RejectUnknownFieldsMixin, serializ
         return attrs
 
 
+JOBS_MAX_PAGE_SIZE = 100
+
+
 class JobListQuerySerializer(serializers.Serializer):
+    """GET /jobs's query. The pagination's own parsing would turn ``page=abc`` into a 404 and
+    ignore a bad ``page_size``; here both are bad input, a 400 that names them."""
+
     status = serializers.ChoiceField(choices=JobStatus.choices, required=False)
+    page = serializers.IntegerField(min_value=1, required=False)
+    page_size = serializers.IntegerField(min_value=1, max_value=JOBS_MAX_PAGE_SIZE, required=False)
 
 
 class UsageSerializer(serializers.Serializer):

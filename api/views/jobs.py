@@ -12,6 +12,7 @@ from rest_framework.views import APIView
 
 from api.selectors.jobs import job_detail, job_get, job_list, job_queue_position
 from api.serializers import (
+    JOBS_MAX_PAGE_SIZE,
     ErrorSerializer,
     JobCreatedSerializer,
     JobCreateSerializer,
@@ -30,7 +31,7 @@ ERRORS = {
 
 class JobPagination(PageNumberPagination):
     page_size_query_param = "page_size"
-    max_page_size = 100
+    max_page_size = JOBS_MAX_PAGE_SIZE
 
     def get_page_size(self, request: Request) -> int | None:
         from django.conf import settings
@@ -87,8 +88,6 @@ class JobListCreateView(APIView):
         summary="List your jobs, newest first",
         parameters=[
             JobListQuerySerializer,
-            OpenApiParameter("page", OpenApiTypes.INT, OpenApiParameter.QUERY),
-            OpenApiParameter("page_size", OpenApiTypes.INT, OpenApiParameter.QUERY),
         ],
         responses={200: JobSerializer(many=True), **ERRORS},
     )

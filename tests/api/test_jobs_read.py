@@ -102,3 +102,22 @@ def test_list_is_paginated(api_client, api_key):
     assert first["count"] == 5 and len(first["results"]) == 2 and first["next"]
     assert len(last["results"]) == 1 and last["next"] is None
     assert api_client.get("/api/v1/jobs?page=99").status_code == 404
+
+
+@pytest.mark.parametrize("query, param", [
+    ("page=abc", "page"), ("page=0", "page"), ("page_size=0", "page_size"), ("page_size=x", "page_size"),
+    ("page_size=101", "page_size"),
+])
+def test_list_with_a_bad_page_or_page_size_is_400(api_client, query, param):
+    response = api_client.get(f"/api/v1/jobs?{query}")
+
+    assert response.status_code == 400
+    assert response.json()["error"]["param"] == param
+
+
+def test_list_page_size_up_to_the_maximum_is_accepted(api_client, api_key):
+    make_job(api_key=api_key)
+
+    response = api_client.get("/api/v1/jobs?page_size=100&page=1")
+
+    assert response.status_code == 200 and response.json()["count"] == 1
