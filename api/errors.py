@@ -44,15 +44,17 @@ class InvalidRequest(ServiceError):
 class PromptTooLong(ServiceError):
     code = "context_length_exceeded"
 
-    def __init__(self, *, limit: int, prompt_tokens: int, max_tokens: int, param: str) -> None:
+    def __init__(self, *, limit: int, prompt_tokens: int, max_tokens: int | None, param: str) -> None:
+        """``max_tokens`` None: the request left it out, and the prompt alone leaves no room."""
         self.limit = limit
         self.prompt_tokens = prompt_tokens
         self.max_tokens = max_tokens
-        super().__init__(
-            f"This model's maximum context length is {limit} tokens; the prompt has {prompt_tokens} "
-            f"tokens and max_tokens is {max_tokens} ({prompt_tokens + max_tokens} in total).",
-            param=param,
-        )
+        if max_tokens is None:
+            detail = f"the prompt has {prompt_tokens} tokens, which leaves no room for any output."
+        else:
+            detail = (f"the prompt has {prompt_tokens} tokens and max_tokens is {max_tokens} "
+                      f"({prompt_tokens + max_tokens} in total).")
+        super().__init__(f"This model's maximum context length is {limit} tokens; {detail}", param=param)
 
 
 class MaxTokensTooLarge(ServiceError):

@@ -122,7 +122,9 @@ def job_create(
             raise MaxTokensTooLarge(limit=api_key.max_tokens_per_job, requested=max_tokens)
     else:
         # Unspecified: the default, within the key's limit and what the context leaves.
-        room = max(1, context - len(prompt_token_ids))
+        room = context - len(prompt_token_ids)
+        if room < 1:
+            raise PromptTooLong(limit=context, prompt_tokens=len(prompt_token_ids), max_tokens=None, param=param)
         max_tokens = min(_default_max_tokens(), api_key.max_tokens_per_job, room)
     if len(prompt_token_ids) + max_tokens > context:
         raise PromptTooLong(limit=context, prompt_tokens=len(prompt_token_ids), max_tokens=max_tokens, param=param)

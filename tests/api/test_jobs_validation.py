@@ -106,6 +106,16 @@ def test_prompt_longer_than_the_context_is_rejected_before_dispatch(api_client, 
     assert Job.objects.count() == 0 and dispatched == []
 
 
+def test_prompt_longer_than_the_context_without_max_tokens_says_no_output_fits(api_client, dispatched):
+    error = assert_error(api_client.post("/api/v1/jobs", {"prompt": "word " * 5000}, format="json"),
+                         400, param="prompt", code="context_length_exceeded")
+
+    # The request had no max_tokens: the message must not quote one the client never sent.
+    assert "4096" in error["message"] and "no room for any output" in error["message"]
+    assert "max_tokens" not in error["message"]
+    assert Job.objects.count() == 0 and dispatched == []
+
+
 def test_prompt_plus_max_tokens_over_the_context_is_rejected(api_client):
     messages = [{"role": "user", "content": "word " * 2000}]
 
