@@ -6,8 +6,9 @@
   answers ``{"type": "job", "id", "status"}`` and then streams that job the same way.
 
 Authentication: ``Authorization: Bearer <key>`` or ``?api_key=<key>``. Close codes: 4401 missing,
-bad or revoked key; 4404 a job that does not exist or belongs to someone else; 4400 bad input.
-Both close after the final message.
+bad or revoked key; 4404 a job that does not exist or belongs to someone else, or a path that is
+neither of the two (``/ws/v1/jobs/not-a-uuid/``); 4400 bad input. Both close after the final
+message.
 """
 
 from __future__ import annotations
@@ -35,6 +36,20 @@ logger = logging.getLogger(__name__)
 CLOSE_BAD_REQUEST = 4400
 CLOSE_UNAUTHORIZED = 4401
 CLOSE_NOT_FOUND = 4404
+
+
+class UnknownPathConsumer(AsyncWebsocketConsumer):
+    """Any other WebSocket path. Without it Channels' router raises for the path, and daphne
+    logs a traceback and refuses the handshake with HTTP 500; the client gets what an unknown
+    job gets instead: the error envelope, then close code 4404."""
+
+    async def connect(self) -> None:
+        await self.accept()
+        body = error_body(f"Unknown URL: {self.scope['path']}", error_type="invalid_request_error",
+                          code="not_found", param=None)
+        await self.send(text_data=json.dumps({"type": "error", **body}))
+        await self.close(code=CLOSE_NOT_FOUND)
+
 
 class JobStreamConsumer(AsyncWebsocketConsumer):
     """Streams one existing job."""

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from django.urls import path
+from django.urls import path, re_path
 
-from api.consumers import GenerateConsumer, JobStreamConsumer
+from api.consumers import GenerateConsumer, JobStreamConsumer, UnknownPathConsumer
 
 websocket_urlpatterns = [
     path("ws/v1/jobs/<uuid:job_id>/", JobStreamConsumer.as_asgi()),
     path("ws/v1/generate", GenerateConsumer.as_asgi()),
+    re_path(r"", UnknownPathConsumer.as_asgi()),  # last: every other path gets a 4404, not a 500
 ]

@@ -1,0 +1,49 @@
+"""A WebSocket to a path no consumer serves gets the error envelope and close code 4404 (before,
+Channels' router raised and daphne refused the handshake with HTTP 500)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from channels.testing import WebsocketCommunicator
+
+from inference_service.asgi import application
+from tests.api.factories import make_api_key
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.mark.parametrize("path", ["/ws/v1/jobs/not-a-uuid/", "/ws/v1/nope", "/ws/v2/generate", "/"])
+def test_an_unknown_websocket_path_is_answered_with_an_error_and_4404(path):
+    _, secret = make_api_key()
+
+    async def scenario() -> tuple[bool, dict, dict]:
+        communicator = WebsocketCommunicator(application, f"{path}?api_key={secret}")
+        connected, _ = await communicator.connect(timeout=10)
+        message = await communicator.receive_json_from(timeout=10)
+        closed = await communicator.receive_output(timeout=10)
+        await communicator.wait()
+        return connected, message, closed
+
+    connected, message, closed = asyncio.run(scenario())
+
+    assert connected
+    assert message["type"] == "error"
+    assert message["error"]["code"] == "not_found" and path in message["error"]["message"]
+    assert closed == {"type": "websocket.close", "code": 4404}
+
+
+def test_the_known_paths_still_reach_their_consumers():
+    _, secret = make_api_key()
+
+    async def scenario() -> dict:
+        communicator = WebsocketCommunicator(application, f"/ws/v1/jobs/00000000-0000-0000-0000-000000000000/"
+                                                          f"?api_key={secret}")
+        await communicator.connect(timeout=10)
+        message = await communicator.receive_json_from(timeout=10)
+        await communicator.wait()
+        return message
+
+    # The job consumer's own answer: a well-formed id that is nobody's job.
+    assert asyncio.run(scenario())["error"]["message"] == "No such job."
