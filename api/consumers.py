@@ -38,19 +38,6 @@ CLOSE_UNAUTHORIZED = 4401
 CLOSE_NOT_FOUND = 4404
 
 
-class UnknownPathConsumer(AsyncWebsocketConsumer):
-    """Any other WebSocket path. Without it Channels' router raises for the path, and daphne
-    logs a traceback and refuses the handshake with HTTP 500; the client gets what an unknown
-    job gets instead: the error envelope, then close code 4404."""
-
-    async def connect(self) -> None:
-        await self.accept()
-        body = error_body(f"Unknown URL: {self.scope['path']}", error_type="invalid_request_error",
-                          code="not_found", param=None)
-        await self.send(text_data=json.dumps({"type": "error", **body}))
-        await self.close(code=CLOSE_NOT_FOUND)
-
-
 class JobStreamConsumer(AsyncWebsocketConsumer):
     """Streams one existing job."""
 
@@ -144,6 +131,16 @@ class JobStreamConsumer(AsyncWebsocketConsumer):
         body = error_body(message, error_type=error_type, code=code, param=param)
         await self.send(text_data=json.dumps({"type": "error", **body}))
         await self.close(code=close_code)
+
+
+class UnknownPathConsumer(JobStreamConsumer):
+    """Any other WebSocket path. Without it Channels' router raises for the path, and daphne
+    logs a traceback and refuses the handshake with HTTP 500; the client gets what an unknown
+    job gets instead: the error envelope, then close code 4404."""
+
+    async def connect(self) -> None:
+        await self.accept()
+        await self._error(f"Unknown URL: {self.scope['path']}", code="not_found", close_code=CLOSE_NOT_FOUND)
 
 
 class GenerateConsumer(JobStreamConsumer):
