@@ -24,7 +24,7 @@ load_tokenizer_at_start()
 if settings.WEB_WARM_UP:
     from inference_service import warmup
 
-    warmup.warm_up_http()
+    warmup.warm_up_http(django_http)
     warmup.schedule_websocket_warm_up()
 
 http_app = ASGIStaticFilesHandler(django_http) if settings.SERVE_STATIC else django_http

@@ -27,6 +27,8 @@ ever be added, still works: the sync chain calls it through ``async_to_sync``.
 from __future__ import annotations
 
 import asyncio
+import io
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 from django.core import signals
@@ -34,6 +36,8 @@ from django.core.exceptions import RequestAborted
 from django.core.handlers.asgi import ASGIHandler, get_script_prefix
 from django.http import FileResponse, HttpResponse
 from django.urls import set_script_prefix
+
+_WARM_UP_WAIT_S = 30.0
 
 
 class OneHopASGIHandler(ASGIHandler):
@@ -63,6 +67,20 @@ class OneHopASGIHandler(ASGIHandler):
                     await loop.run_in_executor(self._executor, response.close)
         finally:
             body_file.close()
+
+    def respond_on_each_thread(self, scope, body: bytes) -> list[HttpResponse]:
+        """The sync part of one request per request thread, all at once, with no event loop: the
+        web warm-up's way in (inference_service/warmup.py). Each thread pays its own first-use
+        costs (its database connection wrapper, the pool's connection it is handed)."""
+        # Every copy waits for all the others before it runs, so each takes a thread of its own.
+        barrier = threading.Barrier(self.threads, timeout=_WARM_UP_WAIT_S)
+
+        def respond() -> HttpResponse:
+            barrier.wait()
+            return self._respond(scope, io.BytesIO(body))
+
+        futures = [self._executor.submit(respond) for _ in range(self.threads)]
+        return [future.result() for future in futures]
 
     def _respond(self, scope, body_file) -> HttpResponse:
         """The sync part of a request, on a request thread (see the module docstring)."""

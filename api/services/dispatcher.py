@@ -68,6 +68,13 @@ class JobDispatcher:
             self._ensure_thread()
         self._queue.put(job_id)
 
+    def start(self) -> None:
+        """Start the dispatcher thread now (with ``JOB_DISPATCH_THREAD``), not at the first
+        submission: the web warm-up calls this, so no request pays for the thread's start."""
+        if getattr(settings, "JOB_DISPATCH_THREAD", False):
+            with self._lock:
+                self._ensure_thread()
+
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every submitted id has been sent (or its send failed). False on timeout."""
         deadline = None if timeout is None else time.monotonic() + timeout

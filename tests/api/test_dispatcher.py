@@ -136,3 +136,19 @@ def test_a_failed_batch_send_takes_back_every_count(api_client):
 
     assert Job.objects.get(id=first).dispatch_count == 1
     assert [Job.objects.get(id=job_id).dispatch_count for job_id in rest] == [0, 0, 0]  # left to the reconciler
+
+
+def test_start_runs_the_dispatcher_thread_before_any_submission(settings):
+    from api.services.dispatcher import JobDispatcher
+
+    fresh = JobDispatcher()
+    settings.JOB_DISPATCH_THREAD = False
+    fresh.start()
+    assert fresh._thread is None  # publishing on the request's thread: no thread to start
+
+    settings.JOB_DISPATCH_THREAD = True
+    fresh.start()
+    thread = fresh._thread
+    assert thread is not None and thread.is_alive() and thread.name == "job-dispatcher"
+    fresh.start()
+    assert fresh._thread is thread  # started once

@@ -8,6 +8,7 @@ import logging
 import os
 import subprocess
 import sys
+import threading
 
 import pytest
 from django.conf import settings
@@ -37,6 +38,7 @@ def test_the_request_path_warm_up_declares_the_engine_queue_and_fails_no_step(re
 
 
 def test_a_dependency_that_is_down_costs_only_its_own_steps(redis_client, monkeypatch, caplog):
+    import api.authentication  # noqa: F401 - imported now, it binds the real lookup, not the patch below
     import api.redis_client
     import api.selectors.api_keys
 
@@ -59,6 +61,69 @@ def test_a_dependency_that_is_down_costs_only_its_own_steps(redis_client, monkey
     monkeypatch.setattr(api.redis_client, "get_redis", down)
     assert warmup.warm_up_http() == ["_database", "_redis", "_celery"]
     assert ran == ["_celery"]
+
+
+def test_the_submission_warm_up_sends_an_unauthenticated_post_through_every_request_thread(redis_client, caplog):
+    from django.core.signals import request_finished, request_started
+
+    from api.models import Job
+    from inference_service.asgi_handler import OneHopASGIHandler
+
+    handler = OneHopASGIHandler(threads=3)
+    started, finished = [], []
+
+    def on_started(scope, **_):
+        started.append((threading.get_ident(), scope["method"], scope["path"]))
+
+    def on_finished(**_):
+        finished.append(threading.get_ident())
+
+    request_started.connect(on_started)
+    request_finished.connect(on_finished)
+    try:
+        with caplog.at_level(logging.INFO):
+            assert warmup.warm_up_http(handler) == []
+    finally:
+        request_started.disconnect(on_started)
+        request_finished.disconnect(on_finished)
+    # Each pass ran one POST /api/v1/jobs on each of the three request threads, to its end.
+    assert len(started) == 3 * warmup.WARM_UP_PASSES
+    assert {path for _, _, path in started} == {"/api/v1/jobs"} and {m for _, m, _ in started} == {"POST"}
+    assert len({thread for thread, _, _ in started}) == 3
+    assert len(finished) == len(started)
+    assert not Job.objects.exists()  # answered 401: nothing was submitted
+    # The warm-up's own 401s are not logged as a client's.
+    assert not [r for r in caplog.records if r.name == "django.request"], caplog.text
+
+
+def test_the_submission_warm_up_is_skipped_when_the_database_is_down(redis_client, monkeypatch):
+    import api.authentication  # noqa: F401 - imported now, it binds the real lookup, not the patch below
+    import api.selectors.api_keys
+    from inference_service.asgi_handler import OneHopASGIHandler
+
+    def down(**_):
+        raise ConnectionError("down")
+
+    monkeypatch.setattr(warmup, "_celery", lambda: None)
+    monkeypatch.setattr(api.selectors.api_keys, "api_key_with_owner", down)
+    sent = []
+    handler = OneHopASGIHandler(threads=2)
+    monkeypatch.setattr(handler, "respond_on_each_thread", lambda *a: sent.append(a) or [])
+    assert warmup.warm_up_http(handler) == ["_database", "_submission"]
+    assert sent == []  # every request thread would have waited for the database
+
+
+def test_the_submission_warm_up_fails_loudly_on_an_answer_other_than_401(redis_client, monkeypatch, caplog):
+    from django.http import HttpResponse
+
+    from inference_service.asgi_handler import OneHopASGIHandler
+
+    monkeypatch.setattr(warmup, "_celery", lambda: None)
+    handler = OneHopASGIHandler(threads=2)
+    monkeypatch.setattr(handler, "respond_on_each_thread", lambda *a: [HttpResponse(status=400)] * 2)
+    with caplog.at_level(logging.WARNING, logger="inference_service.warmup"):
+        assert warmup.warm_up_http(handler) == ["_submission"]
+    assert "web warm-up: _submission failed" in caplog.text and "answered [400], not 401" in caplog.text
 
 
 def test_the_websocket_path_warm_up_runs_on_the_event_loop(redis_client):
