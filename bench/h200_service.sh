@@ -39,4 +39,5 @@ else
 fi
 MODEL=${MODEL:-var/models/tiny}
 [ -d "$MODEL" ] || python3 -m engine_worker.model.builder "$MODEL" ${MODEL_ARGS:-}
-python3 bench/service_bench.py --model "$MODEL" "$@"
+# SCRIPT=bench/request_latency.py (or any script taking --model) runs that instead of the benchmark.
+python3 "${SCRIPT:-bench/service_bench.py}" --model "$MODEL" "$@"
