@@ -57,6 +57,16 @@ class PromptTooLong(ServiceError):
         super().__init__(f"This model's maximum context length is {limit} tokens; {detail}", param=param)
 
 
+class ChatTemplateMissing(ServiceError):
+    """Chat messages for a model whose tokenizer has no chat template (a base model, say)."""
+
+    code = "chat_template_missing"
+
+    def __init__(self, model: str) -> None:
+        super().__init__(f"The model {model} has no chat template, so it cannot take messages; "
+                         f"send the text as prompt instead.", param="messages")
+
+
 class MaxTokensTooLarge(ServiceError):
     code = "max_tokens_too_large"
 

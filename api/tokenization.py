@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from django.conf import settings
+from jinja2.exceptions import TemplateError, TemplateSyntaxError
 
-from api.errors import ServiceUnavailable
+from api.errors import ChatTemplateMissing, InvalidRequest, ServiceUnavailable
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +41,11 @@ class PromptTokenizer:
         self._tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.info = ModelInfo(path=model_path, name=Path(model_path).name, context_length=_context_length(model_path))
 
+    @property
+    def has_chat_template(self) -> bool:
+        """Whether chat messages can be rendered (base models often ship without a template)."""
+        return bool(self._tokenizer.chat_template)
+
     def encode_prompt(self, text: str) -> list[int]:
         """Token ids of a plain prompt, with the tokenizer's special tokens (BOS) once."""
         return list(self._tokenizer.encode(text))
@@ -48,9 +54,18 @@ class PromptTokenizer:
         """Token ids of chat messages rendered with the model's chat template, ending with the
         assistant generation prompt. The template emits BOS itself, so no special tokens are added
         on top (that would double it)."""
-        rendered: Any = self._tokenizer.apply_chat_template(
-            messages, tokenize=True, add_generation_prompt=True, return_dict=False
-        )
+        if not self.has_chat_template:
+            raise ChatTemplateMissing(self.info.name)
+        try:
+            rendered: Any = self._tokenizer.apply_chat_template(
+                messages, tokenize=True, add_generation_prompt=True, return_dict=False
+            )
+        except TemplateSyntaxError as exc:  # the model folder's template is broken: not the request's fault
+            logger.error("The chat template of %s does not compile: %s", self.info.path, exc)
+            raise ServiceUnavailable(f"The chat template of the model {self.info.name} is broken.") from exc
+        except TemplateError as exc:  # the template refuses this conversation (raise_exception, say)
+            raise InvalidRequest(f"The model's chat template rejected these messages: {exc}", param="messages",
+                                 code="invalid_messages") from exc
         if isinstance(rendered, dict) or hasattr(rendered, "input_ids"):
             rendered = rendered["input_ids"]
         return [int(token) for token in rendered]

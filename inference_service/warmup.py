@@ -158,6 +158,7 @@ def _submission(handler: OneHopASGIHandler) -> None:
     from django.conf import settings
     from django.utils import timezone
 
+    from api.errors import ServiceUnavailable
     from api.serializers import JobCreateSerializer
     from api.tokenization import get_tokenizer
 
@@ -176,9 +177,15 @@ def _submission(handler: OneHopASGIHandler) -> None:
                 raise RuntimeError(f"the warm-up's POST was answered {sorted(statuses)}, not 401")
     finally:
         request_log.setLevel(level)
-    tokenizer = get_tokenizer()
-    for data in ({"prompt": "warm up", "max_tokens": 1},
-                 {"messages": [{"role": "user", "content": "warm up"}], "max_tokens": 1}):
+    timezone.get_default_timezone()  # read from the zoneinfo files when first asked for
+    try:
+        tokenizer = get_tokenizer()
+    except ServiceUnavailable:
+        return  # the model folder is unreadable (logged at start); submissions answer 503 until it is
+    bodies = [{"prompt": "warm up", "max_tokens": 1}]
+    if tokenizer.has_chat_template:  # a base model takes no messages (a 400)
+        bodies.append({"messages": [{"role": "user", "content": "warm up"}], "max_tokens": 1})
+    for data in bodies:
         for _ in range(WARM_UP_PASSES):
             serializer = JobCreateSerializer(data=data)
             serializer.is_valid(raise_exception=True)
@@ -186,7 +193,6 @@ def _submission(handler: OneHopASGIHandler) -> None:
                 tokenizer.encode_messages([dict(m) for m in serializer.validated_data["messages"]])
             else:
                 tokenizer.encode_prompt(serializer.validated_data["prompt"])
-    timezone.get_default_timezone()  # read from the zoneinfo files when first asked for
 
 
 def _allowed_host(allowed: list[str]) -> str:

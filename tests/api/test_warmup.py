@@ -96,6 +96,17 @@ def test_the_submission_warm_up_sends_an_unauthenticated_post_through_every_requ
     assert not [r for r in caplog.records if r.name == "django.request"], caplog.text
 
 
+def test_the_submission_warm_up_of_a_model_without_a_chat_template_leaves_chat_out(redis_client, settings,
+                                                                                   tiny_model_path, tmp_path):
+    from api.tokenization import get_tokenizer
+    from inference_service.asgi_handler import OneHopASGIHandler
+    from tests.api.test_jobs_chat_template import _model_copy
+
+    settings.MODEL_PATH = str(_model_copy(tiny_model_path, tmp_path, chat_template=None))
+    assert not get_tokenizer().has_chat_template
+    assert warmup.warm_up_http(OneHopASGIHandler(threads=1)) == []  # messages would be a 400 there
+
+
 def test_the_submission_warm_up_is_skipped_when_the_database_is_down(redis_client, monkeypatch):
     import api.authentication  # noqa: F401 - imported now, it binds the real lookup, not the patch below
     import api.selectors.api_keys
