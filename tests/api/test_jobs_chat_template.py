@@ -54,3 +54,12 @@ def test_messages_the_models_template_rejects_are_400_with_the_templates_reason(
     assert api_client.post("/api/v1/jobs", {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4},
                            format="json").status_code == 202
 
+
+
+def test_a_chat_template_that_does_not_compile_is_the_models_fault_a_503(api_client, settings, tiny_model_path,
+                                                                        tmp_path, caplog):
+    settings.MODEL_PATH = str(_model_copy(tiny_model_path, tmp_path, chat_template="{% for m in messages %}"))
+    error = assert_error(api_client.post("/api/v1/jobs", CHAT, format="json"), 503)
+    assert "chat template" in error["message"]
+    assert "does not compile" in caplog.text  # logged for the operator
+    assert not Job.objects.exists()
