@@ -19,7 +19,6 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import parse_qs
 
-from channels.consumer import get_handler_name
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 
@@ -28,8 +27,8 @@ from api.errors import AuthenticationFailed, ServiceError, error_body, exception
 from api.keys import job_group_name
 from api.models import ApiKey, Job
 from api.redis_client import get_async_redis
-from api.streaming.group_batch import messages_for
 from api.streaming.relay import JobStreamRelay
+from api.streaming.relay_events import RelayEvents
 
 logger = logging.getLogger(__name__)
 
@@ -38,28 +37,18 @@ CLOSE_UNAUTHORIZED = 4401
 CLOSE_NOT_FOUND = 4404
 
 
-class JobStreamConsumer(AsyncWebsocketConsumer):
-    """Streams one existing job."""
+class JobStreamConsumer(RelayEvents, AsyncWebsocketConsumer):
+    """Streams one existing job (the job group's events reach the relay through RelayEvents)."""
 
     relay: JobStreamRelay | None = None
     group: str | None = None
     api_key: ApiKey | None = None
 
-    async def dispatch(self, message: dict[str, Any]) -> None:
-        """Channels' dispatch, without its ``aclose_old_connections()`` before every message.
-        That is a hop to the process's one sync thread per message, a live delta included, to
-        close connections that thread never opens here: every DB call of these consumers runs
-        through ``database_sync_to_async``, which closes its own thread's connections."""
-        handler = getattr(self, get_handler_name(message), None)
-        if handler is None:
-            raise ValueError(f"No handler for message type {message['type']}")
-        await handler(message)
-
     async def connect(self) -> None:
         await self.accept()  # custom close codes need an accepted socket
         job_id = str(self.scope["url_route"]["kwargs"]["job_id"])
         try:
-            self.api_key, owns = await _authorize_job(_raw_key(self.scope), job_id)
+            self.api_key, owns = await authorize_job(scope_api_key(self.scope), job_id)
         except AuthenticationFailed as exc:
             await self._unauthorized(exc)
             return
@@ -90,24 +79,6 @@ class JobStreamConsumer(AsyncWebsocketConsumer):
         if self.relay is not None:
             self.relay.close()
 
-    # Channel-layer events (sent by the engine worker's sink).
-    async def job_batch(self, event: dict[str, Any]) -> None:
-        """Several events at once, for the consumers of this process (group_batch.py)."""
-        for message in messages_for(self.channel_name, event):
-            await self.dispatch(message)
-
-    async def job_delta(self, event: dict[str, Any]) -> None:
-        if self.relay is not None:
-            await self.relay.on_delta(int(event["seq"]), event["text"], event.get("completion_tokens"))
-
-    async def job_final(self, event: dict[str, Any]) -> None:
-        if self.relay is not None:
-            await self.relay.on_final(event["message"])
-
-    async def job_reset(self, event: dict[str, Any]) -> None:
-        if self.relay is not None:
-            await self.relay.on_reset()
-
     # -- helpers ------------------------------------------------------------------------------
 
     async def _send_message(self, message: dict[str, Any]) -> None:
@@ -117,7 +88,7 @@ class JobStreamConsumer(AsyncWebsocketConsumer):
 
     async def _authenticate(self) -> bool:
         try:
-            self.api_key = await _db(authenticate_api_key)(_raw_key(self.scope))
+            self.api_key = await _db(authenticate_api_key)(scope_api_key(self.scope))
         except AuthenticationFailed as exc:
             await self._unauthorized(exc)
             return False
@@ -172,7 +143,9 @@ class GenerateConsumer(JobStreamConsumer):
         await self.stream_job(str(job.id), 0)
 
 
-def _raw_key(scope: dict[str, Any]) -> str | None:
+def scope_api_key(scope: dict[str, Any]) -> str | None:
+    """The API key of a connection's scope: ``Authorization: Bearer <key>``, else ``?api_key=``
+    (browsers cannot set headers on a WebSocket or an EventSource)."""
     for name, value in scope.get("headers", []):
         if name == b"authorization":
             token = bearer_token(value.decode("latin-1"))
@@ -190,7 +163,7 @@ def _db(func: Callable[..., Any]) -> Callable[..., Any]:
 
 
 @_db
-def _authorize_job(raw_key: str | None, job_id: str) -> tuple[ApiKey, bool]:
+def authorize_job(raw_key: str | None, job_id: str) -> tuple[ApiKey, bool]:
     """The caller's key (or AuthenticationFailed) and whether the job is theirs: one thread hop,
     one query."""
     return authenticate_api_key_for_job(raw_key, job_id)

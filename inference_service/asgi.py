@@ -14,8 +14,9 @@ django.setup(set_prefix=False)
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.conf import settings  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
+from django.urls import re_path  # noqa: E402
 
-from api.routing import websocket_urlpatterns  # noqa: E402
+from api.routing import http_stream_urlpatterns, websocket_urlpatterns  # noqa: E402
 from api.tokenization import load_tokenizer_at_start  # noqa: E402
 from inference_service.asgi_handler import OneHopASGIHandler  # noqa: E402
 
@@ -32,7 +33,8 @@ http_app = ASGIStaticFilesHandler(django_http) if settings.SERVE_STATIC else dja
 # No AuthMiddlewareStack: WebSocket clients authenticate with API keys inside the consumers.
 application = ProtocolTypeRouter(
     {
-        "http": http_app,
+        # The job event streams (server-sent events) first, everything else to Django.
+        "http": URLRouter([*http_stream_urlpatterns, re_path(r"", http_app)]),
         "websocket": URLRouter(websocket_urlpatterns),
     }
 )

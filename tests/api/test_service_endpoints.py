@@ -76,6 +76,16 @@ def test_openapi_schema_is_served_as_json_without_authentication(db):
     assert "prompt" in schema["components"]["schemas"]["JobCreateRequest"]["properties"]
 
 
+def test_the_schema_and_docs_page_include_the_event_stream_that_no_drf_view_declares(db):
+    schema = APIClient().get("/api/v1/schema").json()
+    events = schema["paths"]["/api/v1/jobs/{job_id}/events"]["get"]
+    assert set(events["responses"]) == {"200", "204", "400", "401", "404"}
+    assert "text/event-stream" in events["responses"]["200"]["content"]
+    assert {p["name"] for p in events["parameters"]} == {"job_id", "after", "Last-Event-ID", "api_key"}
+    html = APIClient().get("/api/v1/docs").content.decode()
+    assert "/api/v1/jobs/{job_id}/events" in html and "Last-Event-ID" in html
+
+
 def test_docs_page_renders_every_endpoint_and_loads_nothing_from_the_network(db):
     response = APIClient().get("/api/v1/docs")
 

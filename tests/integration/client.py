@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import http.client
 import json
 import urllib.error
 import urllib.request
@@ -69,6 +70,40 @@ class ServiceClient:
                 if limit is not None and sum(m["type"] == "delta" for m in received) >= limit:
                     break
         return received
+
+
+    def events(self, job_id: str, *, last_event_id: str | None = None, limit: int | None = None,
+               timeout: float = 240.0) -> tuple[int, list[dict[str, Any]]]:
+        """``GET /api/v1/jobs/<id>/events`` read as a stream, line by line (blocking: run it in a
+        thread): the status and the events as {"id", "event", "data"}, until the response ends or
+        ``limit`` deltas came (then the connection is dropped, as a client that goes away)."""
+        conn = http.client.HTTPConnection(self.http.removeprefix("http://"), timeout=timeout)
+        headers = {"Authorization": f"Bearer {self.secret}", "Accept": "text/event-stream"}
+        if last_event_id is not None:
+            headers["Last-Event-ID"] = last_event_id
+        try:
+            conn.request("GET", f"/api/v1/jobs/{job_id}/events", headers=headers)
+            response = conn.getresponse()
+            events: list[dict[str, Any]] = []
+            current: dict[str, Any] = {}
+            while response.status == 200:
+                line = response.readline()
+                if not line:
+                    break  # the response ended
+                line = line.decode().rstrip("\n")
+                if line:
+                    name, _, value = line.partition(": ")
+                    if not line.startswith(":"):
+                        current[name] = json.loads(value) if name == "data" else value
+                    continue
+                if "event" in current:
+                    events.append(current)
+                    if limit is not None and sum(e["event"] == "delta" for e in events) >= limit:
+                        break
+                current = {}
+            return response.status, events
+        finally:
+            conn.close()
 
 
 def deltas(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:

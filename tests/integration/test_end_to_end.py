@@ -88,6 +88,37 @@ def test_resume_with_after_delivers_every_chunk_exactly_once_in_order(stack):
     assert late[-1]["type"] == "final" and late[-1]["usage"]["completion_tokens"] == 400
 
 
+def test_server_sent_events_stream_jobs_and_resume_with_last_event_id(stack):
+    _key, secret = make_api_key()
+    client = ServiceClient(stack, secret)
+
+    async def scenario():
+        # The third is long enough to be cut after 3 chunks (one per 40 ms stream interval).
+        ids = await asyncio.gather(*(client.submit({"prompt": p, "max_tokens": n, "temperature": 0.0})
+                                     for p, n in zip(PROMPTS[:3], (40, 40, 96), strict=True)))
+        whole = await asyncio.gather(*(asyncio.to_thread(client.events, j) for j in ids[:2]))
+        # The third: drop the connection after 3 chunks, then reconnect as an EventSource does.
+        _, first = await asyncio.to_thread(client.events, ids[2], limit=3)
+        _, rest = await asyncio.to_thread(client.events, ids[2], last_event_id=first[-1]["id"])
+        again = await asyncio.to_thread(client.events, ids[2], last_event_id=rest[-1]["id"])
+        stored = [await client.get(j) for j in ids]
+        return whole, first, rest, again, stored
+
+    whole, first, rest, again, stored = asyncio.run(scenario())
+    for (status, events), body in zip(whole, stored[:2], strict=True):
+        assert status == 200 and body["status"] == "completed"
+        assert events[-1]["event"] == "final" and events[-1]["data"]["usage"] == body["usage"]
+        seqs = [e["data"]["seq"] for e in events if e["event"] == "delta"]
+        assert seqs == list(range(1, len(seqs) + 1))
+        assert "".join(e["data"]["text"] for e in events if e["event"] == "delta") == body["output_text"]
+    resumed = [e for e in first + rest if e["event"] == "delta"]
+    assert len(first) == 3 and all(e["event"] == "delta" for e in first)
+    assert [e["data"]["seq"] for e in resumed] == list(range(1, len(resumed) + 1))  # each chunk once, in order
+    assert "".join(e["data"]["text"] for e in resumed) == stored[2]["output_text"]
+    assert rest[-1]["event"] == "final" and rest[-1]["id"].endswith(":final")
+    assert again == (204, [])  # after the final, a reconnect is told to stop
+
+
 def test_cancel_of_a_running_job_over_rest_stops_it_within_a_second(stack, redis_db):
     api_key, secret = make_api_key()
     client = ServiceClient(stack, secret)

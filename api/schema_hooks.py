@@ -1,0 +1,56 @@
+"""drf-spectacular hooks: what the OpenAPI schema cannot learn from the DRF views.
+
+``GET /api/v1/jobs/{job_id}/events`` (server-sent events, api/sse.py) is a Channels consumer, not
+a DRF view, so the generator does not see it; this hook adds it to every schema it builds, the
+offline docs page included.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _error(description: str) -> dict[str, Any]:
+    return {"description": description,
+            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
+
+
+EVENTS_PATH = "/api/v1/jobs/{job_id}/events"
+EVENTS_OPERATION: dict[str, Any] = {
+    "operationId": "jobs_events",
+    "summary": "Stream a job as server-sent events",
+    "description": (
+        "`text/event-stream`: one `delta` event per chunk (`id` is its seq, `data` the same JSON as the "
+        "WebSocket's delta), then one `final` event (id `<seq>:final`), after which the response ends. A "
+        "`reset` event means the job restarted on another worker: drop the text so far. Reconnect with "
+        "`Last-Event-ID` (an EventSource does) or `?after=<seq>` to resume; after the final a reconnect "
+        "is answered 204. A comment line is sent every 15 s while nothing else is."
+    ),
+    "tags": ["jobs"],
+    "security": [{"ApiKey": []}],
+    "parameters": [
+        {"in": "path", "name": "job_id", "required": True, "schema": {"type": "string", "format": "uuid"}},
+        {"in": "query", "name": "after", "required": False, "schema": {"type": "integer", "minimum": 0},
+         "description": "Send only chunks with a greater seq."},
+        {"in": "header", "name": "Last-Event-ID", "required": False, "schema": {"type": "string"},
+         "description": "The id of the last event received (wins over after)."},
+        {"in": "query", "name": "api_key", "required": False, "schema": {"type": "string"},
+         "description": "The API key, for clients that cannot send Authorization (a browser's EventSource)."},
+    ],
+    "responses": {
+        "200": {"description": "The event stream",
+                "content": {"text/event-stream": {"schema": {"type": "string"}}}},
+        "204": {"description": "The client already had the final event"},
+        "400": _error("Invalid after or Last-Event-ID"),
+        "401": _error("Missing, invalid or revoked API key"),
+        "404": _error("No such job (or not yours)"),
+    },
+}
+
+
+def add_job_events(result: dict[str, Any], generator: Any, request: Any, public: bool) -> dict[str, Any]:
+    """POSTPROCESSING_HOOKS entry: the job event stream, next to the other job paths."""
+    paths = result.setdefault("paths", {})
+    paths[EVENTS_PATH] = {"get": EVENTS_OPERATION}
+    result["paths"] = dict(sorted(paths.items()))
+    return result

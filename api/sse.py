@@ -1,0 +1,160 @@
+"""Server-sent events: ``GET /api/v1/jobs/<id>/events`` streams a job as ``text/event-stream``.
+
+The same stream as the WebSocket ``/ws/v1/jobs/<id>/``, for clients that only speak HTTP
+(``curl -N``, a browser's ``EventSource``, most HTTP libraries): every chunk exactly once and in
+order, then the final, through the same :class:`JobStreamRelay` (replay from the job's Redis
+stream, live from its channel-layer group). Each message is one event::
+
+    id: 3
+    event: delta
+    data: {"type": "delta", "job_id": "...", "seq": 3, "text": " a", "completion_tokens": 3}
+
+``event`` is ``delta``, ``final`` (then the response ends) or ``reset`` (the job restarts on
+another worker: drop the text so far). ``id`` is the chunk's seq, so a client that reconnects
+with ``Last-Event-ID`` (EventSource does it by itself) resumes after it; ``?after=<seq>`` does the
+same on a first request. The final's id is ``<seq>:final``, and a request that comes back with it
+is answered 204, which tells an EventSource to stop reconnecting. A comment line every
+``SSE_KEEPALIVE_S`` seconds keeps idle connections open through proxies.
+
+Authentication as on the WebSocket: ``Authorization: Bearer <key>`` or ``?api_key=<key>``.
+Errors before the stream starts are the API's JSON envelope with its status: 401, 404 (not the
+key owner's job), 400 (a bad ``after`` or ``Last-Event-ID``), 405 (not a GET).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+from urllib.parse import parse_qs
+
+from channels.exceptions import StopConsumer
+from channels.generic.http import AsyncHttpConsumer
+
+from api.consumers import authorize_job, scope_api_key
+from api.errors import AuthenticationFailed, JobNotFound, ServiceError, error_body
+from api.keys import job_group_name
+from api.redis_client import get_async_redis
+from api.streaming.relay import JobStreamRelay
+from api.streaming.relay_events import RelayEvents
+from inference_service.env import env_float
+
+FINAL_ID_SUFFIX = ":final"
+RETRY_MS = 1000  # how soon an EventSource reconnects after a dropped connection
+
+
+def keepalive_s() -> float:
+    return env_float("SSE_KEEPALIVE_S", 15.0, minimum=0.01)
+
+
+class JobEventsConsumer(RelayEvents, AsyncHttpConsumer):
+    group: str | None = None
+    _keepalive: asyncio.Task[None] | None = None
+    _ended = False
+
+    async def http_request(self, message: dict[str, Any]) -> None:
+        """AsyncHttpConsumer's, except that the consumer stays alive once the request is in: the
+        job's group keeps delivering until the final ends the response (daphne then sends
+        ``http.disconnect``, as it does when the client goes away)."""
+        if "body" in message:
+            self.body.append(message["body"])
+        if not message.get("more_body"):
+            await self._open()
+
+    async def disconnect(self) -> None:
+        if self._keepalive is not None:
+            self._keepalive.cancel()
+        if self.group is not None:
+            await self.channel_layer.group_discard(self.group, self.channel_name)
+            self.group = None
+        if self.relay is not None:
+            self.relay.close()
+
+    async def _open(self) -> None:
+        if self.scope["method"] != "GET":
+            await self._reject(ServiceError(f"Method \"{self.scope['method']}\" not allowed.",
+                                            code="method_not_allowed"), status=405, headers={"Allow": "GET"})
+            return
+        job_id = str(self.scope["url_route"]["kwargs"]["job_id"])
+        try:
+            _, owns = await authorize_job(scope_api_key(self.scope), job_id)
+        except AuthenticationFailed as exc:
+            await self._reject(exc)
+            return
+        try:
+            after, saw_final = resume_point(self.scope)
+        except ValueError as exc:
+            await self._reject(ServiceError(str(exc), code="invalid_after", param=exc.args[1]))
+            return
+        if not owns:
+            await self._reject(JobNotFound(job_id))
+            return
+        if saw_final:  # the client has the whole job: no stream, and no more reconnects
+            await self.send_response(204, b"")
+            await self._stop()
+            return
+        await self.send_headers(status=200, headers=[
+            (b"content-type", b"text/event-stream; charset=utf-8"),
+            (b"cache-control", b"no-cache"),
+            (b"x-accel-buffering", b"no"),  # nginx would otherwise hold the events back
+        ])
+        await self.send_body(f"retry: {RETRY_MS}\n\n".encode(), more_body=True)
+        self.relay = JobStreamRelay(job_id=job_id, after=after, redis_client=get_async_redis(), send=self._event)
+        self.group = job_group_name(job_id)
+        # Joined before the replay, as the WebSocket does (relay.py says why).
+        await self.channel_layer.group_add(self.group, self.channel_name)
+        self._keepalive = asyncio.get_running_loop().create_task(self._keep_alive())
+        await self.relay.replay()
+
+    async def _event(self, message: dict[str, Any]) -> None:
+        """The relay's send: one message as one event."""
+        if self._ended:
+            return
+        kind = message["type"]
+        if kind == "final":
+            event_id = f"{message['seq']}{FINAL_ID_SUFFIX}"
+        elif kind == "reset":
+            event_id = "0"  # a reconnect now starts the new attempt from its beginning
+        else:
+            event_id = str(message["seq"])
+        frame = f"id: {event_id}\nevent: {kind}\ndata: {json.dumps(message)}\n\n".encode()
+        self._ended = kind == "final"
+        await self.send_body(frame, more_body=not self._ended)
+
+    async def _keep_alive(self) -> None:
+        interval = keepalive_s()
+        while not self._ended:
+            await asyncio.sleep(interval)
+            if not self._ended:
+                await self.send_body(b": keep-alive\n\n", more_body=True)
+
+    async def _reject(self, exc: ServiceError, *, status: int | None = None,
+                      headers: dict[str, str] | None = None) -> None:
+        body = json.dumps(error_body(exc.message, error_type=exc.error_type, code=exc.code, param=exc.param))
+        all_headers = {"Content-Type": "application/json", **exc.headers(), **(headers or {})}
+        await self.send_response(status or exc.status_code, body.encode(),
+                                 headers=[(k.lower().encode(), v.encode()) for k, v in all_headers.items()])
+        await self._stop()
+
+    async def _stop(self) -> None:
+        await self.disconnect()
+        raise StopConsumer()
+
+
+def resume_point(scope: dict[str, Any]) -> tuple[int, bool]:
+    """Where a request resumes: the seq after which to send, and whether the client already had
+    the final. ``Last-Event-ID`` (a reconnecting EventSource) wins over ``?after=``. Raises
+    ValueError(message, param) for a value that is not ours."""
+    for name, value in scope.get("headers", []):
+        if name == b"last-event-id":
+            raw = value.decode("latin-1").strip()
+            seq, final = (raw[: -len(FINAL_ID_SUFFIX)], True) if raw.endswith(FINAL_ID_SUFFIX) else (raw, False)
+            return _seq(seq, "Last-Event-ID", "'Last-Event-ID' must be an event id of this stream."), final
+    query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
+    return _seq(query.get("after", ["0"])[0], "after", "'after' must be a non-negative integer."), False
+
+
+def _seq(raw: str, param: str, message: str) -> int:
+    if not (raw.isascii() and raw.isdigit()):  # digits only: no sign, no spaces, no "1e3"
+        raise ValueError(message, param)
+    return int(raw)
