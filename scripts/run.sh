@@ -109,6 +109,8 @@ Stream over a WebSocket (type the JSON line and press Enter):
   {"prompt": "Once upon a time", "max_tokens": 64}
 or watch an existing job (resume with ?after=<seq>):
   $BIN/python -m websockets "ws://$HOST:$PORT/ws/v1/jobs/<id>/?api_key=$DEMO_KEY"
+or as server-sent events over plain HTTP:
+  curl -N $BASE/api/v1/jobs/<id>/events -H "Authorization: Bearer $DEMO_KEY"
 
 Admin and engine dashboard: $BASE/admin/  (user '$DEMO_USER', password '$DEMO_PASSWORD')
 API docs: $BASE/api/v1/docs
