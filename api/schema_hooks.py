@@ -44,6 +44,7 @@ EVENTS_OPERATION: dict[str, Any] = {
         "400": _error("Invalid after or Last-Event-ID"),
         "401": _error("Missing, invalid or revoked API key"),
         "404": _error("No such job (or not yours)"),
+        "503": _error("No stream to follow right now (Redis is down); poll the job instead"),
     },
 }
 

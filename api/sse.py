@@ -18,26 +18,31 @@ is answered 204, which tells an EventSource to stop reconnecting. A comment line
 
 Authentication as on the WebSocket: ``Authorization: Bearer <key>`` or ``?api_key=<key>``.
 Errors before the stream starts are the API's JSON envelope with its status: 401, 404 (not the
-key owner's job), 400 (a bad ``after`` or ``Last-Event-ID``), 405 (not a GET).
+key owner's job), 400 (a bad ``after`` or ``Last-Event-ID``), 405 (not a GET), 503 (Redis is
+down: no stream to follow, but the job itself is safe in the database).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from typing import Any
 from urllib.parse import parse_qs
 
 from channels.exceptions import StopConsumer
 from channels.generic.http import AsyncHttpConsumer
+from redis.exceptions import RedisError
 
 from api.consumers import authorize_job, scope_api_key
-from api.errors import AuthenticationFailed, JobNotFound, ServiceError, error_body
+from api.errors import AuthenticationFailed, JobNotFound, ServiceError, ServiceUnavailable, error_body
 from api.keys import job_group_name
 from api.redis_client import get_async_redis
 from api.streaming.relay import JobStreamRelay
 from api.streaming.relay_events import RelayEvents
 from inference_service.env import env_float
+
+logger = logging.getLogger(__name__)
 
 FINAL_ID_SUFFIX = ":final"
 RETRY_MS = 1000  # how soon an EventSource reconnects after a dropped connection
@@ -93,6 +98,16 @@ class JobEventsConsumer(RelayEvents, AsyncHttpConsumer):
             await self.send_response(204, b"")
             await self._stop()
             return
+        # Joined before the replay, as the WebSocket does (relay.py says why), and before the 200:
+        # without Redis there is no stream to promise.
+        try:
+            await self.channel_layer.group_add(job_group_name(job_id), self.channel_name)
+        except (RedisError, OSError):
+            logger.warning("job %s: cannot join its group for an event stream", job_id, exc_info=True)
+            await self._reject(ServiceUnavailable("The job's stream is unavailable right now; poll "
+                                                  "GET /api/v1/jobs/<id> or retry."), headers={"Retry-After": "1"})
+            return
+        self.group = job_group_name(job_id)
         await self.send_headers(status=200, headers=[
             (b"content-type", b"text/event-stream; charset=utf-8"),
             (b"cache-control", b"no-cache"),
@@ -100,9 +115,6 @@ class JobEventsConsumer(RelayEvents, AsyncHttpConsumer):
         ])
         await self.send_body(f"retry: {RETRY_MS}\n\n".encode(), more_body=True)
         self.relay = JobStreamRelay(job_id=job_id, after=after, redis_client=get_async_redis(), send=self._event)
-        self.group = job_group_name(job_id)
-        # Joined before the replay, as the WebSocket does (relay.py says why).
-        await self.channel_layer.group_add(self.group, self.channel_name)
         self._keepalive = asyncio.get_running_loop().create_task(self._keep_alive())
         await self.relay.replay()
 

@@ -79,7 +79,7 @@ def test_openapi_schema_is_served_as_json_without_authentication(db):
 def test_the_schema_and_docs_page_include_the_event_stream_that_no_drf_view_declares(db):
     schema = APIClient().get("/api/v1/schema").json()
     events = schema["paths"]["/api/v1/jobs/{job_id}/events"]["get"]
-    assert set(events["responses"]) == {"200", "204", "400", "401", "404"}
+    assert set(events["responses"]) == {"200", "204", "400", "401", "404", "503"}
     assert "text/event-stream" in events["responses"]["200"]["content"]
     assert {p["name"] for p in events["parameters"]} == {"job_id", "after", "Last-Event-ID", "api_key"}
     html = APIClient().get("/api/v1/docs").content.decode()

@@ -218,3 +218,19 @@ def test_other_http_paths_still_reach_django(redis_client):
     assert detail.status == 200 and json.loads(detail.body)["id"] == job_id
     unknown = get(_scope(f"/api/v1/jobs/{job_id}/events/more", secret=secret))
     assert unknown.status == 404 and json.loads(unknown.body)["error"]["code"] == "not_found"
+
+
+def test_without_redis_the_stream_is_a_503_before_any_event(redis_client, monkeypatch):
+    import redis.exceptions
+
+    api_key, secret = make_api_key()
+    job_id = _finished_job(redis_client, api_key)
+    layer = get_channel_layer()
+
+    async def down(*_args, **_kwargs):
+        raise redis.exceptions.ConnectionError("Redis is down")
+
+    monkeypatch.setattr(layer, "group_add", down)
+    response = get(_scope(f"/api/v1/jobs/{job_id}/events", secret=secret))
+    assert response.status == 503 and response.headers["retry-after"] == "1"
+    assert _error(response)["code"] == "service_unavailable"
