@@ -7,8 +7,8 @@
 
 Authentication: ``Authorization: Bearer <key>`` or ``?api_key=<key>``. Close codes: 4401 missing,
 bad or revoked key; 4404 a job that does not exist or belongs to someone else, or a path that is
-neither of the two (``/ws/v1/jobs/not-a-uuid/``); 4400 bad input. Both close after the final
-message.
+neither of the two (``/ws/v1/jobs/not-a-uuid/``); 4400 bad input; 1011 no stream to follow
+(Redis is down). Both close after the final message.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from urllib.parse import parse_qs
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
+from redis.exceptions import RedisError
 
 from api.authentication import authenticate_api_key, authenticate_api_key_for_job, bearer_token
 from api.errors import AuthenticationFailed, ServiceError, error_body, exception_handler
@@ -35,6 +36,7 @@ logger = logging.getLogger(__name__)
 CLOSE_BAD_REQUEST = 4400
 CLOSE_UNAUTHORIZED = 4401
 CLOSE_NOT_FOUND = 4404
+CLOSE_UNAVAILABLE = 1011  # RFC 6455: the server met a condition that kept it from serving
 
 
 class JobStreamConsumer(RelayEvents, AsyncWebsocketConsumer):
@@ -67,10 +69,16 @@ class JobStreamConsumer(RelayEvents, AsyncWebsocketConsumer):
 
     async def stream_job(self, job_id: str, after: int) -> None:
         """Join the job's group, then replay the stream (the order matters, see relay.py)."""
+        try:
+            await self.channel_layer.group_add(job_group_name(job_id), self.channel_name)
+        except (RedisError, OSError):  # no stream to follow; the job itself is safe in the database
+            logger.warning("job %s: cannot join its group for a WebSocket", job_id, exc_info=True)
+            await self._error("The job's stream is unavailable right now; poll GET /api/v1/jobs/<id> or retry.",
+                              code="service_unavailable", close_code=CLOSE_UNAVAILABLE, error_type="server_error")
+            return
+        self.group = job_group_name(job_id)
         self.relay = JobStreamRelay(job_id=job_id, after=after, redis_client=get_async_redis(),
                                     send=self._send_message)
-        self.group = job_group_name(job_id)
-        await self.channel_layer.group_add(self.group, self.channel_name)
         await self.relay.replay()
 
     async def disconnect(self, code: int) -> None:

@@ -93,3 +93,27 @@ def test_one_batch_message_feeds_every_socket_of_the_process_its_own_events(redi
     got = asyncio.run(scenario())
     for job_id, received in zip(job_ids, got, strict=True):
         assert [(m["job_id"], m["seq"], m["text"]) for m in received] == [(job_id, i, TEXTS[i - 1]) for i in (1, 2, 3)]
+
+
+def test_without_redis_the_socket_gets_an_error_and_close_code_1011_not_a_crash(redis_client, monkeypatch):
+    import redis.exceptions
+
+    api_key, secret = make_api_key()
+    job_id = str(make_job(api_key=api_key, status=JobStatus.IN_PROGRESS).id)
+
+    async def down(*_args, **_kwargs):
+        raise redis.exceptions.ConnectionError("Redis is down")
+
+    monkeypatch.setattr(get_channel_layer(), "group_add", down)
+
+    async def scenario():
+        communicator = WebsocketCommunicator(application, f"/ws/v1/jobs/{job_id}/?api_key={secret}")
+        assert (await communicator.connect(timeout=10))[0]
+        message = await communicator.receive_json_from(timeout=10)
+        closed = await communicator.receive_output(timeout=10)
+        await communicator.wait(timeout=10)
+        return message, closed
+
+    message, closed = asyncio.run(scenario())
+    assert message["type"] == "error" and message["error"]["code"] == "service_unavailable"
+    assert closed["type"] == "websocket.close" and closed["code"] == 1011
