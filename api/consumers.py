@@ -21,15 +21,13 @@ from urllib.parse import parse_qs
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
-from redis.exceptions import RedisError
 
 from api.authentication import authenticate_api_key, authenticate_api_key_for_job, bearer_token
 from api.errors import AuthenticationFailed, ServiceError, error_body, exception_handler
-from api.keys import job_group_name
 from api.models import ApiKey, Job
 from api.redis_client import get_async_redis
 from api.streaming.relay import JobStreamRelay
-from api.streaming.relay_events import RelayEvents
+from api.streaming.relay_events import STREAM_UNAVAILABLE, RelayEvents
 
 logger = logging.getLogger(__name__)
 
@@ -42,8 +40,6 @@ CLOSE_UNAVAILABLE = 1011  # RFC 6455: the server met a condition that kept it fr
 class JobStreamConsumer(RelayEvents, AsyncWebsocketConsumer):
     """Streams one existing job (the job group's events reach the relay through RelayEvents)."""
 
-    relay: JobStreamRelay | None = None
-    group: str | None = None
     api_key: ApiKey | None = None
 
     async def connect(self) -> None:
@@ -69,23 +65,16 @@ class JobStreamConsumer(RelayEvents, AsyncWebsocketConsumer):
 
     async def stream_job(self, job_id: str, after: int) -> None:
         """Join the job's group, then replay the stream (the order matters, see relay.py)."""
-        try:
-            await self.channel_layer.group_add(job_group_name(job_id), self.channel_name)
-        except (RedisError, OSError):  # no stream to follow; the job itself is safe in the database
-            logger.warning("job %s: cannot join its group for a WebSocket", job_id, exc_info=True)
-            await self._error("The job's stream is unavailable right now; poll GET /api/v1/jobs/<id> or retry.",
-                              code="service_unavailable", close_code=CLOSE_UNAVAILABLE, error_type="server_error")
+        if not await self.join_job_group(job_id):
+            await self._error(STREAM_UNAVAILABLE, code="service_unavailable", close_code=CLOSE_UNAVAILABLE,
+                              error_type="server_error")
             return
-        self.group = job_group_name(job_id)
         self.relay = JobStreamRelay(job_id=job_id, after=after, redis_client=get_async_redis(),
                                     send=self._send_message)
         await self.relay.replay()
 
     async def disconnect(self, code: int) -> None:
-        if self.group is not None:
-            await self.channel_layer.group_discard(self.group, self.channel_name)
-        if self.relay is not None:
-            self.relay.close()
+        await self.leave_job_group()
 
     # -- helpers ------------------------------------------------------------------------------
 

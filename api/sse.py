@@ -26,23 +26,18 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 from typing import Any
 from urllib.parse import parse_qs
 
 from channels.exceptions import StopConsumer
 from channels.generic.http import AsyncHttpConsumer
-from redis.exceptions import RedisError
 
 from api.consumers import authorize_job, scope_api_key
 from api.errors import AuthenticationFailed, JobNotFound, ServiceError, ServiceUnavailable, error_body
-from api.keys import job_group_name
 from api.redis_client import get_async_redis
 from api.streaming.relay import JobStreamRelay
-from api.streaming.relay_events import RelayEvents
+from api.streaming.relay_events import STREAM_UNAVAILABLE, RelayEvents
 from inference_service.env import env_float
-
-logger = logging.getLogger(__name__)
 
 FINAL_ID_SUFFIX = ":final"
 RETRY_MS = 1000  # how soon an EventSource reconnects after a dropped connection
@@ -53,7 +48,6 @@ def keepalive_s() -> float:
 
 
 class JobEventsConsumer(RelayEvents, AsyncHttpConsumer):
-    group: str | None = None
     _keepalive: asyncio.Task[None] | None = None
     _ended = False
 
@@ -69,11 +63,7 @@ class JobEventsConsumer(RelayEvents, AsyncHttpConsumer):
     async def disconnect(self) -> None:
         if self._keepalive is not None:
             self._keepalive.cancel()
-        if self.group is not None:
-            await self.channel_layer.group_discard(self.group, self.channel_name)
-            self.group = None
-        if self.relay is not None:
-            self.relay.close()
+        await self.leave_job_group()
 
     async def _open(self) -> None:
         if self.scope["method"] != "GET":
@@ -98,16 +88,10 @@ class JobEventsConsumer(RelayEvents, AsyncHttpConsumer):
             await self.send_response(204, b"")
             await self._stop()
             return
-        # Joined before the replay, as the WebSocket does (relay.py says why), and before the 200:
-        # without Redis there is no stream to promise.
-        try:
-            await self.channel_layer.group_add(job_group_name(job_id), self.channel_name)
-        except (RedisError, OSError):
-            logger.warning("job %s: cannot join its group for an event stream", job_id, exc_info=True)
-            await self._reject(ServiceUnavailable("The job's stream is unavailable right now; poll "
-                                                  "GET /api/v1/jobs/<id> or retry."), headers={"Retry-After": "1"})
+        # Before the 200: without Redis there is no stream to promise.
+        if not await self.join_job_group(job_id):
+            await self._reject(ServiceUnavailable(STREAM_UNAVAILABLE), headers={"Retry-After": "1"})
             return
-        self.group = job_group_name(job_id)
         await self.send_headers(status=200, headers=[
             (b"content-type", b"text/event-stream; charset=utf-8"),
             (b"cache-control", b"no-cache"),

@@ -113,7 +113,7 @@ def main() -> None:
         elif name == "bare_insert_commit":
             conn.execute("INSERT INTO bench_insert_parts VALUES (1)")
         elif name == "job_insert":
-            conn.execute(f"BEGIN; {insert_only}; COMMIT", insert_params(job)[: len(insert_params(job)) - n_ahead])
+            conn.execute(f"BEGIN; {insert_only}; COMMIT", insert_params(job)[:-n_ahead])
         elif name == "job_insert_position":
             conn.execute(f"BEGIN; {statement}; COMMIT", insert_params(job))
         elif name == "gate_only":
