@@ -29,7 +29,9 @@ from __future__ import annotations
 import asyncio
 import io
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
 
 from django.core import signals
 from django.core.exceptions import RequestAborted
@@ -38,6 +40,7 @@ from django.http import FileResponse, HttpResponse
 from django.urls import set_script_prefix
 
 _WARM_UP_WAIT_S = 30.0
+T = TypeVar("T")
 
 
 class OneHopASGIHandler(ASGIHandler):
@@ -72,14 +75,18 @@ class OneHopASGIHandler(ASGIHandler):
         """The sync part of one request per request thread, all at once, with no event loop: the
         web warm-up's way in (inference_service/warmup.py). Each thread pays its own first-use
         costs (its database connection wrapper, the pool's connection it is handed)."""
+        return self.run_on_each_thread(lambda: self._respond(scope, io.BytesIO(body)))
+
+    def run_on_each_thread(self, fn: Callable[[], T]) -> list[T]:
+        """``fn()`` once on every request thread, all at once (the web warm-up's); its results."""
         # Every copy waits for all the others before it runs, so each takes a thread of its own.
         barrier = threading.Barrier(self.threads, timeout=_WARM_UP_WAIT_S)
 
-        def respond() -> HttpResponse:
+        def run() -> T:
             barrier.wait()
-            return self._respond(scope, io.BytesIO(body))
+            return fn()
 
-        futures = [self._executor.submit(respond) for _ in range(self.threads)]
+        futures = [self._executor.submit(run) for _ in range(self.threads)]
         return [future.result() for future in futures]
 
     def _respond(self, scope, body_file) -> HttpResponse:

@@ -120,7 +120,8 @@ def test_the_submission_warm_up_is_skipped_when_the_database_is_down(redis_clien
     sent = []
     handler = OneHopASGIHandler(threads=2)
     monkeypatch.setattr(handler, "respond_on_each_thread", lambda *a: sent.append(a) or [])
-    assert warmup.warm_up_http(handler) == ["_database", "_submission"]
+    monkeypatch.setattr(handler, "run_on_each_thread", lambda *a: sent.append(a) or [])
+    assert warmup.warm_up_http(handler) == ["_database", "_submission", "_rehearsal"]
     assert sent == []  # every request thread would have waited for the database
 
 
@@ -146,3 +147,49 @@ def test_outside_daphne_no_websocket_warm_up_is_scheduled(monkeypatch):
 
     monkeypatch.delitem(sys.modules, "twisted.internet.reactor", raising=False)
     assert warmup.schedule_websocket_warm_up() is False
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="the rehearsed submission call is PostgreSQL's")
+def test_every_request_thread_rehearses_the_submission_on_a_connection_it_keeps(redis_client, monkeypatch):
+    from django.db import connections
+
+    import api.services.job_insert as job_insert
+    from api.models import ApiKey, Job
+    from inference_service.asgi_handler import OneHopASGIHandler
+    from tests.api.test_job_insert_rehearsal import _warm_state
+
+    monkeypatch.setattr(warmup, "_celery", lambda: None)
+    # A request thread keeps its connection (CONN_MAX_AGE, as with a pool a backend is reused).
+    monkeypatch.setitem(connection.settings_dict, "CONN_MAX_AGE", 60)
+    rehearse, rehearsed = job_insert.job_insert_rehearsal, []
+
+    def spy(**kw):
+        done = rehearse(**kw)
+        rehearsed.append((threading.get_ident(), connection.connection.info.backend_pid, _warm_state()))
+        return done
+
+    monkeypatch.setattr(job_insert, "job_insert_rehearsal", spy)
+    handler = OneHopASGIHandler(threads=3)
+    try:
+        assert warmup.warm_up_http(handler) == []
+        # Each thread's backend after the warm-up: still the one that rehearsed.
+        kept = handler.run_on_each_thread(lambda: (threading.get_ident(), connection.connection.info.backend_pid))
+    finally:
+        handler.run_on_each_thread(connections.close_all)
+    assert len({thread for thread, _, _ in rehearsed}) == 3 == len(rehearsed)
+    assert all({"api_key_gate", "api_job_queued_notify"} <= warm for _, _, warm in rehearsed)
+    assert {(thread, pid) for thread, pid, _ in rehearsed} == set(kept)
+    assert not Job.objects.exists() and not ApiKey.objects.exists()  # nothing was written
+
+
+def test_no_rehearsal_where_each_request_closes_its_connection(redis_client, monkeypatch):
+    import api.services.job_insert as job_insert
+    from inference_service.asgi_handler import OneHopASGIHandler
+
+    monkeypatch.setattr(warmup, "_celery", lambda: None)
+    monkeypatch.setitem(connection.settings_dict, "CONN_MAX_AGE", 0)  # and no pool: a new backend each time
+    monkeypatch.delitem(connection.settings_dict.get("OPTIONS", {}), "pool", raising=False)
+    calls = []
+    monkeypatch.setattr(job_insert, "job_insert_rehearsal", lambda **kw: calls.append(kw))
+    assert warmup.warm_up_http(OneHopASGIHandler(threads=2)) == []
+    assert calls == []
