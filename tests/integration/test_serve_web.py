@@ -131,3 +131,38 @@ def test_each_daphne_process_warms_its_request_path_up_before_its_first_request(
     finally:
         code = web.stop(30)
     assert code == 0, web.log_tail()
+
+
+def _rows_inserted() -> dict[str, int]:
+    """Rows ever inserted into the job and key tables, as the statistics count them (a rolled-back
+    INSERT counts too), fresh for this call."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_stat_clear_snapshot()")
+        cursor.execute("SELECT relname, n_tup_ins FROM pg_stat_user_tables WHERE relname IN ('api_job', 'api_apikey')")
+        return dict(cursor.fetchall())
+
+
+def test_with_the_connection_pool_each_request_thread_rehearses_the_submission_and_keeps_nothing(
+        service_env, tmp_path):
+    # As deployed on PostgreSQL (DB_POOL): a real daphne process's request threads rehearse the
+    # submission's call on their pooled connections, each six times, and roll it back.
+    from api.models import ApiKey, Job
+    from api.services.job_insert import REHEARSALS
+
+    before = _rows_inserted()
+    port = free_port()
+    web = start_daphne({**service_env, "DB_POOL": "1", "WEB_REQUEST_THREADS": "2"}, port, tmp_path, processes=1)
+    try:
+        wait_for(lambda: "web warm-up: request path in" in web.log_tail(200_000), START_TIMEOUT_S, "the warm-up")
+        assert _health(port)["checks"]["database"]["ok"]
+    finally:
+        code = web.stop(30)
+    assert code == 0, web.log_tail()
+    log = web.log_tail(200_000)
+    assert "failed; the first request pays for it" not in log, log
+    expected = {table: before.get(table, 0) + 2 * REHEARSALS for table in ("api_job", "api_apikey")}
+    # The backends report their counts when they end (the pool's connections closed with daphne).
+    wait_for(lambda: _rows_inserted() == expected, 30, f"{expected} rows counted as inserted")
+    assert not Job.objects.exists() and not ApiKey.objects.exists()  # all rolled back
