@@ -20,18 +20,15 @@ PostgreSQL); its jobs are deleted every 10 rounds and at the end.
 from __future__ import annotations
 
 import argparse
-import os
 import random
 import statistics
 import sys
 import time
-import uuid
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import REPO, dump_json_line, environment  # noqa: E402
-from service_bench import _postgres_bench_db  # noqa: E402
+from common import django_with_bench_key, dump_json_line, environment  # noqa: E402
 
 SIDES = ("cold", "rehearsed_once", "rehearsed", "warm")
 
@@ -42,25 +39,12 @@ def main() -> None:
     parser.add_argument("--out", default=None, help="also append the final JSON line to this file")
     args = parser.parse_args()
 
-    os.environ["DATABASE_URL"] = os.environ.get("BENCH_DATABASE_URL") or _postgres_bench_db()
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "inference_service.settings")
-    os.chdir(REPO)
-    import django
-
-    django.setup()
-    from django.contrib.auth import get_user_model
-    from django.core.management import call_command
+    owner, api_key, _ = django_with_bench_key("cold_backend")
     from django.db import connection
     from django.utils import timezone
 
     from api.models import Job
-    from api.services.api_keys import api_key_create
     from api.services.job_insert import job_insert_rehearsal, job_insert_within_quota
-
-    call_command("migrate", verbosity=0)
-    owner = get_user_model().objects.create(username=f"cold-backend-{uuid.uuid4().hex[:8]}")
-    api_key, _ = api_key_create(owner=owner, name="cold_backend", requests_per_minute=10**9, tokens_per_day=10**12,
-                                max_concurrent_jobs=10**6)
 
     def submit() -> None:
         job = Job(owner=owner, api_key=api_key, prompt="x" * 200, prompt_token_ids=list(range(60)),

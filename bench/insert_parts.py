@@ -33,13 +33,11 @@ import statistics
 import sys
 import threading
 import time
-import uuid
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import REPO, dump_json_line, environment  # noqa: E402
-from service_bench import _postgres_bench_db  # noqa: E402
+from common import django_with_bench_key, dump_json_line, environment  # noqa: E402
 
 VARIANTS = ("select_1", "bare_insert_commit", "job_insert", "job_insert_position", "gate_only", "submission",
             "submission_async_commit", "submission_no_triggers")
@@ -53,28 +51,15 @@ def main() -> None:
     parser.add_argument("--model", default=None, help="ignored (h200_service.sh's SCRIPT= passes one)")
     args = parser.parse_args()
 
-    os.environ["DATABASE_URL"] = os.environ.get("BENCH_DATABASE_URL") or _postgres_bench_db()
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "inference_service.settings")
-    os.chdir(REPO)
-    import django
-
-    django.setup()
+    owner, api_key, _ = django_with_bench_key("insert_parts")
     import psycopg
-    from django.contrib.auth import get_user_model
-    from django.core.management import call_command
     from django.db import connection
     from django.utils import timezone
 
     from api.models import Job
     from api.services import job_insert
-    from api.services.api_keys import api_key_create
     from api.services.quotas import quota_gate_params, quota_gate_sql
     from api.streaming.queue_listener import CHANNEL
-
-    call_command("migrate", verbosity=0)
-    owner = get_user_model().objects.create(username=f"insert-parts-{uuid.uuid4().hex[:8]}")
-    api_key, _ = api_key_create(owner=owner, name="insert_parts", requests_per_minute=10**9, tokens_per_day=10**12,
-                                max_concurrent_jobs=10**6)
     url = os.environ["DATABASE_URL"].replace("postgres://", "postgresql://", 1)
 
     def connect(*settings: str) -> psycopg.Connection:

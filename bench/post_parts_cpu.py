@@ -18,14 +18,12 @@ import argparse
 import os
 import sys
 import time
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import REPO, dump_json_line, ensure_default_model, environment  # noqa: E402
-from service_bench import _postgres_bench_db  # noqa: E402
+from common import django_with_bench_key, dump_json_line, ensure_default_model, environment  # noqa: E402
 from web_post_cpu import PROMPT  # noqa: E402
 
 
@@ -35,31 +33,19 @@ def main() -> None:
     parser.add_argument("--out", default=None, help="also append the final JSON line to this file")
     args = parser.parse_args()
 
-    os.environ["DATABASE_URL"] = os.environ.get("BENCH_DATABASE_URL") or _postgres_bench_db()
     os.environ["REDIS_URL"] = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/11")
     os.environ["MODEL_PATH"] = str(ensure_default_model(os.environ.get("MODEL_PATH")).resolve())
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "inference_service.settings")
-    os.chdir(REPO)
-    import django
-
-    django.setup()
-    from django.contrib.auth import get_user_model
-    from django.core.management import call_command
+    owner, api_key, secret = django_with_bench_key("post_parts_cpu")
     from django.utils import timezone
     from rest_framework.test import APIClient
 
     from api.authentication import authenticate_api_key
     from api.models import Job
     from api.serializers import JobCreateSerializer
-    from api.services.api_keys import api_key_create
     from api.services.job_insert import job_insert_within_quota
     from api.services.jobs import SAMPLING_DEFAULTS, JobRequest, _tokenize, job_create
     from api.services.quotas import quota_consume_request
 
-    call_command("migrate", verbosity=0)
-    owner = get_user_model().objects.create(username=f"post-parts-{uuid.uuid4().hex[:8]}")
-    api_key, secret = api_key_create(owner=owner, name="post_parts_cpu", requests_per_minute=10**9,
-                                     tokens_per_day=10**12, max_concurrent_jobs=10**6)
     body = {"prompt": PROMPT, "max_tokens": 64, "temperature": 0.0}
 
     def validate() -> JobCreateSerializer:
