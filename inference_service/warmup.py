@@ -26,7 +26,8 @@ Last, on PostgreSQL, every request thread rehearses the submission's database ca
 connection it is handed, and rolls it back: a database backend's first submission cost 6.1-6.5 ms
 on the dev VM against 1.1-1.3 ms later (services/job_insert.py), and the pool hands the
 connections out in turn, so without it most of a process's first jobs met a backend that had
-not run one.
+not run one. A connection the pool opens later (it grew past the request threads' share, or
+replaced one that was idle too long or past its lifetime) pays that once, on its first job.
 """
 
 from __future__ import annotations
