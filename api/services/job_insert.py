@@ -17,7 +17,7 @@ the ``COMMIT``'s round trip, all waiting for the GIL in a busy web process: on t
 host, 32 simultaneous submissions of one key queued 23-28 ms (median) for that lock. Here the
 database decides, and the lock is held only for the server's own work up to the ``COMMIT``.
 
-:func:`job_insert_rehearsal` runs that call once on a connection and rolls it back, so a web
+:func:`job_insert_rehearsal` runs that call on a connection and rolls it back, so a web
 process can pay, before its first client does, what a database backend's first submission costs:
 compiling the gate and the NOTIFY trigger, planning their statements, loading the tables'
 catalog entries. On the dev VM a new backend's first submission took 6.1-6.5 ms against 1.1-1.3
