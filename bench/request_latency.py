@@ -141,7 +141,7 @@ def main() -> None:
     model = ensure_default_model(args.model).resolve()
     log_dir = Path(os.environ.get("BENCH_LOG_DIR", "/tmp"))
     service = Service(model, args.port, log_dir, web_processes=args.web_processes)
-    key = service.start(with_worker=args.worker)
+    key = service.start(with_worker=args.worker)[0]
     try:
         requests = asyncio.run(_time_requests(args.port, key, args.requests.split(","), args.calls, args.pause_ms / 1000))
     finally:

@@ -129,9 +129,9 @@ class Service:
         self.web_processes = web_processes
         self.worker_id = f"bench-{os.getpid()}"
 
-    def start(self, with_worker: bool = True) -> str:
+    def start(self, with_worker: bool = True, keys: int = 1) -> list[str]:
         """Start the web tier (and, unless ``with_worker`` is False, the engine worker) on a
-        flushed database and Redis; returns a new API key."""
+        flushed database and Redis; returns ``keys`` new API keys, each of its own user."""
         import redis
 
         redis.Redis.from_url(self.env["REDIS_URL"]).flushdb()
@@ -139,7 +139,8 @@ class Service:
         # A fresh database: jobs an earlier run (or anything else) left queued would be claimed
         # and run by this run's worker, and skew it.
         self._manage("flush", "--noinput")
-        key = self._manage("create_api_user", "bench", "--quiet").strip().splitlines()[-1]
+        secrets = [self._manage("create_api_user", f"bench{i or ''}", "--quiet").strip().splitlines()[-1]
+                   for i in range(keys)]
         py = sys.executable
         # daphne borrows database connections from psycopg's pool (DB_POOL, as deployed) when
         # psycopg[pool] is installed; the worker keeps its persistent connections.
@@ -158,7 +159,7 @@ class Service:
                 raise RuntimeError(f"service did not start; see {self.log_dir}")
             time.sleep(0.2)
         self.check_alone(r)
-        return key
+        return secrets
 
     def check_alone(self, r) -> None:
         """Refuse to measure when another engine worker consumes this Redis DB (a leftover of an
@@ -296,7 +297,8 @@ async def _post_job(port: int, key: str, body: dict) -> tuple[str, float]:
     return json.loads(raw)["id"], sent
 
 
-async def service_round(port: int, key: str, prompts: list[str], max_tokens: int) -> dict:
+async def service_round(port: int, keys: list[str], prompts: list[str], max_tokens: int) -> dict:
+    """Every prompt POSTed and streamed at once, the i-th with key ``keys[i % len(keys)]``."""
     import websockets
 
     ttft: list[float] = []
@@ -308,7 +310,7 @@ async def service_round(port: int, key: str, prompts: list[str], max_tokens: int
 
     traces: list[tuple[str, float, float, float]] = []
 
-    async def one(prompt: str) -> None:
+    async def one(prompt: str, key: str) -> None:
         t0, t0_wall = time.perf_counter(), time.time()
         body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0}
         job_id, t_sent = await _post_job(port, key, body)
@@ -328,7 +330,7 @@ async def service_round(port: int, key: str, prompts: list[str], max_tokens: int
         # Wall clock: the database's timestamps are too.
         traces.append((job_id, t0_wall, t0_wall + first, t0_wall + final))
 
-    result = await _round(one, prompts, ttft, tokens, post_s=post, client_send_s=sent, ws_open_s=ws_open,
+    result = await _round(one, prompts, keys, ttft, tokens, post_s=post, client_send_s=sent, ws_open_s=ws_open,
                           ws_close_s=ws_close)
     result["traces"] = traces
     return result
@@ -360,11 +362,12 @@ def stage_times(traces: list[tuple[str, float, float, float]],
     return out
 
 
-async def _round(one, prompts: list[str], ttft: list[float], tokens: list[int], **extra: list[float]) -> dict:
-    """Run ``one(prompt)`` for every prompt at once; tok/s over the wall time of the whole round
-    (``one`` fills ``ttft``, ``tokens`` and the lists in ``extra``)."""
+async def _round(one, prompts: list[str], keys: list[str], ttft: list[float], tokens: list[int],
+                 **extra: list[float]) -> dict:
+    """Run ``one(prompt, key)`` for every prompt at once, the keys taken in turn; tok/s over the
+    wall time of the whole round (``one`` fills ``ttft``, ``tokens`` and the lists in ``extra``)."""
     t0 = time.perf_counter()
-    await asyncio.gather(*(one(p) for p in prompts))
+    await asyncio.gather(*(one(p, keys[i % len(keys)]) for i, p in enumerate(prompts)))
     wall = time.perf_counter() - t0
     return {"tok_s": sum(tokens) / wall, "ttft_s": ttft, "tokens": tokens, "wall_s": wall, **extra}
 
@@ -384,7 +387,7 @@ async def _read_stream(ws, t0: float) -> tuple[float, int]:
     raise RuntimeError("the stream closed before its final message")
 
 
-async def ws_submit_round(port: int, key: str, prompts: list[str], max_tokens: int) -> dict:
+async def ws_submit_round(port: int, keys: list[str], prompts: list[str], max_tokens: int) -> dict:
     """The same jobs submitted over ``/ws/v1/generate`` (submit and stream on one socket, no
     HTTP request cycle). TTFT = start of the WebSocket connect -> first delta."""
     import websockets
@@ -392,7 +395,7 @@ async def ws_submit_round(port: int, key: str, prompts: list[str], max_tokens: i
     ttft: list[float] = []
     tokens: list[int] = []
 
-    async def one(prompt: str) -> None:
+    async def one(prompt: str, key: str) -> None:
         t0 = time.perf_counter()
         async with websockets.connect(f"ws://127.0.0.1:{port}/ws/v1/generate?api_key={key}", open_timeout=120) as ws:
             await ws.send(json.dumps({"prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0}))
@@ -400,7 +403,7 @@ async def ws_submit_round(port: int, key: str, prompts: list[str], max_tokens: i
         ttft.append(first)
         tokens.append(completion)
 
-    return await _round(one, prompts, ttft, tokens)
+    return await _round(one, prompts, keys, ttft, tokens)
 
 
 # --------------------------------------------------------------------------------------- main
@@ -422,6 +425,9 @@ def main() -> None:
     parser.add_argument("--web-processes", type=int, default=int(os.environ.get("BENCH_WEB_PROCESSES", "1")),
                         help="daphne processes (inference_service.serve_web); default BENCH_WEB_PROCESSES or 1, "
                              "so bench/h200_ab_env.sh can compare two counts")
+    parser.add_argument("--keys", type=int, default=int(os.environ.get("BENCH_KEYS", "1")),
+                        help="API keys, each of its own user, that the jobs take in turn (default BENCH_KEYS "
+                             "or 1: the issue's figures are one key's burst, whose submissions share its quota lock)")
     args = parser.parse_args()
     faulthandler.register(signal.SIGUSR1)  # `kill -USR1 <pid>` prints where a slow run is
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # still stop the services on SIGTERM
@@ -436,10 +442,10 @@ def main() -> None:
     try:
         texts, prompt_ids = full_length_prompts(engine, tokenizer, args.concurrency, args.max_tokens)
 
-        key = service.start()
+        keys = service.start(keys=args.keys)
         # Warm-up with all the prompts (8 tokens each): the engine side is warm from the probe
         # (its prefix cache holds these prompts), so the worker gets the same start.
-        asyncio.run(service_round(args.port, key, texts, 8))
+        asyncio.run(service_round(args.port, keys, texts, 8))
         pinned = None
         if args.pin_engine_cpu is not None:  # after the warm-up, the worker's busiest thread is its engine's
             from thread_pin import busiest_thread, own_engine_thread, pin, thread_ticks
@@ -452,12 +458,12 @@ def main() -> None:
         for _ in range(args.repeats):
             engine_runs.append(asyncio.run(engine_round(engine, prompt_ids, args.max_tokens)))
             before, client_before = service.cpu_seconds(), time.process_time()
-            service_runs.append(asyncio.run(service_round(args.port, key, texts, args.max_tokens)))
+            service_runs.append(asyncio.run(service_round(args.port, keys, texts, args.max_tokens)))
             after = service.cpu_seconds()
             service_runs[-1]["cpu_s"] = {k: round(after[k] - before[k], 2) for k in after}
             service_runs[-1]["cpu_s"]["bench_client"] = round(time.process_time() - client_before, 2)
             if args.ws_submit:
-                ws_runs.append(asyncio.run(ws_submit_round(args.port, key, texts, args.max_tokens)))
+                ws_runs.append(asyncio.run(ws_submit_round(args.port, keys, texts, args.max_tokens)))
             print(f"engine {engine_runs[-1]['tok_s']:.0f} tok/s, service {service_runs[-1]['tok_s']:.0f} tok/s",
                   flush=True)
         if pinned is not None:  # the pinned thread should have done most of the worker's work
@@ -526,6 +532,7 @@ def _report(engine_runs: list[dict], service_runs: list[dict], ws_runs: list[dic
         "max_tokens": args.max_tokens,
         "repeats": args.repeats,
         "web_processes": args.web_processes,
+        "keys": args.keys,
         "engine": eng,
         "service": svc,
         "service_over_engine": round(svc["tok_s"] / eng["tok_s"], 3),

@@ -62,7 +62,7 @@ def main() -> None:
 
     broker = redis.Redis.from_url(service.env["REDIS_URL"])
     try:
-        key = service.start(with_worker=False)  # no worker: its check_alone wait also lets daphne warm up
+        key = service.start(with_worker=False)[0]  # no worker: its check_alone wait also lets daphne warm up
         body = {"prompt": PROMPT, "max_tokens": 64, "temperature": 0.0}
         walls, messages, cpu_s, posts = [], [], 0.0, 0
         for i in range(args.warm_up + args.bursts):
