@@ -15,7 +15,6 @@ from api.serializer_copies import ShallowFieldCopies
 MAX_STOP_SEQUENCES = 4
 MAX_STOP_LENGTH = 256
 MAX_MESSAGES = 512
-MAX_IDEMPOTENCY_KEY_LENGTH = 255
 
 
 def _check_text(value: str) -> str:

@@ -179,9 +179,11 @@ def _default_max_tokens() -> int:
 
 
 def _check_idempotency_key(key: str) -> None:
-    if not key or len(key) > MAX_IDEMPOTENCY_KEY_LENGTH or not key.isprintable():
+    # Printable ASCII only: header bytes reach Django decoded as Latin-1, so a non-ASCII key would
+    # be accepted or refused depending on how the client encoded it (UTF-8 yields C1 controls).
+    if not key or len(key) > MAX_IDEMPOTENCY_KEY_LENGTH or not (key.isascii() and key.isprintable()):
         raise InvalidRequest(
-            f"Idempotency-Key must be 1 to {MAX_IDEMPOTENCY_KEY_LENGTH} printable characters.",
+            f"Idempotency-Key must be 1 to {MAX_IDEMPOTENCY_KEY_LENGTH} printable ASCII characters.",
             param="Idempotency-Key",
             code="invalid_idempotency_key",
         )

@@ -51,7 +51,8 @@ class JobListCreateView(APIView):
             "different body is a 422."
         ),
         request=JobCreateSerializer,
-        parameters=[OpenApiParameter("Idempotency-Key", OpenApiTypes.STR, OpenApiParameter.HEADER)],
+        parameters=[OpenApiParameter("Idempotency-Key", OpenApiTypes.STR, OpenApiParameter.HEADER,
+                                     description="1 to 255 printable ASCII characters, unique per user")],
         responses={
             202: JobCreatedSerializer,
             200: JobCreatedSerializer,

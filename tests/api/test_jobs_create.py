@@ -95,6 +95,28 @@ def test_same_idempotency_key_with_another_body_is_422(api_client):
     assert Job.objects.count() == 1
 
 
+@pytest.mark.parametrize("key", ["", "k" * 256, "tab\there", "caf\u00e9", "\u00d0\u00ba\u00d0\u00bb"])
+def test_an_idempotency_key_that_is_empty_too_long_or_not_printable_ascii_is_400(api_client, key):
+    # "\u00d0\u00ba\u00d0\u00bb" is UTF-8 "кл" as Django sees it (header bytes decoded as Latin-1).
+    response = api_client.post("/api/v1/jobs", {"prompt": "Hi", "max_tokens": 4}, format="json",
+                               HTTP_IDEMPOTENCY_KEY=key)
+
+    assert response.status_code == 400
+    assert response.json()["error"]["code"] == "invalid_idempotency_key"
+    assert response.json()["error"]["param"] == "Idempotency-Key"
+    assert Job.objects.count() == 0
+
+
+def test_an_idempotency_key_of_255_printable_ascii_characters_is_accepted(api_client):
+    key = "~ Az-09_." * 28 + "xyz"
+
+    response = api_client.post("/api/v1/jobs", {"prompt": "Hi", "max_tokens": 4}, format="json",
+                               HTTP_IDEMPOTENCY_KEY=key)
+
+    assert len(key) == 255 and response.status_code == 202
+    assert Job.objects.get().idempotency_key == key
+
+
 def test_idempotency_keys_are_scoped_per_user(api_client):
     api_client.post("/api/v1/jobs", {"prompt": "Hi", "max_tokens": 4}, format="json", HTTP_IDEMPOTENCY_KEY="k")
     _, other_secret = make_api_key()
