@@ -6,12 +6,14 @@ from drf_spectacular.views import SpectacularAPIView
 
 from api.views.jobs import JobCancelView, JobDetailView, JobListCreateView
 from api.views.service import HealthView, ModelListView, api_docs
+from api.views.usage import UsageView
 
 urlpatterns = [
     path("jobs", JobListCreateView.as_view(), name="jobs"),
     path("jobs/<uuid:job_id>", JobDetailView.as_view(), name="job-detail"),
     path("jobs/<uuid:job_id>/cancel", JobCancelView.as_view(), name="job-cancel"),
     path("models", ModelListView.as_view(), name="models"),
+    path("usage", UsageView.as_view(), name="usage"),
     path("health", HealthView.as_view(), name="health"),
     path(
         "schema",

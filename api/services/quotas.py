@@ -162,6 +162,18 @@ class KeyUsage:
         return self.active_jobs > self.max_concurrent_jobs or self.tokens_used > self.tokens_per_day
 
 
+def quota_key_usage(*, api_key: ApiKey, now: dt.datetime) -> KeyUsage:
+    """The key's concurrency and daily token limits (as loaded) and its usage now, counted as the
+    gate counts it: a snapshot, no lock taken."""
+    active, tokens = _key_usage(api_key=api_key, now=now)
+    return KeyUsage(api_key.max_concurrent_jobs, api_key.tokens_per_day, active, tokens)
+
+
+def quota_day_reset_s(now: dt.datetime) -> float:
+    """Seconds until the daily token quota starts again (UTC midnight)."""
+    return (_day_bounds(now)[1] - now).total_seconds()
+
+
 def quota_check_job(*, api_key: ApiKey, prompt_tokens: int, max_tokens: int) -> None:
     """Lock the key's row (until the caller's transaction ends) and raise QuotaExceeded if the
     job just inserted by this transaction breaks the key's concurrency or daily token quota.

@@ -1,0 +1,43 @@
+"""Reads of the calling key's quotas and usage: ``GET /api/v1/usage``.
+
+Each quota is counted as the submission path counts it: requests in the current one-minute window
+(Redis), jobs queued or running, and tokens charged since UTC midnight (finished jobs' engine
+counts plus prompt + max_tokens reserved for each active job). The daily history is the usage
+roll-up's rows (celery beat refreshes today's every few minutes), newest first.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+
+from api.models import ApiKey, UsageRecord
+from api.services.quotas import (
+    KeyUsage,
+    RateLimitState,
+    quota_day_reset_s,
+    quota_key_usage,
+    quota_request_rate_state,
+)
+
+
+@dataclass(frozen=True)
+class KeyUsageReport:
+    api_key: ApiKey
+    rate: RateLimitState | None  # None: Redis is unreachable, so the rate limit is not enforced either
+    usage: KeyUsage
+    tokens_reset_s: float
+    days: list[UsageRecord]
+
+
+def api_key_usage_report(*, api_key: ApiKey, days: int, now: dt.datetime) -> KeyUsageReport:
+    """``api_key``'s limits and where it stands now, with its daily usage of the last ``days`` UTC
+    days (today included; days without jobs have no row)."""
+    first_day = now.astimezone(dt.UTC).date() - dt.timedelta(days=days - 1)
+    return KeyUsageReport(
+        api_key=api_key,
+        rate=quota_request_rate_state(api_key=api_key, now=now.timestamp()),
+        usage=quota_key_usage(api_key=api_key, now=now),
+        tokens_reset_s=quota_day_reset_s(now),
+        days=list(UsageRecord.objects.filter(api_key=api_key, day__gte=first_day).order_by("-day")),
+    )
