@@ -3,6 +3,7 @@ the Celery dispatch replaced by a recorder (unit tests never talk to a broker)."
 
 from __future__ import annotations
 
+import gc
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -27,6 +28,19 @@ def _dispatch_on_the_callers_thread(settings):
     thread on): the dispatcher thread's own DB connection could not see the test's uncommitted
     transaction. tests/api/test_dispatcher.py covers the thread."""
     settings.JOB_DISPATCH_THREAD = False
+
+
+@pytest.fixture
+def consumer_connections_closed():
+    """Close, after the test, the database connections its consumers opened on other threads.
+
+    channels.testing's communicators replace ``channels.db.close_old_connections`` with a no-op
+    while they run the application, so a consumer's ``database_sync_to_async`` call leaves its
+    executor thread's connection open; the thread is gone once the test's event loop closes, and
+    the connection lingers until garbage collection. Left over at the end of the run, such
+    sessions made dropping the test database fail ("being accessed by other users")."""
+    yield
+    gc.collect()
 
 
 @pytest.fixture

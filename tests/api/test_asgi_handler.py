@@ -14,7 +14,10 @@ from django.urls import path
 from inference_service.asgi import application, django_http
 from inference_service.asgi_handler import OneHopASGIHandler
 
-pytestmark = pytest.mark.django_db(transaction=True)  # the request runs on a thread of its own
+pytestmark = [
+    pytest.mark.django_db(transaction=True),  # the request runs on a thread of its own
+    pytest.mark.usefixtures("consumer_connections_closed"),
+]
 
 seen: list[tuple[str, str]] = []  # (what ran, the thread's name)
 

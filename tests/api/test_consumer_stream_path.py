@@ -18,7 +18,10 @@ from engine_worker.protocol import OutputChunk
 from inference_service.asgi import application
 from tests.api.factories import make_api_key, make_job
 
-pytestmark = pytest.mark.django_db(transaction=True)  # the consumers' DB calls run on other threads
+pytestmark = [
+    pytest.mark.django_db(transaction=True),  # the consumers' DB calls run on other threads
+    pytest.mark.usefixtures("consumer_connections_closed"),
+]
 
 TEXTS = ["Once", " upon", " a", " time"]
 

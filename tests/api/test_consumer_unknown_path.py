@@ -11,7 +11,10 @@ from channels.testing import WebsocketCommunicator
 from inference_service.asgi import application
 from tests.api.factories import make_api_key
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.usefixtures("consumer_connections_closed"),
+]
 
 
 @pytest.mark.parametrize("path", ["/ws/v1/jobs/not-a-uuid/", "/ws/v1/nope", "/ws/v2/generate", "/"])
