@@ -96,6 +96,14 @@ class JobNotFound(ServiceError):
         super().__init__(f"No job with id {job_id}.", param="id")
 
 
+class ApiKeyNotFound(ServiceError):
+    status_code = 404
+    code = "api_key_not_found"
+
+    def __init__(self, key_id: object) -> None:
+        super().__init__(f"No API key with id {key_id}.", param="id")
+
+
 class JobNotCancellable(ServiceError):
     status_code = 409
     code = "job_not_cancellable"

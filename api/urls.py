@@ -5,6 +5,7 @@ from drf_spectacular.renderers import OpenApiJsonRenderer
 from drf_spectacular.views import SpectacularAPIView
 
 from api.views.jobs import JobCancelView, JobDetailView, JobListCreateView
+from api.views.keys import ApiKeyListView, ApiKeyRevokeView
 from api.views.service import HealthView, ModelListView, api_docs
 from api.views.usage import UsageView
 
@@ -14,6 +15,8 @@ urlpatterns = [
     path("jobs/<uuid:job_id>/cancel", JobCancelView.as_view(), name="job-cancel"),
     path("models", ModelListView.as_view(), name="models"),
     path("usage", UsageView.as_view(), name="usage"),
+    path("keys", ApiKeyListView.as_view(), name="keys"),
+    path("keys/<int:key_id>/revoke", ApiKeyRevokeView.as_view(), name="key-revoke"),
     path("health", HealthView.as_view(), name="health"),
     path(
         "schema",

@@ -10,6 +10,7 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.utils import timezone
 
 from api.models import ApiKey
+from api.selectors.owned_keys import api_key_get
 
 SECRET_PREFIX = "sk-"
 VISIBLE_PREFIX_LENGTH = 12
@@ -63,6 +64,15 @@ def api_key_revoke(*, api_key_id: int) -> bool:
     """Revoke a key; returns False if it was already revoked. Takes effect on the next request."""
     updated = ApiKey.objects.filter(id=api_key_id, revoked_at__isnull=True).update(revoked_at=timezone.now())
     return updated == 1
+
+
+def api_key_revoke_owned(*, key_id: int, owner: AbstractBaseUser) -> ApiKey:
+    """Revoke ``owner``'s key ``key_id`` (ApiKeyNotFound for anyone else's) and return it as
+    stored. Revoking a revoked key changes nothing: its first revocation time stays."""
+    api_key = api_key_get(key_id=key_id, owner=owner)
+    api_key_revoke(api_key_id=api_key.id)
+    api_key.refresh_from_db(fields=["revoked_at"])
+    return api_key
 
 
 def api_key_touch(*, api_key: ApiKey) -> None:

@@ -1,0 +1,55 @@
+"""/api/v1/keys: a user's own API keys, listed, and revoked (a leaked key, say) without an operator.
+
+Keys are created by operators (the admin, ``manage.py create_api_user``): each key carries its own
+quotas, so a user who could mint keys could multiply them.
+"""
+
+from __future__ import annotations
+
+from drf_spectacular.utils import OpenApiResponse, extend_schema
+from rest_framework.pagination import PageNumberPagination
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from api.key_serializers import ApiKeySerializer, api_key_body
+from api.selectors.owned_keys import api_key_list
+from api.serializers import KEYS_MAX_PAGE_SIZE, ErrorSerializer, KeyListQuerySerializer
+from api.services.api_keys import api_key_revoke_owned
+
+ERRORS = {
+    400: OpenApiResponse(ErrorSerializer, description="Invalid request"),
+    401: OpenApiResponse(ErrorSerializer, description="Missing, invalid or revoked API key"),
+}
+
+
+class KeyPagination(PageNumberPagination):
+    page_size = KEYS_MAX_PAGE_SIZE
+    page_size_query_param = "page_size"
+    max_page_size = KEYS_MAX_PAGE_SIZE
+
+
+class ApiKeyListView(APIView):
+    @extend_schema(operation_id="keys_list", summary="Your API keys, newest first (revoked ones too)",
+                   parameters=[KeyListQuerySerializer], responses={200: ApiKeySerializer(many=True), **ERRORS})
+    def get(self, request: Request) -> Response:
+        KeyListQuerySerializer(data=request.query_params).is_valid(raise_exception=True)
+        paginator = KeyPagination()
+        page = paginator.paginate_queryset(api_key_list(owner=request.user), request, view=self) or []
+        body = [api_key_body(key, current=request.auth) for key in page]
+        return paginator.get_paginated_response(ApiKeySerializer(body, many=True).data)
+
+
+class ApiKeyRevokeView(APIView):
+    @extend_schema(
+        operation_id="keys_revoke",
+        summary="Revoke one of your API keys",
+        description="From the next request on, the key is refused (401). Revoking a revoked key "
+                    "changes nothing. The request's own key may be revoked too.",
+        request=None,
+        responses={200: ApiKeySerializer, **ERRORS,
+                   404: OpenApiResponse(ErrorSerializer, description="No such key (or not yours)")},
+    )
+    def post(self, request: Request, key_id: int) -> Response:
+        api_key = api_key_revoke_owned(key_id=key_id, owner=request.user)
+        return Response(ApiKeySerializer(api_key_body(api_key, current=request.auth)).data)
