@@ -38,6 +38,7 @@ from api.services.quotas import (
     quota_consume_request,
     quota_raise_if_exceeded,
 )
+from api.streaming.job_end import stream_job_end
 from api.tokenization import get_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -248,6 +249,7 @@ def job_cancel(*, job_id: uuid.UUID | str, owner: AbstractBaseUser | None = None
     Cancelling a cancelled job is a no-op; cancelling another finished job raises
     JobNotCancellable. ``owner`` restricts the lookup (None: any job, for operators)."""
     jobs = Job.objects.filter(id=job_id) if owner is None else Job.objects.filter(id=job_id, owner=owner)
+    ended_in_queue = False
     # A job can move queued -> in_progress between our two UPDATEs; loop until one of them wins
     # or the job is finished. Each pass is one conditional UPDATE, so there is no lost update.
     for _ in range(3):
@@ -255,6 +257,7 @@ def job_cancel(*, job_id: uuid.UUID | str, owner: AbstractBaseUser | None = None
         if jobs.filter(status=JobStatus.QUEUED).update(
             status=JobStatus.CANCELLED, cancel_requested=True, finished_at=now
         ):
+            ended_in_queue = True
             break
         if jobs.filter(status=JobStatus.IN_PROGRESS).update(cancel_requested=True):
             transaction.on_commit(partial(_publish_cancel, str(job_id)))
@@ -269,6 +272,8 @@ def job_cancel(*, job_id: uuid.UUID | str, owner: AbstractBaseUser | None = None
     job = jobs.first()
     if job is None:
         raise JobNotFound(job_id)
+    if ended_in_queue:  # no worker will publish its final: tell its watchers here
+        transaction.on_commit(partial(stream_job_end, job=job))
     return job
 
 

@@ -13,7 +13,7 @@ import threading
 from collections.abc import Coroutine
 from typing import Any
 
-from channels.layers import get_channel_layer
+from channels.layers import DEFAULT_CHANNEL_LAYER, channel_layers, get_channel_layer
 from channels_redis.core import RedisChannelLayer
 
 from api.streaming.group_batch import group_send_many
@@ -24,11 +24,11 @@ logger = logging.getLogger(__name__)
 class GroupSender:
     """Sends channel-layer group messages from sync code, in the order given."""
 
-    def __init__(self) -> None:
+    def __init__(self, layer: Any = None) -> None:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="group-sender", daemon=True)
         self._thread.start()
-        self._layer = get_channel_layer()
+        self._layer = layer if layer is not None else get_channel_layer()
 
     def send(self, messages: list[tuple[str, dict[str, Any]]], timeout: float = 10.0) -> None:
         """Send ``(group, message)`` pairs and wait for them (so batches stay in order)."""
@@ -48,3 +48,19 @@ class GroupSender:
         """Stop the loop (at process shutdown; open connections die with the process)."""
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(5.0)
+
+
+_process_sender: GroupSender | None = None
+_process_sender_lock = threading.Lock()
+
+
+def process_group_sender() -> GroupSender:
+    """This process's GroupSender, started on first use (a web process needs one only for the
+    rare event it publishes itself, such as a queued job's cancellation). It has a channel layer
+    of its own: the process's layer keeps a connection pool per event loop, and closing it
+    (``flush()``) from the process's loop would try to close this thread's pool too."""
+    global _process_sender
+    with _process_sender_lock:
+        if _process_sender is None:
+            _process_sender = GroupSender(layer=channel_layers.make_backend(DEFAULT_CHANNEL_LAYER))
+        return _process_sender

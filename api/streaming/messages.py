@@ -63,9 +63,23 @@ def chunk_entry(chunk: OutputChunk) -> dict[str, str]:
             "completion_tokens": str(chunk.completion_tokens)}
 
 
+def final_from_job(job: Any) -> dict[str, Any]:
+    """The final message of a finished ``api.models.Job``, from its row."""
+    return final_message(
+        job_id=str(job.id), seq=job.last_seq, status=job.status, finish_reason=job.finish_reason,
+        prompt_tokens=job.prompt_tokens, completion_tokens=job.completion_tokens,
+        cached_tokens=job.cached_tokens, error=job.error,
+    )
+
+
 def final_entry(result: FinalResult) -> dict[str, str]:
-    return {"type": "final", JOB_STREAM_FIELD_SEQ: str(result.last_seq), JOB_STREAM_FIELD_TEXT: "",
-            "data": json.dumps(final_from_result(result))}
+    return final_entry_from_message(final_from_result(result))
+
+
+def final_entry_from_message(message: dict[str, Any]) -> dict[str, str]:
+    """The stream entry of a final message."""
+    return {"type": "final", JOB_STREAM_FIELD_SEQ: str(message["seq"]), JOB_STREAM_FIELD_TEXT: "",
+            "data": json.dumps(message)}
 
 
 def entry_to_message(job_id: str, fields: dict[str, str]) -> dict[str, Any]:

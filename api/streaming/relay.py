@@ -163,13 +163,7 @@ class JobStreamRelay:
     async def _finish_from_row(self, job: Job) -> None:
         if self.last_seq == 0 and job.output_text:
             await self._emit(messages.delta_message(self.job_id, max(job.last_seq, 1), job.output_text))
-        await self._finish(
-            messages.final_message(
-                job_id=self.job_id, seq=job.last_seq, status=job.status, finish_reason=job.finish_reason,
-                prompt_tokens=job.prompt_tokens, completion_tokens=job.completion_tokens,
-                cached_tokens=job.cached_tokens, error=job.error,
-            )
-        )
+        await self._finish(messages.final_from_job(job))
 
 
 @database_sync_to_async

@@ -120,3 +120,32 @@ def test_without_redis_the_socket_gets_an_error_and_close_code_1011_not_a_crash(
     message, closed = asyncio.run(scenario())
     assert message["type"] == "error" and message["error"]["code"] == "service_unavailable"
     assert closed["type"] == "websocket.close" and closed["code"] == 1011
+
+
+def test_a_watcher_of_a_queued_job_gets_its_final_as_soon_as_it_is_cancelled(redis_client):
+    from channels.db import database_sync_to_async
+
+    from api.services.jobs import job_cancel
+
+    api_key, secret = make_api_key()
+    job = make_job(api_key=api_key)
+    job_id = str(job.id)
+
+    async def scenario() -> tuple[dict, float]:
+        communicator = WebsocketCommunicator(application, f"/ws/v1/jobs/{job_id}/?api_key={secret}")
+        connected, _ = await communicator.connect(timeout=10)
+        assert connected
+        await asyncio.sleep(0.2)  # subscribed and replayed (nothing yet)
+        started = asyncio.get_running_loop().time()
+        # As a view would (its connection closed after), on a thread of its own.
+        await database_sync_to_async(job_cancel, thread_sensitive=False)(job_id=job_id, owner=api_key.owner)
+        # Well under the relay's own check of the database (3 s of silence, relay.py).
+        final = await communicator.receive_json_from(timeout=1.0)
+        waited = asyncio.get_running_loop().time() - started
+        await communicator.wait(timeout=5)  # the server closes after the final
+        return final, waited
+
+    final, waited = asyncio.run(scenario())
+
+    assert final["type"] == "final" and final["job_id"] == job_id and final["status"] == "cancelled"
+    assert waited < 1.0

@@ -2,12 +2,17 @@ from __future__ import annotations
 
 import json
 import time
+from unittest import mock
 
 import pytest
+import redis
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
 
 from api import keys
 from api.models import Job, JobStatus
 from api.services.jobs import job_cancel
+from api.streaming.group_batch import messages_for
 from tests.api.factories import make_api_key, make_job
 
 pytestmark = pytest.mark.django_db
@@ -22,6 +27,47 @@ def test_cancel_of_queued_job_cancels_it_at_once_and_it_can_no_longer_be_claimed
     # The worker claims with a conditional UPDATE on status=queued: it now matches nothing.
     assert Job.objects.filter(id=job.id, status=JobStatus.QUEUED).update(status=JobStatus.IN_PROGRESS) == 0
     assert Job.objects.get(id=job.id).finished_at is not None
+
+
+def test_cancel_of_a_queued_job_puts_its_final_on_the_jobs_stream_and_its_live_group(
+    api_client, api_key, redis_client, django_capture_on_commit_callbacks
+):
+    job = make_job(api_key=api_key)
+    layer = get_channel_layer()
+    channel = async_to_sync(layer.new_channel)()
+    async_to_sync(layer.group_add)(keys.job_group_name(str(job.id)), channel)
+
+    with django_capture_on_commit_callbacks(execute=True):
+        assert api_client.post(f"/api/v1/jobs/{job.id}/cancel").status_code == 200
+
+    entries = redis_client.xrange(keys.job_stream_key(str(job.id)))
+    assert len(entries) == 1 and entries[0][1]["type"] == "final"
+    final = json.loads(entries[0][1]["data"])
+    assert final["type"] == "final" and final["job_id"] == str(job.id)
+    assert final["status"] == "cancelled" and final["seq"] == 0 and final["usage"]["completion_tokens"] == 0
+    assert 0 < redis_client.ttl(keys.job_stream_key(str(job.id)))
+    live = async_to_sync(layer.receive)(channel)  # the sink's batched form, as consumers expand it
+    assert messages_for(channel, live) == [{"type": "job.final", "message": final}]
+
+
+def test_cancel_of_a_running_job_leaves_its_final_to_the_worker(
+    api_client, api_key, redis_client, django_capture_on_commit_callbacks
+):
+    job = make_job(api_key=api_key, status=JobStatus.IN_PROGRESS, worker_id="w-1")
+
+    with django_capture_on_commit_callbacks(execute=True):
+        assert api_client.post(f"/api/v1/jobs/{job.id}/cancel").status_code == 200
+
+    assert redis_client.exists(keys.job_stream_key(str(job.id))) == 0
+
+
+def test_cancel_of_a_queued_job_with_redis_down_still_cancels_it(api_client, api_key, django_capture_on_commit_callbacks):
+    job = make_job(api_key=api_key)
+    with mock.patch("api.streaming.job_end.get_redis", side_effect=redis.ConnectionError("down")), \
+            django_capture_on_commit_callbacks(execute=True):
+        response = api_client.post(f"/api/v1/jobs/{job.id}/cancel")
+
+    assert response.status_code == 200 and Job.objects.get(id=job.id).status == JobStatus.CANCELLED
 
 
 def test_cancel_of_running_job_flags_it_and_tells_the_workers_on_the_cancel_channel(
