@@ -5,6 +5,10 @@
 * ``/ws/v1/generate``: the client sends one JSON job body (as ``POST /api/v1/jobs``); the server
   answers ``{"type": "job", "id", "status"}`` and then streams that job the same way.
 
+While a job streams, either socket takes ``{"type": "cancel"}``: the job is cancelled as by
+``POST /api/v1/jobs/<id>/cancel``, and its final (status ``cancelled``) ends the stream. A job that
+already finished, or any other message, gets an error message, and the stream goes on.
+
 Authentication: ``Authorization: Bearer <key>`` or ``?api_key=<key>``. Close codes: 4401 missing,
 bad or revoked key; 4404 a job that does not exist or belongs to someone else, or a path that is
 neither of the two (``/ws/v1/jobs/not-a-uuid/``); 4400 bad input; 1011 no stream to follow
@@ -76,6 +80,22 @@ class JobStreamConsumer(RelayEvents, AsyncWebsocketConsumer):
     async def disconnect(self, code: int) -> None:
         await self.leave_job_group()
 
+    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
+        if self.relay is None or self.relay.done or self.api_key is None:
+            return  # not streaming (yet, or any more): nothing to control
+        try:
+            message = json.loads(text_data or "")
+        except ValueError:
+            message = None
+        if message != {"type": "cancel"}:
+            await self._notice('While a job streams, the only message is {"type": "cancel"}.',
+                               code="invalid_message")
+            return
+        try:
+            await _cancel_job(self.api_key, self.relay.job_id)
+        except ServiceError as exc:  # JobNotCancellable: it finished meanwhile; its final follows
+            await self._notice(exc.message, code=exc.code)
+
     # -- helpers ------------------------------------------------------------------------------
 
     async def _send_message(self, message: dict[str, Any]) -> None:
@@ -96,9 +116,14 @@ class JobStreamConsumer(RelayEvents, AsyncWebsocketConsumer):
 
     async def _error(self, message: str, *, code: str, param: str | None = None,
                      close_code: int = CLOSE_BAD_REQUEST, error_type: str = "invalid_request_error") -> None:
+        await self._notice(message, code=code, param=param, error_type=error_type)
+        await self.close(code=close_code)
+
+    async def _notice(self, message: str, *, code: str, param: str | None = None,
+                      error_type: str = "invalid_request_error") -> None:
+        """An error message that leaves the socket open."""
         body = error_body(message, error_type=error_type, code=code, param=param)
         await self.send(text_data=json.dumps({"type": "error", **body}))
-        await self.close(code=close_code)
 
 
 class UnknownPathConsumer(JobStreamConsumer):
@@ -119,8 +144,11 @@ class GenerateConsumer(JobStreamConsumer):
         await self._authenticate()
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
-        if self.api_key is None or self.relay is not None:
-            return  # unauthenticated (closing) or already streaming: extra messages are ignored
+        if self.relay is not None:  # streaming its job: control messages
+            await super().receive(text_data, bytes_data)
+            return
+        if self.api_key is None:
+            return  # unauthenticated: closing
         try:
             body = json.loads(text_data or "")
         except ValueError:
@@ -164,6 +192,13 @@ def authorize_job(raw_key: str | None, job_id: str) -> tuple[ApiKey, bool]:
     """The caller's key (or AuthenticationFailed) and whether the job is theirs: one thread hop,
     one query."""
     return authenticate_api_key_for_job(raw_key, job_id)
+
+
+@_db
+def _cancel_job(api_key: ApiKey, job_id: str) -> None:
+    from api.services.jobs import job_cancel
+
+    job_cancel(job_id=job_id, owner=api_key.owner)
 
 
 @_db
