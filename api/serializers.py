@@ -6,7 +6,7 @@ import math
 from typing import Any
 
 from django.conf import settings
-from drf_spectacular.utils import extend_schema_field
+from drf_spectacular.utils import OpenApiResponse, extend_schema_field
 from rest_framework import serializers
 
 from api.models import JobStatus
@@ -221,3 +221,10 @@ class ErrorDetailSerializer(serializers.Serializer):
 
 class ErrorSerializer(serializers.Serializer):
     error = ErrorDetailSerializer()
+
+
+# The answers every authenticated endpoint can give, for its OpenAPI responses.
+REQUEST_ERRORS = {
+    400: OpenApiResponse(ErrorSerializer, description="Invalid request"),
+    401: OpenApiResponse(ErrorSerializer, description="Missing, invalid or revoked API key"),
+}

@@ -13,6 +13,7 @@ from rest_framework.views import APIView
 from api.selectors.jobs import job_detail, job_get, job_list, job_queue_position
 from api.serializers import (
     JOBS_MAX_PAGE_SIZE,
+    REQUEST_ERRORS,
     ErrorSerializer,
     JobCreatedSerializer,
     JobCreateSerializer,
@@ -23,8 +24,7 @@ from api.services.jobs import JobRequest, job_cancel, job_create
 from api.services.quotas import quota_request_rate_state
 
 ERRORS = {
-    400: OpenApiResponse(ErrorSerializer, description="Invalid request"),
-    401: OpenApiResponse(ErrorSerializer, description="Missing, invalid or revoked API key"),
+    **REQUEST_ERRORS,
     404: OpenApiResponse(ErrorSerializer, description="No such job (or not yours)"),
 }
 

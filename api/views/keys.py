@@ -14,13 +14,8 @@ from rest_framework.views import APIView
 
 from api.key_serializers import ApiKeySerializer, api_key_body
 from api.selectors.owned_keys import api_key_list
-from api.serializers import KEYS_MAX_PAGE_SIZE, ErrorSerializer, KeyListQuerySerializer
+from api.serializers import KEYS_MAX_PAGE_SIZE, REQUEST_ERRORS, ErrorSerializer, KeyListQuerySerializer
 from api.services.api_keys import api_key_revoke_owned
-
-ERRORS = {
-    400: OpenApiResponse(ErrorSerializer, description="Invalid request"),
-    401: OpenApiResponse(ErrorSerializer, description="Missing, invalid or revoked API key"),
-}
 
 
 class KeyPagination(PageNumberPagination):
@@ -31,7 +26,7 @@ class KeyPagination(PageNumberPagination):
 
 class ApiKeyListView(APIView):
     @extend_schema(operation_id="keys_list", summary="Your API keys, newest first (revoked ones too)",
-                   parameters=[KeyListQuerySerializer], responses={200: ApiKeySerializer(many=True), **ERRORS})
+                   parameters=[KeyListQuerySerializer], responses={200: ApiKeySerializer(many=True), **REQUEST_ERRORS})
     def get(self, request: Request) -> Response:
         KeyListQuerySerializer(data=request.query_params).is_valid(raise_exception=True)
         paginator = KeyPagination()
@@ -47,7 +42,7 @@ class ApiKeyRevokeView(APIView):
         description="From the next request on, the key is refused (401). Revoking a revoked key "
                     "changes nothing. The request's own key may be revoked too.",
         request=None,
-        responses={200: ApiKeySerializer, **ERRORS,
+        responses={200: ApiKeySerializer, **REQUEST_ERRORS,
                    404: OpenApiResponse(ErrorSerializer, description="No such key (or not yours)")},
     )
     def post(self, request: Request, key_id: int) -> Response:

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from django.utils import timezone
-from drf_spectacular.utils import OpenApiResponse, extend_schema
+from drf_spectacular.utils import extend_schema
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from api.selectors.usage import api_key_usage_report
-from api.serializers import ErrorSerializer
+from api.serializers import REQUEST_ERRORS
 from api.usage_serializers import KeyUsageSerializer, UsageQuerySerializer, usage_body
 
 
@@ -24,8 +24,7 @@ class UsageView(APIView):
         parameters=[UsageQuerySerializer],
         responses={
             200: KeyUsageSerializer,
-            400: OpenApiResponse(ErrorSerializer, description="Invalid request"),
-            401: OpenApiResponse(ErrorSerializer, description="Missing, invalid or revoked API key"),
+            **REQUEST_ERRORS,
         },
     )
     def get(self, request: Request) -> Response:
