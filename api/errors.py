@@ -236,9 +236,13 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     return Response(error_body("Internal server error.", error_type="server_error", code="internal_error"), status=500)
 
 
+# The service's API and the OpenAI-compatible one: their errors are always the JSON envelope.
+API_PREFIXES = ("/api/", "/v1/")
+
+
 def json_not_found(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
     """handler404 for URLs no view matched: API paths get the envelope, other pages Django's."""
-    if not request.path.startswith("/api/"):
+    if not request.path.startswith(API_PREFIXES):
         return page_not_found(request, exception or Http404())
     return JsonResponse(
         error_body(f"Unknown URL: {request.path}", error_type="invalid_request_error", code="not_found"), status=404
@@ -247,6 +251,6 @@ def json_not_found(request: HttpRequest, exception: Exception | None = None) -> 
 
 def json_server_error(request: HttpRequest) -> HttpResponse:
     """handler500: the envelope for API paths, Django's page elsewhere (the admin)."""
-    if not request.path.startswith("/api/"):
+    if not request.path.startswith(API_PREFIXES):
         return server_error(request)
     return JsonResponse(error_body("Internal server error.", error_type="server_error", code="internal_error"), status=500)

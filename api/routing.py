@@ -6,6 +6,7 @@ from __future__ import annotations
 from django.urls import path, re_path
 
 from api.consumers import GenerateConsumer, JobStreamConsumer, UnknownPathConsumer
+from api.openai_api.consumer import ChatCompletionConsumer, TextCompletionConsumer
 from api.sse import JobEventsConsumer
 
 websocket_urlpatterns = [
@@ -17,4 +18,7 @@ websocket_urlpatterns = [
 # Long-lived HTTP responses: a consumer on the event loop, not a Django request thread per stream.
 http_stream_urlpatterns = [
     path("api/v1/jobs/<uuid:job_id>/events", JobEventsConsumer.as_asgi()),
+    # OpenAI-compatible completions: a response waits for (or streams) its job.
+    path("v1/chat/completions", ChatCompletionConsumer.as_asgi()),
+    path("v1/completions", TextCompletionConsumer.as_asgi()),
 ]

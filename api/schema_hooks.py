@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 
-def _error(description: str) -> dict[str, Any]:
+def error_response(description: str) -> dict[str, Any]:
     return {"description": description,
             "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
 
@@ -41,10 +41,10 @@ EVENTS_OPERATION: dict[str, Any] = {
         "200": {"description": "The event stream",
                 "content": {"text/event-stream": {"schema": {"type": "string"}}}},
         "204": {"description": "The client already had the final event"},
-        "400": _error("Invalid after or Last-Event-ID"),
-        "401": _error("Missing, invalid or revoked API key"),
-        "404": _error("No such job (or not yours)"),
-        "503": _error("No stream to follow right now (Redis is down); poll the job instead"),
+        "400": error_response("Invalid after or Last-Event-ID"),
+        "401": error_response("Missing, invalid or revoked API key"),
+        "404": error_response("No such job (or not yours)"),
+        "503": error_response("No stream to follow right now (Redis is down); poll the job instead"),
     },
 }
 

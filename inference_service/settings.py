@@ -161,7 +161,8 @@ SPECTACULAR_SETTINGS = {
     "VERSION": "1.0.0",
     "SERVE_INCLUDE_SCHEMA": False,
     "COMPONENT_SPLIT_REQUEST": True,
-    "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums", "api.schema_hooks.add_job_events"],
+    "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums", "api.schema_hooks.add_job_events",
+                           "api.openai_api.schema.add_openai_completions"],
 }
 
 # The model the web side tokenizes for (the engine worker loads the same folder).

@@ -11,6 +11,7 @@ urlpatterns = [
     path("admin/engine/data.json", admin.site.admin_view(engine_dashboard_data), name="engine-dashboard-data"),
     path("admin/", admin.site.urls),
     path("api/v1/", include("api.urls")),
+    path("v1/", include("api.openai_urls")),  # OpenAI-compatible (completions: api.routing)
 ]
 
 handler404 = "api.errors.json_not_found"

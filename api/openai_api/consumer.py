@@ -1,0 +1,296 @@
+"""``POST /v1/chat/completions`` and ``POST /v1/completions``: OpenAI's API over the service's jobs.
+
+Each request becomes a job exactly as ``POST /api/v1/jobs`` makes one (the same key, quotas,
+validation and durable row; the ``x-job-id`` header names it), and the answer follows the job's
+stream through the same :class:`JobStreamRelay` as the WebSocket and server-sent events:
+
+* without ``stream``, the response is sent once the job's final arrives, with the job's text as
+  the database holds it;
+* with ``stream``, each chunk of the job is one ``data:`` event in OpenAI's chunk shape, then the
+  finish reason (and the usage, with ``stream_options.include_usage``), then ``data: [DONE]``.
+
+These are Channels consumers, not Django views, because a request lasts as long as its job: a
+request thread per waiting client would bound how many can wait at once.
+
+A client that goes away before the end cancels its job, as OpenAI's and vLLM's servers stop
+generating for a closed connection. With an ``Idempotency-Key`` the job is kept instead: the
+client said it will come back for it, and a retry with the same key follows the same job.
+
+A job that ends other than completed is an error in OpenAI's envelope: before the response
+starts it is the response (409 cancelled, 502 failed, 503 expired); once a stream has started it
+is a last ``data: {"error": …}`` event before ``[DONE]``, which OpenAI's SDKs raise as an error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import logging
+from typing import Any
+
+from channels.db import database_sync_to_async
+from channels.exceptions import StopConsumer
+from channels.generic.http import AsyncHttpConsumer
+from django.conf import settings
+
+from api.authentication import authenticate_api_key
+from api.consumers import scope_api_key
+from api.errors import ServiceError, error_body, exception_handler
+from api.models import ApiKey, Job
+from api.openai_api.requests import Kind, OpenAIRequest, openai_request
+from api.openai_api.responses import ChunkWriter, StreamRestarted, completion_body, ending_error
+from api.parsers import StrictJSONParser
+from api.redis_client import get_async_redis
+from api.services.jobs import JobSubmission
+from api.sse import keepalive_s
+from api.streaming.relay import JobStreamRelay
+from api.streaming.relay_events import RelayEvents
+
+logger = logging.getLogger(__name__)
+
+
+class CompletionConsumer(RelayEvents, AsyncHttpConsumer):
+    """Serves one request of ``kind`` (set by the route)."""
+
+    kind: Kind = Kind.CHAT
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._size = 0
+        self._ended = False
+        self._job_id: str | None = None
+        self._api_key: ApiKey | None = None
+        self._request: OpenAIRequest | None = None
+        self._created = 0
+        self._headers: dict[str, str] = {}
+        self._cancel_on_disconnect = True
+        self._writer: ChunkWriter | None = None
+        self._keepalive: asyncio.Task[None] | None = None
+
+    # -- ASGI ---------------------------------------------------------------------------------
+
+    async def http_request(self, message: dict[str, Any]) -> None:
+        """Collect the body; once it is whole, submit the job. The consumer then stays alive until
+        the job's final ends the response, or the client goes (``http.disconnect``)."""
+        body = message.get("body", b"")
+        self._size += len(body)
+        if self._size > settings.MAX_REQUEST_BYTES:
+            await self._reject(RequestTooLarge(settings.MAX_REQUEST_BYTES))
+            return
+        self.body.append(body)
+        if not message.get("more_body"):
+            await self._open()
+
+    async def disconnect(self) -> None:
+        if self._keepalive is not None:
+            self._keepalive.cancel()
+        await self.leave_job_group()
+        if self._job_id is not None and not self._ended and self._cancel_on_disconnect:
+            self._ended = True
+            try:
+                await _cancel_job(self._api_key, self._job_id)
+                logger.info("job %s cancelled: its client went away", self._job_id)
+            except ServiceError:
+                pass  # it finished meanwhile
+
+    # -- the request --------------------------------------------------------------------------
+
+    async def _open(self) -> None:
+        if self.scope["method"] != "POST":
+            await self._reject(ServiceError(f"Method \"{self.scope['method']}\" not allowed.",
+                                            code="method_not_allowed"), status=405, headers={"Allow": "POST"})
+            return
+        idempotency_key = _header(self.scope, b"idempotency-key")
+        try:
+            self._api_key, self._request, submission = await _submit(
+                self.kind, scope_api_key(self.scope), _header(self.scope, b"content-type"), b"".join(self.body),
+                idempotency_key)
+        except Exception as exc:  # mapped exactly as the REST API maps it
+            await self._reject_exception(exc)
+            return
+        job = submission.job
+        self._job_id = str(job.id)
+        self._created = int(job.created_at.timestamp())
+        self._cancel_on_disconnect = idempotency_key is None
+        self._headers = {"x-job-id": self._job_id}
+        rate = submission.rate_limit
+        if rate is not None:
+            self._headers.update({name.lower(): value for name, value in rate.headers().items()})
+        # Without Redis no live group: the relay then brings the end from the stream or the row.
+        await self.join_job_group(self._job_id)
+        if self._request.stream:
+            await self._start_stream()
+        self.relay = JobStreamRelay(job_id=self._job_id, after=0, redis_client=get_async_redis(),
+                                    send=self._on_message)
+        await self.relay.replay()
+
+    async def _start_stream(self) -> None:
+        request = self._request
+        assert request is not None and self._job_id is not None
+        await self.send_headers(status=200, headers=_encoded({
+            "content-type": "text/event-stream; charset=utf-8",
+            "cache-control": "no-cache",
+            "x-accel-buffering": "no",  # nginx would otherwise hold the events back
+            **self._headers,
+        }))
+        self._writer = ChunkWriter(kind=self.kind, job_id=self._job_id, created=self._created, model=request.model,
+                                   include_usage=request.include_usage)
+        opening = self._writer.opening()
+        if opening is not None:
+            await self._data(opening)
+        if request.echo is not None:
+            await self._data(self._writer.text(request.echo))
+        self._keepalive = asyncio.get_running_loop().create_task(self._keep_alive())
+
+    async def _on_message(self, message: dict[str, Any]) -> None:
+        """The relay's send: the job's deltas, a reset, then its final, exactly once and in order."""
+        if self._ended:
+            return
+        kind = message["type"]
+        if self._writer is not None:
+            if kind == "delta":
+                await self._data(self._writer.text(message["text"]))
+            elif kind == "reset":  # text already sent cannot be taken back; the job itself goes on
+                self._cancel_on_disconnect = False
+                await self._end_stream(StreamRestarted(str(self._job_id)))
+            elif kind == "final":
+                await self._end_stream(ending_error(message), final=message)
+        elif kind == "final":
+            await self._answer(message)
+
+    async def _answer(self, final: dict[str, Any]) -> None:
+        """The whole response of a request without ``stream``."""
+        request = self._request
+        assert request is not None and self._job_id is not None
+        error = ending_error(final)
+        if error is not None:
+            await self._reject(error)
+            return
+        text = await _job_text(self._job_id)
+        body = completion_body(kind=self.kind, job_id=self._job_id, created=self._created, model=request.model,
+                               text=(request.echo or "") + text, final=final)
+        self._ended = True
+        await self.send_response(200, json.dumps(body).encode(),
+                                 headers=_encoded({"content-type": "application/json", **self._headers}))
+
+    async def _end_stream(self, error: ServiceError | None, *, final: dict[str, Any] | None = None) -> None:
+        assert self._writer is not None
+        if error is not None:
+            await self._data(error_body(error.message, error_type=error.error_type, code=error.code, param=error.param))
+        elif final is not None:
+            for chunk in self._writer.closing(final):
+                await self._data(chunk)
+        self._ended = True
+        await self.send_body(b"data: [DONE]\n\n", more_body=False)
+
+    # -- output -------------------------------------------------------------------------------
+
+    async def _data(self, payload: dict[str, Any]) -> None:
+        await self.send_body(f"data: {json.dumps(payload)}\n\n".encode(), more_body=True)
+
+    async def _keep_alive(self) -> None:
+        interval = keepalive_s()
+        while not self._ended:
+            await asyncio.sleep(interval)
+            if not self._ended:
+                await self.send_body(b": keep-alive\n\n", more_body=True)
+
+    async def _reject_exception(self, exc: Exception) -> None:
+        response = exception_handler(exc, {"view": self})
+        assert response is not None  # the handler answers every exception
+        if response.status_code >= 500:
+            logger.error("%s failed", self.scope["path"], exc_info=exc)
+        await self._send_error(response.status_code, response.data, dict(response.items()))
+
+    async def _reject(self, exc: ServiceError, *, status: int | None = None,
+                      headers: dict[str, str] | None = None) -> None:
+        body = error_body(exc.message, error_type=exc.error_type, code=exc.code, param=exc.param)
+        await self._send_error(status or exc.status_code, body, {**exc.headers(), **(headers or {})})
+
+    async def _send_error(self, status: int, body: Any, headers: dict[str, str]) -> None:
+        self._ended = True
+        all_headers = {**{k.lower(): v for k, v in headers.items()}, "content-type": "application/json",
+                       **self._headers}
+        await self.send_response(status, json.dumps(body).encode(), headers=_encoded(all_headers))
+        if self._job_id is None:  # nothing to wait for: the consumer is done
+            await self.disconnect()
+            raise StopConsumer()
+
+
+class ChatCompletionConsumer(CompletionConsumer):
+    kind = Kind.CHAT
+
+
+class TextCompletionConsumer(CompletionConsumer):
+    kind = Kind.TEXT
+
+
+class RequestTooLarge(ServiceError):
+    status_code = 413
+    code = "request_too_large"
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"Request body larger than {limit} bytes.")
+
+
+class UnsupportedMediaType(ServiceError):
+    status_code = 415
+    code = "unsupported_media_type"
+
+    def __init__(self, media_type: str) -> None:
+        super().__init__(f'Unsupported media type "{media_type}" in request; send application/json.')
+
+
+def _header(scope: dict[str, Any], name: bytes) -> str | None:
+    for key, value in scope.get("headers", []):
+        if key == name:
+            return value.decode("latin-1")  # as Django decodes header bytes
+    return None
+
+
+def _encoded(headers: dict[str, str]) -> list[tuple[bytes, bytes]]:
+    return [(name.encode("latin-1"), value.encode("latin-1")) for name, value in headers.items()]
+
+
+def _db(func: Any) -> Any:
+    """ORM code off the event loop, each call on a thread of its own (api/consumers.py says why)."""
+    return database_sync_to_async(func, thread_sensitive=False)
+
+
+@_db
+def _submit(kind: Kind, raw_key: str | None, content_type: str | None, body: bytes,
+            idempotency_key: str | None) -> tuple[ApiKey, OpenAIRequest, JobSubmission]:
+    """Authenticate, parse, validate and create the job: one thread hop. Raises what the REST
+    API's view would (AuthenticationFailed first, as DRF authenticates before it parses)."""
+    from api.services.jobs import job_create
+
+    api_key = authenticate_api_key(raw_key)
+    media_type = (content_type or "application/json").split(";")[0].strip().lower()
+    if media_type != "application/json":
+        raise UnsupportedMediaType(media_type)
+    data = StrictJSONParser().parse(io.BytesIO(body), "application/json", {"encoding": "utf-8"})
+    request = openai_request(kind, data)
+    try:
+        submission = job_create(owner=api_key.owner, api_key=api_key, request=request.job,
+                                idempotency_key=idempotency_key)
+    except ServiceError as exc:
+        if exc.param == "max_tokens":  # name the limit as the client sent it
+            exc.param = request.max_tokens_param
+            exc.message = exc.message.replace("max_tokens", request.max_tokens_param)
+        raise
+    return api_key, request, submission
+
+
+@_db
+def _job_text(job_id: str) -> str:
+    """The finished job's text, as the database holds it (the row is the truth)."""
+    return Job.objects.values_list("output_text", flat=True).get(id=job_id)
+
+
+@_db
+def _cancel_job(api_key: ApiKey | None, job_id: str) -> None:
+    from api.services.jobs import job_cancel
+
+    assert api_key is not None
+    job_cancel(job_id=job_id, owner=api_key.owner)

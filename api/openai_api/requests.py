@@ -1,0 +1,253 @@
+"""The bodies of ``POST /v1/chat/completions`` and ``POST /v1/completions``, as OpenAI defines them,
+turned into the service's own job request.
+
+Each body is checked in two steps:
+
+1. its OpenAI shape (these serializers): the fields OpenAI's API takes, with its defaults
+   (``temperature`` 1, ``top_p`` 1; ``max_tokens`` 16 for completions), and a 400 that names
+   the parameter for any OpenAI feature this service cannot honour (``n`` > 1, logprobs, tools,
+   penalties other than ``repetition_penalty``, JSON mode). Silently ignoring one would return
+   something other than what was asked for. Unknown fields are a 400, as on OpenAI's API;
+2. the job it becomes goes through ``JobCreateSerializer``, so every limit of ``POST
+   /api/v1/jobs`` (prompt size, the token cap, stop sequences, text validity) applies
+   unchanged, and ``job_create`` then checks the context length and the key's quotas.
+
+``top_k``, ``min_p``, ``repetition_penalty`` and ``priority`` are accepted as extensions, as
+vLLM's OpenAI server accepts its sampling extras.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from rest_framework import serializers
+
+from api.errors import ServiceError
+from api.serializers import (
+    JobCreateSerializer,
+    RejectUnknownFieldsMixin,
+    StopField,
+    StrictCharField,
+    StrictFloatField,
+    StrictIntegerField,
+)
+from api.services.jobs import JobRequest
+
+# OpenAI's default for /v1/completions; chat leaves it to the service's DEFAULT_MAX_TOKENS.
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16
+_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+
+
+class Kind(Enum):
+    CHAT = "chat.completion"
+    TEXT = "text_completion"
+
+
+class ModelNotFound(ServiceError):
+    status_code = 404
+    code = "model_not_found"
+
+    def __init__(self, model: str) -> None:
+        super().__init__(f"The model `{model}` does not exist.", param="model")
+
+
+class UnsupportedParameter(ServiceError):
+    code = "unsupported_parameter"
+
+    def __init__(self, param: str, detail: str) -> None:
+        super().__init__(f"{param}: {detail}", param=param)
+
+
+def served_model() -> str:
+    """The id clients name the model by: the model folder's name, as the workers report it."""
+    return Path(settings.MODEL_PATH).name
+
+
+@dataclass(frozen=True)
+class OpenAIRequest:
+    kind: Kind
+    model: str
+    job: JobRequest
+    stream: bool
+    include_usage: bool
+    echo: str | None  # completions with echo: the prompt, which the text then starts with
+    max_tokens_param: str = "max_tokens"  # the name the client gave the token limit
+
+
+class BooleanField(serializers.BooleanField):
+    """A JSON boolean only (DRF's would take "yes", 1 or "false")."""
+
+    def to_internal_value(self, data: Any) -> bool:
+        if not isinstance(data, bool):
+            self.fail("invalid", input=data)
+        return data
+
+
+class StreamOptionsSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
+    include_usage = BooleanField(required=False)
+
+
+class _CommonSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
+    """The fields both endpoints share. ``None`` means "not sent" for every optional field, as
+    OpenAI's SDKs send ``null`` for parameters left unset in some versions."""
+
+    model = StrictCharField()
+    max_tokens = StrictIntegerField(required=False, allow_null=True)
+    temperature = StrictFloatField(required=False, allow_null=True)
+    top_p = StrictFloatField(required=False, allow_null=True)
+    n = StrictIntegerField(required=False, allow_null=True)
+    stream = BooleanField(required=False, allow_null=True)
+    stream_options = StreamOptionsSerializer(required=False, allow_null=True)
+    stop = StopField(required=False, allow_null=True)
+    seed = StrictIntegerField(required=False, allow_null=True)
+    presence_penalty = StrictFloatField(required=False, allow_null=True)
+    frequency_penalty = StrictFloatField(required=False, allow_null=True)
+    logit_bias = serializers.DictField(required=False, allow_null=True)
+    user = StrictCharField(required=False, allow_null=True, allow_blank=True)
+    # Extensions (vLLM's names): passed to the job as they are.
+    top_k = StrictIntegerField(required=False, allow_null=True)
+    min_p = StrictFloatField(required=False, allow_null=True)
+    repetition_penalty = StrictFloatField(required=False, allow_null=True)
+    priority = StrictIntegerField(required=False, allow_null=True)
+
+    # Fields whose only supported value is "off": (param, what "off" is).
+    _off_only: tuple[tuple[str, Any], ...] = (("presence_penalty", 0), ("frequency_penalty", 0), ("logit_bias", {}))
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        attrs = {name: value for name, value in attrs.items() if value is not None}
+        if attrs["model"] != served_model():
+            raise ModelNotFound(attrs["model"])
+        if attrs.get("n", 1) != 1:
+            raise UnsupportedParameter("n", "only one choice per request (n=1) is supported.")
+        for param, off in self._off_only:
+            if param in attrs and attrs[param] != off:
+                hint = " Use repetition_penalty instead." if param.endswith("_penalty") else ""
+                raise UnsupportedParameter(param, f"only {off!r} is supported.{hint}")
+        if "stream_options" in attrs and not attrs.get("stream"):
+            raise serializers.ValidationError(
+                {"stream_options": ["stream_options is only allowed when stream is true."]})
+        return attrs
+
+
+class ContentField(serializers.Field):
+    """A message's content: a string, or a list of text parts (``{"type": "text", "text": …}``),
+    joined. Images, audio and files are refused: the service serves text models."""
+
+    def to_internal_value(self, data: Any) -> str:
+        if isinstance(data, str):
+            return data
+        if not isinstance(data, list) or not data:
+            raise serializers.ValidationError("Must be a string or a non-empty list of content parts.")
+        texts = []
+        for part in data:
+            if not isinstance(part, dict) or part.get("type") != "text":
+                kind = part.get("type") if isinstance(part, dict) else None
+                raise serializers.ValidationError(
+                    f"Only text content parts are supported{f', not {kind!r}' if kind else ''}.",
+                    code="unsupported_content")
+            if set(part) != {"type", "text"} or not isinstance(part["text"], str):
+                raise serializers.ValidationError('A text part is {"type": "text", "text": "<string>"}.')
+            texts.append(part["text"])
+        return "".join(texts)
+
+
+class ChatMessageSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
+    role = serializers.ChoiceField(choices=sorted(_ROLES))
+    content = ContentField()
+
+
+class ChatCompletionSerializer(_CommonSerializer):
+    messages = serializers.ListField(child=ChatMessageSerializer(), min_length=1)
+    max_completion_tokens = StrictIntegerField(required=False, allow_null=True)
+    logprobs = BooleanField(required=False, allow_null=True)
+    top_logprobs = StrictIntegerField(required=False, allow_null=True)
+    response_format = serializers.DictField(required=False, allow_null=True)
+    tools = serializers.ListField(required=False, allow_null=True)
+    tool_choice = serializers.JSONField(required=False, allow_null=True)
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        attrs = super().validate(attrs)
+        if "max_tokens" in attrs and "max_completion_tokens" in attrs:
+            raise serializers.ValidationError(
+                {"max_tokens": ["Send max_completion_tokens or max_tokens, not both."]})
+        if attrs.get("logprobs") or "top_logprobs" in attrs:
+            raise UnsupportedParameter("logprobs" if attrs.get("logprobs") else "top_logprobs",
+                                       "log probabilities are not returned by this service.")
+        if attrs.get("response_format", {"type": "text"}) != {"type": "text"}:
+            raise UnsupportedParameter("response_format", 'only {"type": "text"} is supported.')
+        if attrs.get("tools") or attrs.get("tool_choice", "none") != "none":
+            raise UnsupportedParameter("tools" if attrs.get("tools") else "tool_choice",
+                                       "tool calling is not supported.")
+        return attrs
+
+
+class CompletionSerializer(_CommonSerializer):
+    prompt = serializers.JSONField()
+    echo = BooleanField(required=False, allow_null=True)
+    logprobs = StrictIntegerField(required=False, allow_null=True)
+    best_of = StrictIntegerField(required=False, allow_null=True)
+    suffix = StrictCharField(required=False, allow_null=True)
+
+    def validate_prompt(self, value: Any) -> str:
+        if isinstance(value, list) and len(value) == 1:
+            value = value[0]
+        if not isinstance(value, str):
+            raise UnsupportedParameter(
+                "prompt", "must be a string (or a list of one string); token ids and batches of prompts are not supported.")
+        return value
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        attrs = super().validate(attrs)
+        if "logprobs" in attrs:
+            raise UnsupportedParameter("logprobs", "log probabilities are not returned by this service.")
+        if attrs.get("best_of", 1) != 1:
+            raise UnsupportedParameter("best_of", "only best_of=1 is supported.")
+        if "suffix" in attrs:
+            raise UnsupportedParameter("suffix", "insertion (a suffix after the completion) is not supported.")
+        return attrs
+
+
+_PASSED_THROUGH = ("temperature", "top_p", "stop", "seed", "top_k", "min_p", "repetition_penalty", "priority")
+
+
+def openai_request(kind: Kind, body: Any) -> OpenAIRequest:
+    """The validated request of ``body`` (parsed JSON). Raises DRF's ValidationError or a
+    ServiceError, which api.errors maps to the one error envelope."""
+    if not isinstance(body, dict):
+        raise ServiceError("The request body must be a JSON object.", code="invalid_request")
+    shape = ChatCompletionSerializer if kind is Kind.CHAT else CompletionSerializer
+    outer = shape(data=body)
+    outer.is_valid(raise_exception=True)
+    attrs = outer.validated_data
+    job_body: dict[str, Any] = {"temperature": 1.0, "top_p": 1.0}  # OpenAI's defaults
+    job_body.update({name: attrs[name] for name in _PASSED_THROUGH if name in attrs})
+    max_tokens_param = "max_completion_tokens" if "max_completion_tokens" in attrs else "max_tokens"
+    if max_tokens_param in attrs:
+        job_body["max_tokens"] = attrs[max_tokens_param]
+    elif kind is Kind.TEXT:
+        job_body["max_tokens"] = COMPLETIONS_DEFAULT_MAX_TOKENS
+    if kind is Kind.CHAT:
+        job_body["messages"] = [{"role": _ROLES[m["role"]], "content": m["content"]} for m in attrs["messages"]]
+    else:
+        job_body["prompt"] = attrs["prompt"]
+    inner = JobCreateSerializer(data=job_body)
+    if not inner.is_valid():
+        raise serializers.ValidationError(_renamed(inner.errors, "max_tokens", max_tokens_param))
+    return OpenAIRequest(
+        kind=kind,
+        model=attrs["model"],
+        job=JobRequest.from_validated(inner.validated_data),
+        stream=attrs.get("stream", False),
+        include_usage=attrs.get("stream_options", {}).get("include_usage", False),
+        echo=attrs["prompt"] if kind is Kind.TEXT and attrs.get("echo") else None,
+        max_tokens_param=max_tokens_param,
+    )
+
+
+def _renamed(errors: dict[str, Any], name: str, as_name: str) -> dict[str, Any]:
+    """The job serializer's errors, with ``max_tokens`` named as the client sent it."""
+    return {as_name if key == name else key: value for key, value in errors.items()}

@@ -1,0 +1,217 @@
+"""``/v1/chat/completions`` and ``/v1/completions`` over the service's jobs: each request is a job,
+its answer follows the job's stream (a stand-in worker publishes through the real sink, Redis
+stream and channel layer), in OpenAI's shapes."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from channels.db import database_sync_to_async
+
+from api.models import Job, JobStatus
+from tests.api.factories import make_api_key
+from tests.api.openai_client import Exchange, run_job
+
+pytestmark = [
+    pytest.mark.django_db(transaction=True),  # the consumer's DB calls run on other threads
+    pytest.mark.usefixtures("consumer_connections_closed", "redis_client", "dispatched"),
+]
+
+CHAT = "/v1/chat/completions"
+TEXT = "/v1/completions"
+
+
+@database_sync_to_async
+def _job_of(owner_id: int) -> Job | None:
+    return Job.objects.filter(owner_id=owner_id).order_by("created_at").last()
+
+
+async def _job_created(owner_id: int, count: int = 1) -> Job:
+    """The owner's newest job, once ``count`` exist (the consumer creates it on a thread)."""
+    for _ in range(200):
+        if await database_sync_to_async(Job.objects.filter(owner_id=owner_id).count)() >= count:
+            return await _job_of(owner_id)
+        await asyncio.sleep(0.02)
+    raise AssertionError("no job was created")
+
+
+def _exchange_with_worker(path: str, body: dict, texts: list[str], *, headers=(), **final):
+    api_key, secret = make_api_key()
+
+    async def scenario():
+        exchange = Exchange(path, body, secret=secret, headers=list(headers))
+        await exchange.send()
+        job = await _job_created(api_key.owner_id)
+        await run_job(str(job.id), texts, **final)
+        return job, await exchange.read()
+
+    job, response = asyncio.run(scenario())
+    return Job.objects.get(id=job.id), response
+
+
+def test_a_chat_completion_answers_when_its_job_ends_with_the_stored_text_and_the_engines_usage():
+    body = {"model": "tiny", "messages": [{"role": "system", "content": "Be brief."},
+                                          {"role": "user", "content": [{"type": "text", "text": "Say hi"}]}],
+            "max_completion_tokens": 12, "seed": 7}
+
+    job, response = _exchange_with_worker(CHAT, body, ["Hello", ",", " world"], cached_tokens=2)
+
+    assert response.status == 200
+    assert response.headers["content-type"] == "application/json"
+    assert response.headers["x-job-id"] == str(job.id)
+    assert response.headers["x-ratelimit-remaining"].isdigit()
+    answer = response.json()
+    assert answer["id"] == f"chatcmpl-{job.id}" and answer["object"] == "chat.completion"
+    assert answer["model"] == "tiny" and answer["created"] == int(job.created_at.timestamp())
+    assert answer["choices"] == [{"index": 0, "message": {"role": "assistant", "content": "Hello, world"},
+                                  "logprobs": None, "finish_reason": "stop"}]
+    assert answer["usage"] == {"prompt_tokens": len(job.prompt_token_ids), "completion_tokens": 3,
+                               "total_tokens": len(job.prompt_token_ids) + 3,
+                               "prompt_tokens_details": {"cached_tokens": 2}}
+    # The job is an ordinary job of the service, with OpenAI's defaults where the body was silent.
+    assert job.status == JobStatus.COMPLETED and job.output_text == "Hello, world"
+    assert job.messages == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say hi"}]
+    assert (job.params["max_tokens"], job.params["seed"], job.params["temperature"], job.params["top_p"]) == (
+        12, 7, 1.0, 1.0)
+
+
+def test_a_streamed_chat_completion_sends_the_role_each_chunk_the_finish_and_the_usage_then_done():
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "stream": True,
+            "stream_options": {"include_usage": True}, "temperature": 0}
+
+    job, response = _exchange_with_worker(CHAT, body, ["Once", " upon", " a"], finish_reason="length")
+
+    assert response.status == 200
+    assert response.headers["content-type"].startswith("text/event-stream")
+    assert response.headers["x-job-id"] == str(job.id)
+    events = response.data_events()
+    assert events[-1] == "[DONE]"
+    chunks = events[:-1]
+    assert {c["id"] for c in chunks} == {f"chatcmpl-{job.id}"}
+    assert {c["object"] for c in chunks} == {"chat.completion.chunk"}
+    assert [c["choices"][0]["delta"] for c in chunks[:-2]] == [
+        {"role": "assistant", "content": ""}, {"content": "Once"}, {"content": " upon"}, {"content": " a"}]
+    assert all(c["usage"] is None and c["choices"][0]["finish_reason"] is None for c in chunks[:-2])
+    assert chunks[-2]["choices"] == [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": "length"}]
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 3
+    assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks[:-1]) == job.output_text
+
+
+def test_a_text_completion_with_echo_starts_with_the_prompt_and_defaults_to_16_tokens():
+    body = {"model": "tiny", "prompt": ["Once upon a time"], "echo": True}
+
+    job, response = _exchange_with_worker(TEXT, body, [" there", " was"])
+
+    answer = response.json()
+    assert response.status == 200
+    assert answer["id"] == f"cmpl-{job.id}" and answer["object"] == "text_completion"
+    assert answer["choices"] == [{"index": 0, "text": "Once upon a time there was", "logprobs": None,
+                                  "finish_reason": "stop"}]
+    assert job.prompt == "Once upon a time" and job.params["max_tokens"] == 16
+
+
+def test_a_streamed_text_completion_sends_text_chunks_without_usage_unless_asked():
+    body = {"model": "tiny", "prompt": "Once upon a time", "stream": True, "max_tokens": 4}
+
+    job, response = _exchange_with_worker(TEXT, body, [" there", " was"])
+
+    events = response.data_events()
+    assert events[-1] == "[DONE]"
+    assert [c["choices"][0]["text"] for c in events[:-1]] == [" there", " was", ""]
+    assert [c["choices"][0]["finish_reason"] for c in events[:-1]] == [None, None, "stop"]
+    assert all("usage" not in c and c["object"] == "text_completion" for c in events[:-1])
+
+
+def test_a_failed_job_is_a_502_error_or_a_last_error_event_in_a_stream():
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}
+
+    plain_job, plain = _exchange_with_worker(CHAT, body, [], finish_reason="error", error="out of memory")
+    streamed_job, streamed = _exchange_with_worker(CHAT, {**body, "stream": True}, ["a"], finish_reason="error",
+                                                   error="out of memory")
+
+    assert plain.status == 502 and plain.headers["x-job-id"] == str(plain_job.id)
+    error = plain.json()["error"]
+    assert (error["type"], error["code"]) == ("server_error", "job_failed") and "out of memory" in error["message"]
+    events = streamed.data_events()
+    assert streamed.status == 200 and events[-1] == "[DONE]"
+    assert events[-2]["error"]["code"] == "job_failed"
+    assert streamed_job.status == JobStatus.FAILED
+
+
+def test_a_client_that_goes_away_cancels_its_job():
+    api_key, secret = make_api_key()
+
+    async def scenario() -> Job:
+        exchange = Exchange(CHAT, {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "stream": True},
+                            secret=secret)
+        await exchange.send()
+        job = await _job_created(api_key.owner_id)
+        assert (await exchange.start())["status"] == 200
+        await exchange.disconnect()
+        return job
+
+    job = asyncio.run(scenario())
+
+    assert Job.objects.get(id=job.id).status == JobStatus.CANCELLED
+
+
+def test_with_an_idempotency_key_the_job_outlives_the_client_and_a_retry_follows_the_same_job():
+    api_key, secret = make_api_key()
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}
+    key = [(b"idempotency-key", b"retry-1")]
+
+    async def scenario():
+        first = Exchange(CHAT, body, secret=secret, headers=key)
+        await first.send()
+        job = await _job_created(api_key.owner_id)
+        await first.disconnect()  # e.g. the client's timeout
+        retry = Exchange(CHAT, body, secret=secret, headers=key)
+        await retry.send()
+        await asyncio.sleep(0.2)
+        await run_job(str(job.id), ["Hi", " there"])
+        return job, await retry.read()
+
+    job, response = asyncio.run(scenario())
+
+    assert Job.objects.count() == 1
+    assert response.status == 200 and response.json()["id"] == f"chatcmpl-{job.id}"
+    assert response.json()["choices"][0]["message"]["content"] == "Hi there"
+
+
+def test_a_job_cancelled_elsewhere_ends_the_request_with_a_409():
+    api_key, secret = make_api_key()
+
+    async def scenario():
+        exchange = Exchange(TEXT, {"model": "tiny", "prompt": "Once"}, secret=secret)
+        await exchange.send()
+        job = await _job_created(api_key.owner_id)
+        from api.services.jobs import job_cancel
+
+        await database_sync_to_async(job_cancel)(job_id=str(job.id), owner=api_key.owner)
+        return await exchange.read()
+
+    response = asyncio.run(scenario())
+
+    assert response.status == 409 and response.json()["error"]["code"] == "job_cancelled"
+
+
+def test_an_over_quota_key_gets_a_429_with_retry_after():
+    api_key, secret = make_api_key(max_concurrent_jobs=1)
+    body = {"model": "tiny", "prompt": "Once"}
+
+    async def scenario():
+        first = Exchange(TEXT, body, secret=secret)
+        await first.send()
+        await _job_created(api_key.owner_id)
+        second = Exchange(TEXT, body, secret=secret)
+        await second.send()
+        refused = await second.read()
+        await first.disconnect()
+        return refused
+
+    refused = asyncio.run(scenario())
+
+    assert refused.status == 429 and refused.json()["error"]["type"] == "rate_limit_error"
+    assert int(refused.headers["retry-after"]) >= 1
+    assert Job.objects.count() == 1
