@@ -112,6 +112,10 @@ or watch an existing job (resume with ?after=<seq>):
 or as server-sent events over plain HTTP:
   curl -N $BASE/api/v1/jobs/<id>/events -H "Authorization: Bearer $DEMO_KEY"
 
+OpenAI-compatible (any OpenAI SDK with base_url $BASE/v1 and this key):
+  curl -s $BASE/v1/chat/completions -H "Authorization: Bearer $DEMO_KEY" -H "Content-Type: application/json" \\
+       -d '{"model": "$(basename "$MODEL_PATH")", "messages": [{"role": "user", "content": "Once upon a time"}], "max_tokens": 64}'
+
 Admin and engine dashboard: $BASE/admin/  (user '$DEMO_USER', password '$DEMO_PASSWORD')
 API docs: $BASE/api/v1/docs
 Logs: $LOG_DIR/   Ctrl-C stops everything.
