@@ -33,6 +33,10 @@ The LAST printed line is one JSON object, with ``service_over_engine`` and ``add
 ``service.client_send_ms_p50`` is POST start -> the request written to the socket (this client's
 own delay: its POSTs run on its event loop, one connection each).
 
+``--openai`` also runs each repeat's jobs through the OpenAI-compatible ``POST /v1/completions``
+with ``stream`` (one HTTP request that submits and streams; ``openai_over_engine``,
+``added_ttft_ms_p50_openai``); ``--ws-submit`` through ``/ws/v1/generate``.
+
 ``BENCH_WEB_NICE=N`` (diagnostics) runs the web tier under ``nice -n N``. ``--pin-engine-cpu N``
 (or ``BENCH_PIN_ENGINE_CPU``) runs both sides' engine threads on core N (bench/thread_pin.py).
 """
@@ -271,6 +275,9 @@ def _port_open(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
+MODEL_ID = "tiny"  # set in main: the model folder's name, which the OpenAI-compatible API takes
+
+
 async def _post_job(port: int, key: str, body: dict) -> tuple[str, float]:
     """POST a job on a new connection, on the event loop: (its id, perf_counter when the request
     was written). Until 2026-11-29 this was urllib on 32 executor threads, all taking turns at
@@ -406,6 +413,71 @@ async def ws_submit_round(port: int, keys: list[str], prompts: list[str], max_to
     return await _round(one, prompts, keys, ttft, tokens)
 
 
+async def openai_round(port: int, keys: list[str], prompts: list[str], max_tokens: int) -> dict:
+    """The same jobs through the OpenAI-compatible ``POST /v1/completions`` with ``stream``: submit
+    and stream in one HTTP request. TTFT = start of the request -> first chunk with text."""
+    ttft: list[float] = []
+    tokens: list[int] = []
+
+    async def one(prompt: str, key: str) -> None:
+        t0 = time.perf_counter()
+        body = {"model": MODEL_ID, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
+                "stream": True, "stream_options": {"include_usage": True}}
+        first, completion = await _openai_stream(port, key, body, t0)
+        ttft.append(first)
+        tokens.append(completion)
+
+    return await _round(one, prompts, keys, ttft, tokens)
+
+
+async def _openai_stream(port: int, key: str, body: dict, t0: float) -> tuple[float, int]:
+    """POST a streamed completion on a new connection and read its events until ``[DONE]``:
+    (seconds from ``t0`` to the first text, completion tokens of the usage chunk)."""
+    payload = json.dumps(body).encode()
+    head = (f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAuthorization: Bearer {key}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\nConnection: close\r\n\r\n")
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    first, completion, buffer = None, None, b""
+    try:
+        writer.write(head.encode() + payload)
+        await writer.drain()
+        status = (await reader.readline()).split(maxsplit=2)
+        chunked = False
+        while (line := await reader.readline()) not in (b"\r\n", b""):
+            name, _, value = line.decode("latin-1").partition(":")
+            chunked |= name.strip().lower() == "transfer-encoding" and "chunked" in value.lower()
+        if len(status) < 2 or status[1] != b"200":
+            raise RuntimeError(f"POST /v1/completions answered {status!r}: {(await reader.read())[:300]!r}")
+        while True:
+            if chunked:
+                size = int((await reader.readline()).split(b";")[0], 16)
+                data = await reader.readexactly(size + 2)
+                data = data[:-2]
+                if size == 0:
+                    break
+            else:
+                data = await reader.read(65536)
+                if not data:
+                    break
+            buffer += data
+            *events, buffer = buffer.split(b"\n\n")
+            for event in events:
+                if not event.startswith(b"data: "):
+                    continue  # a keep-alive comment
+                if event == b"data: [DONE]":
+                    return first or 0.0, completion or 0
+                chunk = json.loads(event[len(b"data: "):])
+                if "error" in chunk:
+                    raise RuntimeError(chunk)
+                if chunk.get("usage"):
+                    completion = chunk["usage"]["completion_tokens"]
+                if first is None and chunk["choices"] and chunk["choices"][0]["text"]:
+                    first = time.perf_counter() - t0
+    finally:
+        writer.close()
+    raise RuntimeError("the completion stream closed before [DONE]")
+
+
 # --------------------------------------------------------------------------------------- main
 
 
@@ -418,6 +490,8 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=18765)
     parser.add_argument("--ws-submit", action="store_true",
                         help="also run each repeat's jobs through /ws/v1/generate (submit on the socket)")
+    parser.add_argument("--openai", action="store_true",
+                        help="also run each repeat's jobs through the OpenAI-compatible POST /v1/completions (streamed)")
     parser.add_argument("--out", default=None, help="also append the final JSON line to this file")
     parser.add_argument("--pin-engine-cpu", type=int,
                         default=int(os.environ["BENCH_PIN_ENGINE_CPU"]) if os.environ.get("BENCH_PIN_ENGINE_CPU") else None,
@@ -433,6 +507,8 @@ def main() -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # still stop the services on SIGTERM
 
     model_path = ensure_default_model(args.model).resolve()  # the worker subprocess gets MODEL_PATH
+    global MODEL_ID
+    MODEL_ID = model_path.name
     model, tokenizer = load_model(model_path)
     engine = EngineCore(model, tokenizer, EngineConfig.from_env())
     engine.start()
@@ -454,7 +530,7 @@ def main() -> None:
             pinned = {"cpu": args.pin_engine_cpu, "engine": pin(own_engine_thread(), args.pin_engine_cpu),
                       "worker": pin(worker_tid, args.pin_engine_cpu)}
             ticks_before = (thread_ticks(service.worker_pid, worker_tid), _cpu_ticks(service.worker_pid))
-        engine_runs, service_runs, ws_runs = [], [], []
+        engine_runs, service_runs, ws_runs, openai_runs = [], [], [], []
         for _ in range(args.repeats):
             engine_runs.append(asyncio.run(engine_round(engine, prompt_ids, args.max_tokens)))
             before, client_before = service.cpu_seconds(), time.process_time()
@@ -464,6 +540,8 @@ def main() -> None:
             service_runs[-1]["cpu_s"]["bench_client"] = round(time.process_time() - client_before, 2)
             if args.ws_submit:
                 ws_runs.append(asyncio.run(ws_submit_round(args.port, keys, texts, args.max_tokens)))
+            if args.openai:
+                openai_runs.append(asyncio.run(openai_round(args.port, keys, texts, args.max_tokens)))
             print(f"engine {engine_runs[-1]['tok_s']:.0f} tok/s, service {service_runs[-1]['tok_s']:.0f} tok/s",
                   flush=True)
         if pinned is not None:  # the pinned thread should have done most of the worker's work
@@ -477,7 +555,7 @@ def main() -> None:
         engine.stop()
         engine.close()
 
-    result = _report(engine_runs, service_runs, ws_runs, args, model_path)
+    result = _report(engine_runs, service_runs, ws_runs, openai_runs, args, model_path)
     if pinned is not None:
         result["engine_threads_pinned"] = pinned
     result["service"]["stages_ms_p50"] = {name: round(1000 * percentile(v, 50), 1) for name, v in stages.items() if v}
@@ -505,7 +583,8 @@ async def _probe(engine: EngineCore, prompts: list[list[int]], max_tokens: int) 
     return [o.completion_tokens for o in outs]
 
 
-def _report(engine_runs: list[dict], service_runs: list[dict], ws_runs: list[dict], args, model_path: Path) -> dict:
+def _report(engine_runs: list[dict], service_runs: list[dict], ws_runs: list[dict], openai_runs: list[dict], args,
+            model_path: Path) -> dict:
     def summary(runs: list[dict]) -> dict:
         ttft = [t for r in runs for t in r["ttft_s"]]
         return {"tok_s": round(median([r["tok_s"] for r in runs]), 1),
@@ -519,12 +598,17 @@ def _report(engine_runs: list[dict], service_runs: list[dict], ws_runs: list[dic
                 "runs_tok_s": [round(r["tok_s"], 1) for r in runs]}
 
     eng, svc = summary(engine_runs), summary(service_runs)
-    ws = {}
+    extra = {}
     if ws_runs:
         ws_svc = summary(ws_runs)
-        ws = {"service_ws_submit": ws_svc,
+        extra = {"service_ws_submit": ws_svc,
               "ws_submit_over_engine": round(ws_svc["tok_s"] / eng["tok_s"], 3),
               "added_ttft_ms_p50_ws_submit": round(ws_svc["ttft_ms_p50"] - eng["ttft_ms_p50"], 1)}
+    if openai_runs:
+        openai = summary(openai_runs)
+        extra.update({"service_openai": openai,
+                   "openai_over_engine": round(openai["tok_s"] / eng["tok_s"], 3),
+                   "added_ttft_ms_p50_openai": round(openai["ttft_ms_p50"] - eng["ttft_ms_p50"], 1)})
     return {
         "bench": "service",
         "model": str(model_path),
@@ -537,7 +621,7 @@ def _report(engine_runs: list[dict], service_runs: list[dict], ws_runs: list[dic
         "service": svc,
         "service_over_engine": round(svc["tok_s"] / eng["tok_s"], 3),
         "added_ttft_ms_p50": round(svc["ttft_ms_p50"] - eng["ttft_ms_p50"], 1),
-        **ws,
+        **extra,
         "env": environment(),
     }
 
