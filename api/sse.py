@@ -24,7 +24,6 @@ down: no stream to follow, but the job itself is safe in the database).
 
 from __future__ import annotations
 
-import asyncio
 import json
 from typing import Any
 from urllib.parse import parse_qs
@@ -33,23 +32,17 @@ from channels.exceptions import StopConsumer
 from channels.generic.http import AsyncHttpConsumer
 
 from api.consumers import authorize_job, scope_api_key
-from api.errors import AuthenticationFailed, JobNotFound, ServiceError, ServiceUnavailable, error_body
+from api.errors import AuthenticationFailed, JobNotFound, ServiceError, ServiceUnavailable
+from api.http_stream import HttpStreamMixin
 from api.redis_client import get_async_redis
 from api.streaming.relay import JobStreamRelay
 from api.streaming.relay_events import STREAM_UNAVAILABLE, RelayEvents
-from inference_service.env import env_float
 
 FINAL_ID_SUFFIX = ":final"
 RETRY_MS = 1000  # how soon an EventSource reconnects after a dropped connection
 
 
-def keepalive_s() -> float:
-    return env_float("SSE_KEEPALIVE_S", 15.0, minimum=0.01)
-
-
-class JobEventsConsumer(RelayEvents, AsyncHttpConsumer):
-    _keepalive: asyncio.Task[None] | None = None
-    _ended = False
+class JobEventsConsumer(HttpStreamMixin, RelayEvents, AsyncHttpConsumer):
 
     async def http_request(self, message: dict[str, Any]) -> None:
         """AsyncHttpConsumer's, except that the consumer stays alive once the request is in: the
@@ -61,8 +54,7 @@ class JobEventsConsumer(RelayEvents, AsyncHttpConsumer):
             await self._open()
 
     async def disconnect(self) -> None:
-        if self._keepalive is not None:
-            self._keepalive.cancel()
+        self.stop_keepalive()
         await self.leave_job_group()
 
     async def _open(self) -> None:
@@ -99,7 +91,7 @@ class JobEventsConsumer(RelayEvents, AsyncHttpConsumer):
         ])
         await self.send_body(f"retry: {RETRY_MS}\n\n".encode(), more_body=True)
         self.relay = JobStreamRelay(job_id=job_id, after=after, redis_client=get_async_redis(), send=self._event)
-        self._keepalive = asyncio.get_running_loop().create_task(self._keep_alive())
+        self.start_keepalive()
         await self.relay.replay()
 
     async def _event(self, message: dict[str, Any]) -> None:
@@ -117,19 +109,9 @@ class JobEventsConsumer(RelayEvents, AsyncHttpConsumer):
         self._ended = kind == "final"
         await self.send_body(frame, more_body=not self._ended)
 
-    async def _keep_alive(self) -> None:
-        interval = keepalive_s()
-        while not self._ended:
-            await asyncio.sleep(interval)
-            if not self._ended:
-                await self.send_body(b": keep-alive\n\n", more_body=True)
-
     async def _reject(self, exc: ServiceError, *, status: int | None = None,
                       headers: dict[str, str] | None = None) -> None:
-        body = json.dumps(error_body(exc.message, error_type=exc.error_type, code=exc.code, param=exc.param))
-        all_headers = {"Content-Type": "application/json", **exc.headers(), **(headers or {})}
-        await self.send_response(status or exc.status_code, body.encode(),
-                                 headers=[(k.lower().encode(), v.encode()) for k, v in all_headers.items()])
+        await self.send_error(exc, status=status, headers=headers)
         await self._stop()
 
     async def _stop(self) -> None:

@@ -23,7 +23,6 @@ is a last ``data: {"error": …}`` event before ``[DONE]``, which OpenAI's SDKs 
 
 from __future__ import annotations
 
-import asyncio
 import io
 import json
 import logging
@@ -37,20 +36,20 @@ from django.conf import settings
 from api.authentication import authenticate_api_key
 from api.consumers import scope_api_key
 from api.errors import ServiceError, error_body, exception_handler
+from api.http_stream import HttpStreamMixin, encode_headers
 from api.models import ApiKey, Job
 from api.openai_api.requests import Kind, OpenAIRequest, openai_request
 from api.openai_api.responses import ChunkWriter, StreamRestarted, completion_body, ending_error
 from api.parsers import StrictJSONParser
 from api.redis_client import get_async_redis
 from api.services.jobs import JobSubmission
-from api.sse import keepalive_s
 from api.streaming.relay import JobStreamRelay
 from api.streaming.relay_events import RelayEvents
 
 logger = logging.getLogger(__name__)
 
 
-class CompletionConsumer(RelayEvents, AsyncHttpConsumer):
+class CompletionConsumer(HttpStreamMixin, RelayEvents, AsyncHttpConsumer):
     """Serves one request of ``kind`` (set by the route)."""
 
     kind: Kind = Kind.CHAT
@@ -58,7 +57,6 @@ class CompletionConsumer(RelayEvents, AsyncHttpConsumer):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._size = 0
-        self._ended = False
         self._job_id: str | None = None
         self._api_key: ApiKey | None = None
         self._request: OpenAIRequest | None = None
@@ -66,7 +64,6 @@ class CompletionConsumer(RelayEvents, AsyncHttpConsumer):
         self._headers: dict[str, str] = {}
         self._cancel_on_disconnect = True
         self._writer: ChunkWriter | None = None
-        self._keepalive: asyncio.Task[None] | None = None
 
     # -- ASGI ---------------------------------------------------------------------------------
 
@@ -83,8 +80,7 @@ class CompletionConsumer(RelayEvents, AsyncHttpConsumer):
             await self._open()
 
     async def disconnect(self) -> None:
-        if self._keepalive is not None:
-            self._keepalive.cancel()
+        self.stop_keepalive()
         await self.leave_job_group()
         if self._job_id is not None and not self._ended and self._cancel_on_disconnect:
             self._ended = True
@@ -128,7 +124,7 @@ class CompletionConsumer(RelayEvents, AsyncHttpConsumer):
     async def _start_stream(self) -> None:
         request = self._request
         assert request is not None and self._job_id is not None
-        await self.send_headers(status=200, headers=_encoded({
+        await self.send_headers(status=200, headers=encode_headers({
             "content-type": "text/event-stream; charset=utf-8",
             "cache-control": "no-cache",
             "x-accel-buffering": "no",  # nginx would otherwise hold the events back
@@ -141,7 +137,7 @@ class CompletionConsumer(RelayEvents, AsyncHttpConsumer):
             await self._data(opening)
         if request.echo is not None:
             await self._data(self._writer.text(request.echo))
-        self._keepalive = asyncio.get_running_loop().create_task(self._keep_alive())
+        self.start_keepalive()
 
     async def _on_message(self, message: dict[str, Any]) -> None:
         """The relay's send: the job's deltas, a reset, then its final, exactly once and in order."""
@@ -170,9 +166,7 @@ class CompletionConsumer(RelayEvents, AsyncHttpConsumer):
         text = await _job_text(self._job_id)
         body = completion_body(kind=self.kind, job_id=self._job_id, created=self._created, model=request.model,
                                text=(request.echo or "") + text, final=final)
-        self._ended = True
-        await self.send_response(200, json.dumps(body).encode(),
-                                 headers=_encoded({"content-type": "application/json", **self._headers}))
+        await self.send_json(200, body, self._headers)
 
     async def _end_stream(self, error: ServiceError | None, *, final: dict[str, Any] | None = None) -> None:
         assert self._writer is not None
@@ -189,31 +183,24 @@ class CompletionConsumer(RelayEvents, AsyncHttpConsumer):
     async def _data(self, payload: dict[str, Any]) -> None:
         await self.send_body(f"data: {json.dumps(payload)}\n\n".encode(), more_body=True)
 
-    async def _keep_alive(self) -> None:
-        interval = keepalive_s()
-        while not self._ended:
-            await asyncio.sleep(interval)
-            if not self._ended:
-                await self.send_body(b": keep-alive\n\n", more_body=True)
-
     async def _reject_exception(self, exc: Exception) -> None:
         response = exception_handler(exc, {"view": self})
         assert response is not None  # the handler answers every exception
         if response.status_code >= 500:
             logger.error("%s failed", self.scope["path"], exc_info=exc)
-        await self._send_error(response.status_code, response.data, dict(response.items()))
+        headers = {name: value for name, value in response.items() if name.lower() != "content-type"}
+        await self.send_json(response.status_code, response.data, {**headers, **self._headers})
+        await self._stop_unless_waiting()
 
     async def _reject(self, exc: ServiceError, *, status: int | None = None,
                       headers: dict[str, str] | None = None) -> None:
-        body = error_body(exc.message, error_type=exc.error_type, code=exc.code, param=exc.param)
-        await self._send_error(status or exc.status_code, body, {**exc.headers(), **(headers or {})})
+        await self.send_error(exc, status=status, headers={**(headers or {}), **self._headers})
+        await self._stop_unless_waiting()
 
-    async def _send_error(self, status: int, body: Any, headers: dict[str, str]) -> None:
-        self._ended = True
-        all_headers = {**{k.lower(): v for k, v in headers.items()}, "content-type": "application/json",
-                       **self._headers}
-        await self.send_response(status, json.dumps(body).encode(), headers=_encoded(all_headers))
-        if self._job_id is None:  # nothing to wait for: the consumer is done
+    async def _stop_unless_waiting(self) -> None:
+        """Before a job exists nothing can come: the consumer is done. After, it ends with the
+        client's ``http.disconnect`` that follows the response."""
+        if self._job_id is None:
             await self.disconnect()
             raise StopConsumer()
 
@@ -247,10 +234,6 @@ def _header(scope: dict[str, Any], name: bytes) -> str | None:
         if key == name:
             return value.decode("latin-1")  # as Django decodes header bytes
     return None
-
-
-def _encoded(headers: dict[str, str]) -> list[tuple[bytes, bytes]]:
-    return [(name.encode("latin-1"), value.encode("latin-1")) for name, value in headers.items()]
 
 
 def _db(func: Any) -> Any:

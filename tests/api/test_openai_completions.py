@@ -215,3 +215,64 @@ def test_an_over_quota_key_gets_a_429_with_retry_after():
     assert refused.status == 429 and refused.json()["error"]["type"] == "rate_limit_error"
     assert int(refused.headers["retry-after"]) >= 1
     assert Job.objects.count() == 1
+
+
+def test_a_stream_whose_job_restarts_after_text_went_out_ends_with_an_error_and_the_job_goes_on():
+    from api.redis_client import get_redis
+    from api.streaming.fanout import process_group_sender
+    from api.streaming.sink import RedisJobSink
+    from engine_worker.protocol import OutputChunk, StepBatch
+    from tests.api.openai_client import WORKER
+
+    api_key, secret = make_api_key()
+
+    @database_sync_to_async
+    def first_attempt_then_restart(job_id: str, step: str) -> None:
+        from api.services.job_lifecycle import job_claim
+
+        sink = RedisJobSink(worker_id=WORKER, redis_client=get_redis(), sender=process_group_sender())
+        if step == "first":
+            job_claim(job_id=job_id, worker_id=WORKER, lease_s=30)
+            sink.publish(StepBatch(started=(job_id,), chunks=(
+                OutputChunk(job_id=job_id, seq=1, text="Once", completion_tokens=1),)))
+        else:  # another worker starts the job from scratch (the first one died)
+            sink.publish(StepBatch(started=(job_id,)))
+
+    async def scenario():
+        exchange = Exchange(CHAT, {"model": "tiny", "messages": [{"role": "user", "content": "hi"}],
+                                   "stream": True}, secret=secret)
+        await exchange.send()
+        job = await _job_created(api_key.owner_id)
+        await first_attempt_then_restart(str(job.id), "first")
+        seen = b""
+        while b"Once" not in seen:
+            seen += await exchange.next_body()
+        await first_attempt_then_restart(str(job.id), "restart")
+        return job, await exchange.read()
+
+    job, response = asyncio.run(scenario())
+
+    events = response.data_events()
+    assert [e["choices"][0]["delta"] for e in events[:2]] == [{"role": "assistant", "content": ""}, {"content": "Once"}]
+    assert events[-2]["error"]["code"] == "stream_restarted" and str(job.id) in events[-2]["error"]["message"]
+    assert events[-1] == "[DONE]"
+    assert Job.objects.get(id=job.id).status == JobStatus.IN_PROGRESS  # not cancelled by the stream's end
+
+
+def test_an_idle_stream_gets_keep_alive_comments(monkeypatch):
+    monkeypatch.setenv("SSE_KEEPALIVE_S", "0.05")
+    api_key, secret = make_api_key()
+
+    async def scenario() -> bytes:
+        exchange = Exchange(TEXT, {"model": "tiny", "prompt": "Once", "stream": True}, secret=secret)
+        await exchange.send()
+        await _job_created(api_key.owner_id)
+        body = b""
+        for _ in range(50):
+            body += await exchange.next_body()
+            if b": keep-alive" in body:
+                break
+        await exchange.disconnect()
+        return body
+
+    assert b": keep-alive\n\n" in asyncio.run(scenario())
