@@ -107,3 +107,34 @@ def test_sixteen_concurrent_streams_of_the_async_sdk_each_match_their_stored_job
         job = _job(completion_id)
         assert job.status == JobStatus.COMPLETED
         assert streamed == job.output_text
+
+
+def test_a_completion_whose_worker_is_killed_mid_generation_still_answers_with_the_whole_text(
+        base_url, workers, redis_db):
+    import threading
+
+    from api.keys import job_stream_key
+    from api.tasks import reconcile_jobs
+    from tests.integration.jobs import wait_status
+    from tests.integration.procs import wait_for
+
+    _key, secret = make_api_key()
+    client = openai.OpenAI(base_url=base_url, api_key=secret, max_retries=0, timeout=300)
+    answer: dict = {}
+    request = threading.Thread(target=lambda: answer.update(chat=client.chat.completions.create(
+        model="tiny", messages=MESSAGES, max_tokens=1200, temperature=0)))
+    request.start()
+    job = wait_for(lambda: Job.objects.first(), 60, "the request's job")
+    wait_for(lambda: redis_db.xlen(job_stream_key(str(job.id))) >= 3, 120, "the job to stream")
+    [first] = workers.procs
+    first.kill9()
+    workers.start("w-after-kill")
+    done = wait_status(str(job.id), (JobStatus.COMPLETED,), tick=reconcile_jobs)
+    request.join(120)
+
+    assert not request.is_alive(), "the request did not answer"
+    chat = answer["chat"]
+    assert done.worker_id == "w-after-kill" and done.completion_tokens == 1200
+    assert chat.id == f"chatcmpl-{job.id}"
+    assert chat.choices[0].message.content == done.output_text
+    assert chat.usage.completion_tokens == 1200 and chat.choices[0].finish_reason == "length"
