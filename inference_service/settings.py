@@ -143,6 +143,9 @@ STATIC_ROOT = VAR_DIR / "static"
 # daphne has no static file handling; asgi.py serves them when this is on (embedded default).
 SERVE_STATIC = env_bool("SERVE_STATIC", True)
 
+# GET /metrics (Prometheus): the bearer token a scraper sends; staff sessions can read it too.
+METRICS_TOKEN = env_str("METRICS_TOKEN", "")
+
 LOGIN_URL = "/admin/login/"
 
 REST_FRAMEWORK = {

@@ -4,6 +4,7 @@ from django.contrib import admin
 from django.urls import include, path
 
 from api.views.dashboard import engine_dashboard, engine_dashboard_data
+from api.views.metrics import metrics
 
 urlpatterns = [
     # Before admin.site.urls, whose catch-all would otherwise answer these paths.
@@ -11,7 +12,8 @@ urlpatterns = [
     path("admin/engine/data.json", admin.site.admin_view(engine_dashboard_data), name="engine-dashboard-data"),
     path("admin/", admin.site.urls),
     path("api/v1/", include("api.urls")),
-    path("v1/", include("api.openai_urls")),  # OpenAI-compatible (completions: api.routing)
+    path("v1/", include("api.openai_urls")),
+    path("metrics", metrics, name="metrics"),  # Prometheus  # OpenAI-compatible (completions: api.routing)
 ]
 
 handler404 = "api.errors.json_not_found"
