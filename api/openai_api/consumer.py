@@ -19,6 +19,10 @@ client said it will come back for it, and a retry with the same key follows the 
 A job that ends other than completed is an error in OpenAI's envelope: before the response
 starts it is the response (409 cancelled, 502 failed, 503 expired); once a stream has started it
 is a last ``data: {"error": …}`` event before ``[DONE]``, which OpenAI's SDKs raise as an error.
+
+A job whose worker died runs again elsewhere. A waiting request answers with the new attempt's
+text; a stream goes on if the new attempt repeats what was sent (continuity.py), and ends with an
+error only if it writes other text.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from api.consumers import scope_api_key
 from api.errors import ServiceError, error_body, exception_handler
 from api.http_stream import HttpStreamMixin, encode_headers
 from api.models import ApiKey, Job
+from api.openai_api.continuity import Diverged, StreamContinuity
 from api.openai_api.requests import Kind, OpenAIRequest, openai_request
 from api.openai_api.responses import ChunkWriter, StreamRestarted, completion_body, ending_error
 from api.parsers import StrictJSONParser
@@ -64,6 +69,7 @@ class CompletionConsumer(HttpStreamMixin, RelayEvents, AsyncHttpConsumer):
         self._headers: dict[str, str] = {}
         self._cancel_on_disconnect = True
         self._writer: ChunkWriter | None = None
+        self._continuity = StreamContinuity()
 
     # -- ASGI ---------------------------------------------------------------------------------
 
@@ -144,16 +150,23 @@ class CompletionConsumer(HttpStreamMixin, RelayEvents, AsyncHttpConsumer):
         if self._ended:
             return
         kind = message["type"]
-        if self._writer is not None:
+        if self._writer is None:
+            if kind == "final":  # a restart needs nothing here: the answer is the row's text
+                await self._answer(message)
+            return
+        try:
             if kind == "delta":
-                await self._data(self._writer.text(message["text"]))
-            elif kind == "reset":  # text already sent cannot be taken back; the job itself goes on
-                self._cancel_on_disconnect = False
-                await self._end_stream(StreamRestarted(str(self._job_id)))
+                text = self._continuity.text(message["text"])
+                if text:
+                    await self._data(self._writer.text(text))
+            elif kind == "reset":  # the job starts again elsewhere: see continuity.py
+                self._continuity.reset()
             elif kind == "final":
+                self._continuity.end()
                 await self._end_stream(ending_error(message), final=message)
-        elif kind == "final":
-            await self._answer(message)
+        except Diverged:  # text already sent cannot be taken back; the job itself goes on
+            self._cancel_on_disconnect = False
+            await self._end_stream(StreamRestarted(str(self._job_id)))
 
     async def _answer(self, final: dict[str, Any]) -> None:
         """The whole response of a request without ``stream``."""

@@ -48,8 +48,9 @@ class StreamRestarted(ServiceError):
 
     def __init__(self, job_id: str) -> None:
         super().__init__(
-            f"The job {job_id} restarted on another engine worker after part of its text was streamed; "
-            f"it goes on, and GET /api/v1/jobs/{job_id} will have its whole text.")
+            f"The job {job_id} restarted on another engine worker after part of its text was streamed, "
+            f"and the new attempt wrote other text; it goes on, and GET /api/v1/jobs/{job_id} will have "
+            f"its whole text.")
 
 
 def completion_id(kind: Kind, job_id: str) -> str:

@@ -217,46 +217,68 @@ def test_an_over_quota_key_gets_a_429_with_retry_after():
     assert Job.objects.count() == 1
 
 
-def test_a_stream_whose_job_restarts_after_text_went_out_ends_with_an_error_and_the_job_goes_on():
+def _restarted_stream(second_attempt: list[str]):
+    """A streamed chat whose job streams "Once", then restarts on another worker, whose attempt
+    streams ``second_attempt`` and finishes. Returns the job and the response."""
     from api.redis_client import get_redis
+    from api.services.job_lifecycle import job_claim
     from api.streaming.fanout import process_group_sender
     from api.streaming.sink import RedisJobSink
-    from engine_worker.protocol import OutputChunk, StepBatch
+    from engine_worker.protocol import FinalResult, OutputChunk, StepBatch
     from tests.api.openai_client import WORKER
 
     api_key, secret = make_api_key()
 
     @database_sync_to_async
-    def first_attempt_then_restart(job_id: str, step: str) -> None:
-        from api.services.job_lifecycle import job_claim
-
-        sink = RedisJobSink(worker_id=WORKER, redis_client=get_redis(), sender=process_group_sender())
-        if step == "first":
-            job_claim(job_id=job_id, worker_id=WORKER, lease_s=30)
-            sink.publish(StepBatch(started=(job_id,), chunks=(
-                OutputChunk(job_id=job_id, seq=1, text="Once", completion_tokens=1),)))
-        else:  # another worker starts the job from scratch (the first one died)
-            sink.publish(StepBatch(started=(job_id,)))
+    def publish(job_id: str, worker: str, texts: list[str], *, claim: bool = False, final: bool = False) -> None:
+        if claim:
+            job_claim(job_id=job_id, worker_id=worker, lease_s=30)
+        sink = RedisJobSink(worker_id=worker, redis_client=get_redis(), sender=process_group_sender())
+        sink.publish(StepBatch(started=(job_id,), chunks=tuple(
+            OutputChunk(job_id=job_id, seq=i, text=t, completion_tokens=i) for i, t in enumerate(texts, 1))))
+        if final:
+            sink.publish(StepBatch(finals=(FinalResult(
+                job_id=job_id, text="".join(texts), finish_reason="stop", prompt_tokens=3,
+                completion_tokens=len(texts), last_seq=len(texts)),)))
 
     async def scenario():
         exchange = Exchange(CHAT, {"model": "tiny", "messages": [{"role": "user", "content": "hi"}],
                                    "stream": True}, secret=secret)
         await exchange.send()
         job = await _job_created(api_key.owner_id)
-        await first_attempt_then_restart(str(job.id), "first")
+        await publish(str(job.id), WORKER, ["Once"], claim=True)
         seen = b""
         while b"Once" not in seen:
             seen += await exchange.next_body()
-        await first_attempt_then_restart(str(job.id), "restart")
+        # The first worker died; the job was handed on and another worker starts it from scratch.
+        from api.services.job_lifecycle import job_requeue
+
+        await database_sync_to_async(job_requeue)(job_id=str(job.id), worker_id=WORKER, redispatch_after_s=0)
+        await publish(str(job.id), "w-second", second_attempt, claim=True, final=True)
         return job, await exchange.read()
 
     job, response = asyncio.run(scenario())
+    return Job.objects.get(id=job.id), response.data_events()
 
-    events = response.data_events()
+
+def test_a_stream_whose_job_restarts_and_writes_the_same_text_goes_on_without_repeating_it():
+    job, events = _restarted_stream(["Once", " upon", " a time"])
+
+    assert events[-1] == "[DONE]"
+    deltas = [e["choices"][0]["delta"] for e in events[:-1]]
+    assert deltas == [{"role": "assistant", "content": ""}, {"content": "Once"}, {"content": " upon"},
+                      {"content": " a time"}, {}]
+    assert events[-2]["choices"][0]["finish_reason"] == "stop"
+    assert job.status == JobStatus.COMPLETED and job.output_text == "Once upon a time"
+
+
+def test_a_stream_whose_job_restarts_and_writes_other_text_ends_with_an_error_and_the_job_goes_on():
+    job, events = _restarted_stream(["Twice", " upon"])
+
     assert [e["choices"][0]["delta"] for e in events[:2]] == [{"role": "assistant", "content": ""}, {"content": "Once"}]
     assert events[-2]["error"]["code"] == "stream_restarted" and str(job.id) in events[-2]["error"]["message"]
     assert events[-1] == "[DONE]"
-    assert Job.objects.get(id=job.id).status == JobStatus.IN_PROGRESS  # not cancelled by the stream's end
+    assert job.output_text == "Twice upon"  # the new attempt's text, in the row
 
 
 def test_an_idle_stream_gets_keep_alive_comments(monkeypatch):

@@ -138,3 +138,40 @@ def test_a_completion_whose_worker_is_killed_mid_generation_still_answers_with_t
     assert chat.id == f"chatcmpl-{job.id}"
     assert chat.choices[0].message.content == done.output_text
     assert chat.usage.completion_tokens == 1200 and chat.choices[0].finish_reason == "length"
+
+
+def test_a_greedy_stream_whose_worker_is_killed_goes_on_from_the_new_worker_without_a_seam(
+        base_url, workers, redis_db):
+    import threading
+
+    from api.keys import job_stream_key
+    from api.tasks import reconcile_jobs
+    from tests.integration.jobs import wait_status
+    from tests.integration.procs import wait_for
+
+    _key, secret = make_api_key()
+    client = openai.OpenAI(base_url=base_url, api_key=secret, max_retries=0, timeout=300)
+    streamed: list[str] = []
+    finish: list[str | None] = []
+
+    def stream() -> None:
+        for chunk in client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=1200,
+                                                    temperature=0, stream=True):
+            streamed.extend(c.delta.content or "" for c in chunk.choices)
+            finish.extend(c.finish_reason for c in chunk.choices if c.finish_reason)
+
+    request = threading.Thread(target=stream)
+    request.start()
+    job = wait_for(lambda: Job.objects.first(), 60, "the request's job")
+    wait_for(lambda: redis_db.xlen(job_stream_key(str(job.id))) >= 3 and streamed, 120, "text to stream")
+    [first] = workers.procs
+    first.kill9()
+    workers.start("w-after-kill")
+    done = wait_status(str(job.id), (JobStatus.COMPLETED,), tick=reconcile_jobs)
+    request.join(120)
+
+    assert not request.is_alive(), "the stream did not end"
+    assert done.worker_id == "w-after-kill"
+    # Greedy: the new attempt wrote the same text, so the client got it once, whole, and the end.
+    assert "".join(streamed) == done.output_text
+    assert finish == ["length"]
