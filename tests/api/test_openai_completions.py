@@ -5,6 +5,7 @@ stream and channel layer), in OpenAI's shapes."""
 from __future__ import annotations
 
 import asyncio
+from unittest import mock
 
 import pytest
 from channels.db import database_sync_to_async
@@ -36,7 +37,7 @@ async def _job_created(owner_id: int, count: int = 1) -> Job:
     raise AssertionError("no job was created")
 
 
-def _exchange_with_worker(path: str, body: dict, texts: list[str], *, headers=(), **final):
+def _exchange_with_worker(path: str, body: dict, texts: list[str], *, headers=(), timeout: float = 10, **final):
     api_key, secret = make_api_key()
 
     async def scenario():
@@ -44,7 +45,7 @@ def _exchange_with_worker(path: str, body: dict, texts: list[str], *, headers=()
         await exchange.send()
         job = await _job_created(api_key.owner_id)
         await run_job(str(job.id), texts, **final)
-        return job, await exchange.read()
+        return job, await exchange.read(timeout)
 
     job, response = asyncio.run(scenario())
     return Job.objects.get(id=job.id), response
@@ -298,3 +299,24 @@ def test_an_idle_stream_gets_keep_alive_comments(monkeypatch):
         return body
 
     assert b": keep-alive\n\n" in asyncio.run(scenario())
+
+
+def test_with_the_streams_redis_unreachable_a_waiting_request_still_answers_from_the_row(monkeypatch):
+    import redis.asyncio as aioredis
+    from channels.layers import get_channel_layer
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    from api.openai_api import consumer as consumer_module
+    from api.streaming import relay as relay_module
+
+    monkeypatch.setattr(relay_module, "IDLE_CHECK_S", 0.05)  # the relay's checks, sooner
+    dead = aioredis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.2, retry=None)  # nothing listens
+    monkeypatch.setattr(consumer_module, "get_async_redis", lambda: dead)
+    layer = get_channel_layer()
+    monkeypatch.setattr(layer, "group_add", mock.AsyncMock(side_effect=RedisConnectionError("down")))
+
+    job, response = _exchange_with_worker(CHAT, {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]},
+                                          ["Hello", " again"], timeout=30)
+
+    assert response.status == 200
+    assert response.json()["choices"][0]["message"]["content"] == "Hello again" == job.output_text
