@@ -35,7 +35,8 @@ own delay: its POSTs run on its event loop, one connection each).
 
 ``--openai`` also runs each repeat's jobs through the OpenAI-compatible ``POST /v1/completions``
 with ``stream`` (one HTTP request that submits and streams; ``openai_over_engine``,
-``added_ttft_ms_p50_openai``); ``--ws-submit`` through ``/ws/v1/generate``.
+``added_ttft_ms_p50_openai``, and ``service_openai.stages_ms_p50`` from those jobs' rows);
+``--ws-submit`` through ``/ws/v1/generate``.
 
 ``BENCH_WEB_NICE=N`` (diagnostics) runs the web tier under ``nice -n N``. ``--pin-engine-cpu N``
 (or ``BENCH_PIN_ENGINE_CPU``) runs both sides' engine threads on core N (bench/thread_pin.py).
@@ -418,26 +419,31 @@ async def openai_round(port: int, keys: list[str], prompts: list[str], max_token
     and stream in one HTTP request. TTFT = start of the request -> first chunk with text."""
     ttft: list[float] = []
     tokens: list[int] = []
+    traces: list[tuple[str, float, float, float]] = []
 
     async def one(prompt: str, key: str) -> None:
-        t0 = time.perf_counter()
+        t0, t0_wall = time.perf_counter(), time.time()
         body = {"model": MODEL_ID, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
                 "stream": True, "stream_options": {"include_usage": True}}
-        first, completion = await _openai_stream(port, key, body, t0)
+        job_id, first, completion = await _openai_stream(port, key, body, t0)
+        final = time.perf_counter() - t0
         ttft.append(first)
         tokens.append(completion)
+        traces.append((job_id, t0_wall, t0_wall + first, t0_wall + final))  # as service_round's
 
-    return await _round(one, prompts, keys, ttft, tokens)
+    result = await _round(one, prompts, keys, ttft, tokens)
+    result["traces"] = traces
+    return result
 
 
-async def _openai_stream(port: int, key: str, body: dict, t0: float) -> tuple[float, int]:
+async def _openai_stream(port: int, key: str, body: dict, t0: float) -> tuple[str, float, int]:
     """POST a streamed completion on a new connection and read its events until ``[DONE]``:
-    (seconds from ``t0`` to the first text, completion tokens of the usage chunk)."""
+    (its job's id, seconds from ``t0`` to the first text, completion tokens of the usage chunk)."""
     payload = json.dumps(body).encode()
     head = (f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAuthorization: Bearer {key}\r\n"
             f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\nConnection: close\r\n\r\n")
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    first, completion, buffer = None, None, b""
+    first, completion, buffer, job_id = None, None, b"", ""
     try:
         writer.write(head.encode() + payload)
         await writer.drain()
@@ -465,8 +471,9 @@ async def _openai_stream(port: int, key: str, body: dict, t0: float) -> tuple[fl
                 if not event.startswith(b"data: "):
                     continue  # a keep-alive comment
                 if event == b"data: [DONE]":
-                    return first or 0.0, completion or 0
+                    return job_id, first or 0.0, completion or 0
                 chunk = json.loads(event[len(b"data: "):])
+                job_id = job_id or chunk.get("id", "").removeprefix("cmpl-")
                 if "error" in chunk:
                     raise RuntimeError(chunk)
                 if chunk.get("usage"):
@@ -550,6 +557,8 @@ def main() -> None:
             pinned["worker_thread_cpu_share"] = round(thread_used / max(1, process_used), 2)
         traces = [t for run in service_runs for t in run.pop("traces")]
         stages = stage_times(traces, service.job_timestamps([t[0] for t in traces]))
+        openai_traces = [t for run in openai_runs for t in run.pop("traces")]
+        openai_stages = stage_times(openai_traces, service.job_timestamps([t[0] for t in openai_traces]))
     finally:
         service.stop()
         engine.stop()
@@ -559,6 +568,9 @@ def main() -> None:
     if pinned is not None:
         result["engine_threads_pinned"] = pinned
     result["service"]["stages_ms_p50"] = {name: round(1000 * percentile(v, 50), 1) for name, v in stages.items() if v}
+    if openai_runs:  # the same stages for the OpenAI path's jobs (their request is the submit)
+        result["service_openai"]["stages_ms_p50"] = {
+            name: round(1000 * percentile(v, 50), 1) for name, v in openai_stages.items() if v}
     dump_json_line(result, args.out)
 
 
