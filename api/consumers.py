@@ -92,7 +92,7 @@ class JobStreamConsumer(RelayEvents, AsyncWebsocketConsumer):
                                code="invalid_message")
             return
         try:
-            await _cancel_job(self.api_key, self.relay.job_id)
+            await cancel_job(self.api_key, self.relay.job_id)
         except ServiceError as exc:  # JobNotCancellable: it finished meanwhile; its final follows
             await self._notice(exc.message, code=exc.code)
 
@@ -105,7 +105,7 @@ class JobStreamConsumer(RelayEvents, AsyncWebsocketConsumer):
 
     async def _authenticate(self) -> bool:
         try:
-            self.api_key = await _db(authenticate_api_key)(scope_api_key(self.scope))
+            self.api_key = await db_thread(authenticate_api_key)(scope_api_key(self.scope))
         except AuthenticationFailed as exc:
             await self._unauthorized(exc)
             return False
@@ -180,28 +180,28 @@ def scope_api_key(scope: dict[str, Any]) -> str | None:
     return query.get("api_key", [None])[0]
 
 
-def _db(func: Callable[..., Any]) -> Callable[..., Any]:
+def db_thread(func: Callable[..., Any]) -> Callable[..., Any]:
     """Run ``func`` (ORM code) off the event loop on a thread of its own. Channels' default
     (thread_sensitive) runs every consumer's DB call of the process on one shared thread, so a
     burst of connections queued there one after another."""
     return database_sync_to_async(func, thread_sensitive=False)
 
 
-@_db
+@db_thread
 def authorize_job(raw_key: str | None, job_id: str) -> tuple[ApiKey, bool]:
     """The caller's key (or AuthenticationFailed) and whether the job is theirs: one thread hop,
     one query."""
     return authenticate_api_key_for_job(raw_key, job_id)
 
 
-@_db
-def _cancel_job(api_key: ApiKey, job_id: str) -> None:
+@db_thread
+def cancel_job(api_key: ApiKey, job_id: str) -> None:
     from api.services.jobs import job_cancel
 
     job_cancel(job_id=job_id, owner=api_key.owner)
 
 
-@_db
+@db_thread
 def _create_job(api_key: ApiKey, body: Any) -> Job:
     from api.serializers import JobCreateSerializer
     from api.services.jobs import JobRequest, job_create

@@ -60,6 +60,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(ROOT))
 
 from common import dump_json_line, ensure_default_model, environment, median, percentile, proc_cpu_ticks  # noqa: E402
+from http_clients import openai_stream, post_job  # noqa: E402
 
 from engine_worker.config import EngineConfig  # noqa: E402
 from engine_worker.engine_core import EngineCore  # noqa: E402
@@ -276,35 +277,6 @@ def _port_open(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
-MODEL_ID = "tiny"  # set in main: the model folder's name, which the OpenAI-compatible API takes
-
-
-async def _post_job(port: int, key: str, body: dict) -> tuple[str, float]:
-    """POST a job on a new connection, on the event loop: (its id, perf_counter when the request
-    was written). Until 2026-11-29 this was urllib on 32 executor threads, all taking turns at
-    this process's GIL (see docs/benchmarks.md, eighth pass)."""
-    payload = json.dumps(body).encode()
-    head = (f"POST /api/v1/jobs HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAuthorization: Bearer {key}\r\n"
-            f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\nConnection: close\r\n\r\n")
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    try:
-        writer.write(head.encode() + payload)
-        sent = time.perf_counter()
-        await writer.drain()
-        status = (await reader.readline()).split(maxsplit=2)
-        length = None
-        while (line := await reader.readline()) not in (b"\r\n", b""):
-            name, _, value = line.decode("latin-1").partition(":")
-            if name.strip().lower() == "content-length":
-                length = int(value)
-        raw = await (reader.readexactly(length) if length is not None else reader.read())
-    finally:
-        writer.close()
-    if len(status) < 2 or status[1] != b"202":
-        raise RuntimeError(f"POST /api/v1/jobs answered {status!r}: {raw[:300]!r}")
-    return json.loads(raw)["id"], sent
-
-
 async def service_round(port: int, keys: list[str], prompts: list[str], max_tokens: int) -> dict:
     """Every prompt POSTed and streamed at once, the i-th with key ``keys[i % len(keys)]``."""
     import websockets
@@ -321,7 +293,7 @@ async def service_round(port: int, keys: list[str], prompts: list[str], max_toke
     async def one(prompt: str, key: str) -> None:
         t0, t0_wall = time.perf_counter(), time.time()
         body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0}
-        job_id, t_sent = await _post_job(port, key, body)
+        job_id, t_sent = await post_job(port, key, body)
         post.append(time.perf_counter() - t0)
         sent.append(t_sent - t0)
         url = f"ws://127.0.0.1:{port}/ws/v1/jobs/{job_id}/?api_key={key}"
@@ -414,7 +386,7 @@ async def ws_submit_round(port: int, keys: list[str], prompts: list[str], max_to
     return await _round(one, prompts, keys, ttft, tokens)
 
 
-async def openai_round(port: int, keys: list[str], prompts: list[str], max_tokens: int) -> dict:
+async def openai_round(port: int, keys: list[str], prompts: list[str], max_tokens: int, *, model: str) -> dict:
     """The same jobs through the OpenAI-compatible ``POST /v1/completions`` with ``stream``: submit
     and stream in one HTTP request. TTFT = start of the request -> first chunk with text."""
     ttft: list[float] = []
@@ -423,9 +395,9 @@ async def openai_round(port: int, keys: list[str], prompts: list[str], max_token
 
     async def one(prompt: str, key: str) -> None:
         t0, t0_wall = time.perf_counter(), time.time()
-        body = {"model": MODEL_ID, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
+        body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
                 "stream": True, "stream_options": {"include_usage": True}}
-        job_id, first, completion = await _openai_stream(port, key, body, t0)
+        job_id, first, completion = await openai_stream(port, key, body, t0)
         final = time.perf_counter() - t0
         ttft.append(first)
         tokens.append(completion)
@@ -434,55 +406,6 @@ async def openai_round(port: int, keys: list[str], prompts: list[str], max_token
     result = await _round(one, prompts, keys, ttft, tokens)
     result["traces"] = traces
     return result
-
-
-async def _openai_stream(port: int, key: str, body: dict, t0: float) -> tuple[str, float, int]:
-    """POST a streamed completion on a new connection and read its events until ``[DONE]``:
-    (its job's id, seconds from ``t0`` to the first text, completion tokens of the usage chunk)."""
-    payload = json.dumps(body).encode()
-    head = (f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAuthorization: Bearer {key}\r\n"
-            f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\nConnection: close\r\n\r\n")
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    first, completion, buffer, job_id = None, None, b"", ""
-    try:
-        writer.write(head.encode() + payload)
-        await writer.drain()
-        status = (await reader.readline()).split(maxsplit=2)
-        chunked = False
-        while (line := await reader.readline()) not in (b"\r\n", b""):
-            name, _, value = line.decode("latin-1").partition(":")
-            chunked |= name.strip().lower() == "transfer-encoding" and "chunked" in value.lower()
-        if len(status) < 2 or status[1] != b"200":
-            raise RuntimeError(f"POST /v1/completions answered {status!r}: {(await reader.read())[:300]!r}")
-        while True:
-            if chunked:
-                size = int((await reader.readline()).split(b";")[0], 16)
-                data = await reader.readexactly(size + 2)
-                data = data[:-2]
-                if size == 0:
-                    break
-            else:
-                data = await reader.read(65536)
-                if not data:
-                    break
-            buffer += data
-            *events, buffer = buffer.split(b"\n\n")
-            for event in events:
-                if not event.startswith(b"data: "):
-                    continue  # a keep-alive comment
-                if event == b"data: [DONE]":
-                    return job_id, first or 0.0, completion or 0
-                chunk = json.loads(event[len(b"data: "):])
-                job_id = job_id or chunk.get("id", "").removeprefix("cmpl-")
-                if "error" in chunk:
-                    raise RuntimeError(chunk)
-                if chunk.get("usage"):
-                    completion = chunk["usage"]["completion_tokens"]
-                if first is None and chunk["choices"] and chunk["choices"][0]["text"]:
-                    first = time.perf_counter() - t0
-    finally:
-        writer.close()
-    raise RuntimeError("the completion stream closed before [DONE]")
 
 
 # --------------------------------------------------------------------------------------- main
@@ -514,8 +437,6 @@ def main() -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # still stop the services on SIGTERM
 
     model_path = ensure_default_model(args.model).resolve()  # the worker subprocess gets MODEL_PATH
-    global MODEL_ID
-    MODEL_ID = model_path.name
     model, tokenizer = load_model(model_path)
     engine = EngineCore(model, tokenizer, EngineConfig.from_env())
     engine.start()
@@ -548,7 +469,8 @@ def main() -> None:
             if args.ws_submit:
                 ws_runs.append(asyncio.run(ws_submit_round(args.port, keys, texts, args.max_tokens)))
             if args.openai:
-                openai_runs.append(asyncio.run(openai_round(args.port, keys, texts, args.max_tokens)))
+                openai_runs.append(asyncio.run(openai_round(args.port, keys, texts, args.max_tokens,
+                                                            model=model_path.name)))
             print(f"engine {engine_runs[-1]['tok_s']:.0f} tok/s, service {service_runs[-1]['tok_s']:.0f} tok/s",
                   flush=True)
         if pinned is not None:  # the pinned thread should have done most of the worker's work

@@ -31,7 +31,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import REPO, dump_json_line, ensure_default_model, environment  # noqa: E402
-from service_bench import Service, _post_job  # noqa: E402
+from http_clients import post_job  # noqa: E402
+from service_bench import Service  # noqa: E402
 
 PROMPT = "Summarise the following notes for a colleague who missed the meeting: " * 3
 
@@ -100,7 +101,7 @@ def main() -> None:
 
 
 async def _burst(port: int, key: str, body: dict, n: int) -> None:
-    await asyncio.gather(*(_post_job(port, key, body) for _ in range(n)))
+    await asyncio.gather(*(post_job(port, key, body) for _ in range(n)))
 
 
 if __name__ == "__main__":

@@ -32,20 +32,20 @@ import json
 import logging
 from typing import Any
 
-from channels.db import database_sync_to_async
 from channels.exceptions import StopConsumer
 from channels.generic.http import AsyncHttpConsumer
 from django.conf import settings
+from rest_framework import exceptions as drf_exceptions
 
 from api.authentication import authenticate_api_key
-from api.consumers import scope_api_key
+from api.consumers import cancel_job, db_thread, scope_api_key
 from api.errors import ServiceError, error_body, exception_handler
 from api.http_stream import HttpStreamMixin, encode_headers
 from api.models import ApiKey, Job
 from api.openai_api.continuity import Diverged, StreamContinuity
 from api.openai_api.requests import Kind, OpenAIRequest, openai_request
 from api.openai_api.responses import ChunkWriter, StreamRestarted, completion_body, ending_error
-from api.parsers import StrictJSONParser
+from api.parsers import RequestTooLarge, StrictJSONParser
 from api.redis_client import get_async_redis
 from api.services.jobs import JobSubmission
 from api.streaming.relay import JobStreamRelay
@@ -79,7 +79,7 @@ class CompletionConsumer(HttpStreamMixin, RelayEvents, AsyncHttpConsumer):
         body = message.get("body", b"")
         self._size += len(body)
         if self._size > settings.MAX_REQUEST_BYTES:
-            await self._reject(RequestTooLarge(settings.MAX_REQUEST_BYTES))
+            await self._reject_exception(RequestTooLarge(f"Request body larger than {settings.MAX_REQUEST_BYTES} bytes."))
             return
         self.body.append(body)
         if not message.get("more_body"):
@@ -91,7 +91,7 @@ class CompletionConsumer(HttpStreamMixin, RelayEvents, AsyncHttpConsumer):
         if self._job_id is not None and not self._ended and self._cancel_on_disconnect:
             self._ended = True
             try:
-                await _cancel_job(self._api_key, self._job_id)
+                await cancel_job(self._api_key, self._job_id)
                 logger.info("job %s cancelled: its client went away", self._job_id)
             except ServiceError:
                 pass  # it finished meanwhile
@@ -226,22 +226,6 @@ class TextCompletionConsumer(CompletionConsumer):
     kind = Kind.TEXT
 
 
-class RequestTooLarge(ServiceError):
-    status_code = 413
-    code = "request_too_large"
-
-    def __init__(self, limit: int) -> None:
-        super().__init__(f"Request body larger than {limit} bytes.")
-
-
-class UnsupportedMediaType(ServiceError):
-    status_code = 415
-    code = "unsupported_media_type"
-
-    def __init__(self, media_type: str) -> None:
-        super().__init__(f'Unsupported media type "{media_type}" in request; send application/json.')
-
-
 def _header(scope: dict[str, Any], name: bytes) -> str | None:
     for key, value in scope.get("headers", []):
         if key == name:
@@ -249,12 +233,7 @@ def _header(scope: dict[str, Any], name: bytes) -> str | None:
     return None
 
 
-def _db(func: Any) -> Any:
-    """ORM code off the event loop, each call on a thread of its own (api/consumers.py says why)."""
-    return database_sync_to_async(func, thread_sensitive=False)
-
-
-@_db
+@db_thread
 def _submit(kind: Kind, raw_key: str | None, content_type: str | None, body: bytes,
             idempotency_key: str | None) -> tuple[ApiKey, OpenAIRequest, JobSubmission]:
     """Authenticate, parse, validate and create the job: one thread hop. Raises what the REST
@@ -264,7 +243,7 @@ def _submit(kind: Kind, raw_key: str | None, content_type: str | None, body: byt
     api_key = authenticate_api_key(raw_key)
     media_type = (content_type or "application/json").split(";")[0].strip().lower()
     if media_type != "application/json":
-        raise UnsupportedMediaType(media_type)
+        raise drf_exceptions.UnsupportedMediaType(media_type)
     data = StrictJSONParser().parse(io.BytesIO(body), "application/json", {"encoding": "utf-8"})
     request = openai_request(kind, data)
     try:
@@ -278,15 +257,7 @@ def _submit(kind: Kind, raw_key: str | None, content_type: str | None, body: byt
     return api_key, request, submission
 
 
-@_db
+@db_thread
 def _job_text(job_id: str) -> str:
     """The finished job's text, as the database holds it (the row is the truth)."""
     return Job.objects.values_list("output_text", flat=True).get(id=job_id)
-
-
-@_db
-def _cancel_job(api_key: ApiKey | None, job_id: str) -> None:
-    from api.services.jobs import job_cancel
-
-    assert api_key is not None
-    job_cancel(job_id=job_id, owner=api_key.owner)

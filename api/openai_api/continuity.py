@@ -18,29 +18,35 @@ class Diverged(Exception):
 
 class StreamContinuity:
     def __init__(self) -> None:
-        self.sent = ""
-        self._attempt: str | None = None  # the new attempt's text while it repeats ``sent``
+        self._parts: list[str] = []  # what was sent (one part after a reset)
+        self._attempt: str | None = None  # the new attempt's text while it repeats what was sent
+
+    @property
+    def sent(self) -> str:
+        return "".join(self._parts)
 
     def reset(self) -> None:
-        if self.sent:
+        if self._parts:
+            self._parts = [self.sent]
             self._attempt = ""
 
     def text(self, text: str) -> str:
         """What of ``text`` (the job's next chunk) to send. Raises Diverged."""
-        if self._attempt is None:
-            self.sent += text
+        if self._attempt is None:  # the per-chunk path: no copy of what was sent
+            self._parts.append(text)
             return text
+        sent = self._parts[0]
         self._attempt += text
-        if len(self._attempt) <= len(self.sent):
-            if not self.sent.startswith(self._attempt):
+        if len(self._attempt) <= len(sent):
+            if not sent.startswith(self._attempt):
                 raise Diverged
             return ""
-        if not self._attempt.startswith(self.sent):
+        if not self._attempt.startswith(sent):
             raise Diverged
-        new, self.sent, self._attempt = self._attempt[len(self.sent):], self._attempt, None
+        new, self._parts, self._attempt = self._attempt[len(sent):], [self._attempt], None
         return new
 
     def end(self) -> None:
         """The job's final arrived. Raises Diverged if the new attempt ended short of what was sent."""
-        if self._attempt is not None and self._attempt != self.sent:
+        if self._attempt is not None and self._attempt != self._parts[0]:
             raise Diverged

@@ -5,12 +5,17 @@ for ``base_url`` and the key."""
 from __future__ import annotations
 
 import asyncio
+import threading
+from collections.abc import Callable
 
 import openai
 import pytest
 
+from api.keys import job_stream_key
 from api.models import Job, JobStatus
+from api.tasks import reconcile_jobs
 from tests.api.factories import make_api_key
+from tests.integration.jobs import wait_status
 from tests.integration.procs import START_TIMEOUT_S, free_port, port_open, start_daphne, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -35,6 +40,23 @@ def base_url(workers, service_env, tmp_path):
 
 def _job(completion_id: str) -> Job:
     return Job.objects.get(id=completion_id.split("-", 1)[1])
+
+
+def _kill_the_worker_mid_request(request: Callable[[], None], workers, redis_db,
+                                 started: Callable[[], bool] = lambda: True) -> Job:
+    """Run ``request`` on a thread; once its job streams (and ``started``), ``kill -9`` the worker
+    and start another. Returns the job once the new worker completed it and the request ended."""
+    thread = threading.Thread(target=request)
+    thread.start()
+    job = wait_for(lambda: Job.objects.first(), 60, "the request's job")
+    wait_for(lambda: redis_db.xlen(job_stream_key(str(job.id))) >= 3 and started(), 120, "the job to stream")
+    [first] = workers.procs
+    first.kill9()
+    workers.start("w-after-kill")
+    done = wait_status(str(job.id), (JobStatus.COMPLETED,), tick=reconcile_jobs)
+    thread.join(120)
+    assert not thread.is_alive(), "the request did not end"
+    return done
 
 
 def test_the_openai_sdk_lists_the_model_chats_streams_and_completes(base_url):
@@ -111,44 +133,25 @@ def test_sixteen_concurrent_streams_of_the_async_sdk_each_match_their_stored_job
 
 def test_a_completion_whose_worker_is_killed_mid_generation_still_answers_with_the_whole_text(
         base_url, workers, redis_db):
-    import threading
-
-    from api.keys import job_stream_key
-    from api.tasks import reconcile_jobs
-    from tests.integration.jobs import wait_status
-    from tests.integration.procs import wait_for
-
     _key, secret = make_api_key()
     client = openai.OpenAI(base_url=base_url, api_key=secret, max_retries=0, timeout=300)
     answer: dict = {}
-    request = threading.Thread(target=lambda: answer.update(chat=client.chat.completions.create(
-        model="tiny", messages=MESSAGES, max_tokens=1200, temperature=0)))
-    request.start()
-    job = wait_for(lambda: Job.objects.first(), 60, "the request's job")
-    wait_for(lambda: redis_db.xlen(job_stream_key(str(job.id))) >= 3, 120, "the job to stream")
-    [first] = workers.procs
-    first.kill9()
-    workers.start("w-after-kill")
-    done = wait_status(str(job.id), (JobStatus.COMPLETED,), tick=reconcile_jobs)
-    request.join(120)
 
-    assert not request.is_alive(), "the request did not answer"
+    def request() -> None:
+        answer["chat"] = client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=1200,
+                                                        temperature=0)
+
+    done = _kill_the_worker_mid_request(request, workers, redis_db)
+
     chat = answer["chat"]
     assert done.worker_id == "w-after-kill" and done.completion_tokens == 1200
-    assert chat.id == f"chatcmpl-{job.id}"
+    assert chat.id == f"chatcmpl-{done.id}"
     assert chat.choices[0].message.content == done.output_text
     assert chat.usage.completion_tokens == 1200 and chat.choices[0].finish_reason == "length"
 
 
 def test_a_greedy_stream_whose_worker_is_killed_goes_on_from_the_new_worker_without_a_seam(
         base_url, workers, redis_db):
-    import threading
-
-    from api.keys import job_stream_key
-    from api.tasks import reconcile_jobs
-    from tests.integration.jobs import wait_status
-    from tests.integration.procs import wait_for
-
     _key, secret = make_api_key()
     client = openai.OpenAI(base_url=base_url, api_key=secret, max_retries=0, timeout=300)
     streamed: list[str] = []
@@ -160,17 +163,8 @@ def test_a_greedy_stream_whose_worker_is_killed_goes_on_from_the_new_worker_with
             streamed.extend(c.delta.content or "" for c in chunk.choices)
             finish.extend(c.finish_reason for c in chunk.choices if c.finish_reason)
 
-    request = threading.Thread(target=stream)
-    request.start()
-    job = wait_for(lambda: Job.objects.first(), 60, "the request's job")
-    wait_for(lambda: redis_db.xlen(job_stream_key(str(job.id))) >= 3 and streamed, 120, "text to stream")
-    [first] = workers.procs
-    first.kill9()
-    workers.start("w-after-kill")
-    done = wait_status(str(job.id), (JobStatus.COMPLETED,), tick=reconcile_jobs)
-    request.join(120)
+    done = _kill_the_worker_mid_request(stream, workers, redis_db, started=lambda: bool(streamed))
 
-    assert not request.is_alive(), "the stream did not end"
     assert done.worker_id == "w-after-kill"
     # Greedy: the new attempt wrote the same text, so the client got it once, whole, and the end.
     assert "".join(streamed) == done.output_text

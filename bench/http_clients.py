@@ -1,0 +1,83 @@
+"""The benchmark's own HTTP clients: one request per new connection, on the event loop, parsed by
+hand so that the client adds as little as it can to what it measures (bench/service_bench.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+
+async def post_job(port: int, key: str, body: dict) -> tuple[str, float]:
+    """POST a job on a new connection, on the event loop: (its id, perf_counter when the request
+    was written). Until 2026-11-29 this was urllib on 32 executor threads, all taking turns at
+    this process's GIL (see docs/benchmarks.md, eighth pass)."""
+    payload = json.dumps(body).encode()
+    head = (f"POST /api/v1/jobs HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAuthorization: Bearer {key}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\nConnection: close\r\n\r\n")
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(head.encode() + payload)
+        sent = time.perf_counter()
+        await writer.drain()
+        status = (await reader.readline()).split(maxsplit=2)
+        length = None
+        while (line := await reader.readline()) not in (b"\r\n", b""):
+            name, _, value = line.decode("latin-1").partition(":")
+            if name.strip().lower() == "content-length":
+                length = int(value)
+        raw = await (reader.readexactly(length) if length is not None else reader.read())
+    finally:
+        writer.close()
+    if len(status) < 2 or status[1] != b"202":
+        raise RuntimeError(f"POST /api/v1/jobs answered {status!r}: {raw[:300]!r}")
+    return json.loads(raw)["id"], sent
+
+
+async def openai_stream(port: int, key: str, body: dict, t0: float) -> tuple[str, float, int]:
+    """POST a streamed completion on a new connection and read its events until ``[DONE]``:
+    (its job's id, seconds from ``t0`` to the first text, completion tokens of the usage chunk)."""
+    payload = json.dumps(body).encode()
+    head = (f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAuthorization: Bearer {key}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\nConnection: close\r\n\r\n")
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    first, completion, buffer, job_id = None, None, b"", ""
+    try:
+        writer.write(head.encode() + payload)
+        await writer.drain()
+        status = (await reader.readline()).split(maxsplit=2)
+        chunked = False
+        while (line := await reader.readline()) not in (b"\r\n", b""):
+            name, _, value = line.decode("latin-1").partition(":")
+            chunked |= name.strip().lower() == "transfer-encoding" and "chunked" in value.lower()
+        if len(status) < 2 or status[1] != b"200":
+            raise RuntimeError(f"POST /v1/completions answered {status!r}: {(await reader.read())[:300]!r}")
+        while True:
+            if chunked:
+                size = int((await reader.readline()).split(b";")[0], 16)
+                data = await reader.readexactly(size + 2)
+                data = data[:-2]
+                if size == 0:
+                    break
+            else:
+                data = await reader.read(65536)
+                if not data:
+                    break
+            buffer += data
+            *events, buffer = buffer.split(b"\n\n")
+            for event in events:
+                if not event.startswith(b"data: "):
+                    continue  # a keep-alive comment
+                if event == b"data: [DONE]":
+                    return job_id, first or 0.0, completion or 0
+                chunk = json.loads(event[len(b"data: "):])
+                job_id = job_id or chunk.get("id", "").removeprefix("cmpl-")
+                if "error" in chunk:
+                    raise RuntimeError(chunk)
+                if chunk.get("usage"):
+                    completion = chunk["usage"]["completion_tokens"]
+                if first is None and chunk["choices"] and chunk["choices"][0]["text"]:
+                    first = time.perf_counter() - t0
+    finally:
+        writer.close()
+    raise RuntimeError("the completion stream closed before [DONE]")
