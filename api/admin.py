@@ -72,7 +72,7 @@ class ApiKeyAdmin(admin.ModelAdmin):
 @admin.register(Job)
 class JobAdmin(admin.ModelAdmin):
     list_display = ("id", "owner", "status", "priority", "worker_id", "completion_tokens", "created_at", "finished_at")
-    list_filter = ("status", "finish_reason", "worker_id")
+    list_filter = ("status", "finish_reason", "worker_id", ("deleted_at", admin.EmptyFieldListFilter))
     search_fields = ("id", "owner__username", "idempotency_key", "worker_id")
     date_hierarchy = "created_at"
     actions = ("cancel_jobs", "requeue_jobs")
@@ -81,7 +81,7 @@ class JobAdmin(admin.ModelAdmin):
         "idempotency_key", "request_fingerprint", "output_text", "finish_reason", "error", "prompt_tokens",
         "cached_tokens", "completion_tokens", "worker_id", "lease_expires_at", "dispatch_count",
         "cancel_requested", "last_seq", "created_at", "queued_at", "started_at", "first_token_at", "finished_at",
-        "ttft_ms", "tokens_per_second",
+        "deleted_at", "ttft_ms", "tokens_per_second",
     )
 
     def has_add_permission(self, request: HttpRequest) -> bool:

@@ -112,6 +112,14 @@ class JobNotCancellable(ServiceError):
         super().__init__(f"The job is already {status} and cannot be cancelled.")
 
 
+class JobNotDeletable(ServiceError):
+    status_code = 409
+    code = "job_not_finished"
+
+    def __init__(self, *, status: str) -> None:
+        super().__init__(f"The job is {status.replace('_', ' ')}: cancel it first, then delete it once it has ended.")
+
+
 class JobNotRequeueable(ServiceError):
     status_code = 409
     code = "job_not_requeueable"

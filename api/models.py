@@ -111,6 +111,9 @@ class Job(models.Model):
     started_at = models.DateTimeField(null=True, blank=True)
     first_token_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+    # Set when the owner deleted the job: its content is gone, its counts stay for the quotas and
+    # usage (services/job_deletion.py), and every user-facing read treats it as not found.
+    deleted_at = models.DateTimeField(null=True, blank=True, editable=False)
 
     class Meta:
         ordering = ["-created_at"]

@@ -212,6 +212,12 @@ class JobCreatedSerializer(ShallowFieldCopies, serializers.Serializer):
     created_at = serializers.DateTimeField()
 
 
+class JobDeletedSerializer(serializers.Serializer):
+    id = serializers.UUIDField()
+    object = serializers.CharField(default="job.deleted")
+    deleted = serializers.BooleanField(default=True)
+
+
 class ErrorDetailSerializer(serializers.Serializer):
     message = serializers.CharField()
     type = serializers.CharField()

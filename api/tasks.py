@@ -4,7 +4,7 @@
 the worker's admission thread, which claims what has arrived in one UPDATE and starts it in the
 in-process engine (api/streaming/admission.py). A duplicate delivery finds the job already
 claimed and does nothing; a job whose message was acknowledged but never claimed (the worker
-died in between) is still queued in the database, and the reconciler sends it again. ``reconcile_jobs``, ``expire_jobs`` and ``rollup_usage`` run on the light worker under beat.
+died in between) is still queued in the database, and the reconciler sends it again. ``reconcile_jobs``, ``expire_jobs``, ``rollup_usage`` and ``purge_jobs`` run on the light worker under beat.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from celery import shared_task
 from django.conf import settings
 from django.utils import timezone
 
-from api.services import job_lifecycle, quotas
+from api.services import job_deletion, job_lifecycle, quotas
 from api.streaming import worker
 from api.streaming.config import redispatch_after_s
 
@@ -104,3 +104,15 @@ def rollup_usage() -> int:
     if now.hour == 0:
         rows += quotas.usage_rollup(day=now.date() - dt.timedelta(days=1))
     return rows
+
+
+@shared_task(name="api.tasks.purge_jobs", ignore_result=True)
+def purge_jobs() -> int:
+    """Delete finished jobs older than JOB_RETENTION_DAYS (kept forever when it is 0)."""
+    days = int(settings.JOB_RETENTION_DAYS)
+    if days == 0:
+        return 0
+    purged = job_deletion.jobs_purge_finished(older_than_days=days)
+    if purged:
+        logger.info("deleted %s jobs that finished more than %s days ago", purged, days)
+    return purged

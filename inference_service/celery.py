@@ -17,5 +17,7 @@ app.conf.beat_schedule = {
     "expire-jobs": {"task": "api.tasks.expire_jobs", "schedule": 60.0},
     # Keeps the admin's per-key, per-day usage table current (it is recomputed, so idempotent).
     "rollup-usage": {"task": "api.tasks.rollup_usage", "schedule": 300.0},
+    # Deletes finished jobs older than JOB_RETENTION_DAYS (does nothing when it is 0).
+    "purge-jobs": {"task": "api.tasks.purge_jobs", "schedule": 3600.0},
 }
 app.autodiscover_tasks()

@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
 
 from inference_service.env import env_bool, env_float, env_int, env_list, env_str
 
@@ -188,6 +189,11 @@ DEFAULT_KEY_MAX_TOKENS_PER_JOB = env_int("DEFAULT_KEY_MAX_TOKENS_PER_JOB", MAX_T
 # this long without a heartbeat before the reconciler re-dispatches them.
 JOB_QUEUE_TIMEOUT_S = env_int("JOB_QUEUE_TIMEOUT_S", 3600, minimum=1)
 JOB_LEASE_S = env_float("JOB_LEASE_S", 30.0, minimum=1.0)
+# Finished jobs' rows are deleted this many days after they ended (0: kept). At least 2, so the
+# quotas and the usage roll-up never lose rows they still read (api/services/job_deletion.py).
+JOB_RETENTION_DAYS = env_int("JOB_RETENTION_DAYS", 0, minimum=0)
+if 0 < JOB_RETENTION_DAYS < 2:
+    raise ImproperlyConfigured(f"JOB_RETENTION_DAYS={JOB_RETENTION_DAYS} must be 0 (keep every job) or >= 2")
 # New jobs are published to the engine queue from one thread per web process, after the answer
 # (up to 8 ids per message), or with this off on the request's thread once the row commits. On
 # PostgreSQL the commit's notice wakes the workers, so the message is only the delivery that

@@ -41,7 +41,7 @@ def api_key_with_owner(*, hashed_key: str, using: str = "default") -> ApiKey | N
 
 def api_key_with_owner_and_job(*, hashed_key: str, job_id: str, using: str = "default") -> tuple[ApiKey | None, bool]:
     """:func:`api_key_with_owner`, and whether job ``job_id`` belongs to the key's owner (False
-    for a key that is not found, or an id that is not a job's)."""
+    for a key that is not found, an id that is not a job's, or a job its owner deleted)."""
     try:
         job_pk = Job._meta.pk.get_db_prep_value(Job._meta.pk.to_python(job_id), connections[using])
     except ValidationError:  # not a UUID: no job has it
@@ -78,7 +78,8 @@ def _statement(using: str, *, with_job: bool) -> _Statement:
     if with_job:  # the job's id is the first parameter
         job_table = quote(Job._meta.db_table)
         columns += (f", EXISTS (SELECT 1 FROM {job_table} WHERE {job_table}.{quote(Job._meta.pk.column)} = %s "
-                    f"AND {job_table}.{quote(Job._meta.get_field('owner').column)} = {key_table}.{owner_column})")
+                    f"AND {job_table}.{quote(Job._meta.get_field('owner').column)} = {key_table}.{owner_column} "
+                    f"AND {job_table}.{quote(Job._meta.get_field('deleted_at').column)} IS NULL)")
     sql = (
         f"SELECT {columns} FROM {key_table} "
         f"INNER JOIN {user_table} ON {user_table}.{quote(user_model._meta.pk.column)} = {key_table}.{owner_column} "

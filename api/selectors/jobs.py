@@ -23,8 +23,8 @@ logger = logging.getLogger(__name__)
 
 def job_get(*, job_id: uuid.UUID | str, owner: AbstractBaseUser | None = None) -> Job:
     """The job, or JobNotFound. With ``owner``, another user's job is "not found" too (never 403:
-    ids of other users' jobs must not be confirmable)."""
-    jobs = Job.objects.all() if owner is None else Job.objects.filter(owner=owner)
+    ids of other users' jobs must not be confirmable), and so is a job its owner deleted."""
+    jobs = Job.objects.all() if owner is None else Job.objects.filter(owner=owner, deleted_at__isnull=True)
     try:
         return jobs.get(id=job_id)
     except (Job.DoesNotExist, ValueError):
@@ -32,7 +32,7 @@ def job_get(*, job_id: uuid.UUID | str, owner: AbstractBaseUser | None = None) -
 
 
 def job_list(*, owner: AbstractBaseUser, status: str | None = None) -> QuerySet[Job]:
-    jobs = Job.objects.filter(owner=owner).order_by("-created_at", "-id")
+    jobs = Job.objects.filter(owner=owner, deleted_at__isnull=True).order_by("-created_at", "-id")
     if status:
         jobs = jobs.filter(status=status)
     return jobs

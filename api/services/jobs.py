@@ -248,7 +248,8 @@ def job_cancel(*, job_id: uuid.UUID | str, owner: AbstractBaseUser | None = None
     are told on ``engine:cancel``; the worker that holds it aborts it and records the end.
     Cancelling a cancelled job is a no-op; cancelling another finished job raises
     JobNotCancellable. ``owner`` restricts the lookup (None: any job, for operators)."""
-    jobs = Job.objects.filter(id=job_id) if owner is None else Job.objects.filter(id=job_id, owner=owner)
+    jobs = (Job.objects.filter(id=job_id) if owner is None
+            else Job.objects.filter(id=job_id, owner=owner, deleted_at__isnull=True))
     ended_in_queue = False
     # A job can move queued -> in_progress between our two UPDATEs; loop until one of them wins
     # or the job is finished. Each pass is one conditional UPDATE, so there is no lost update.
@@ -287,10 +288,11 @@ def _publish_cancel(job_id: str) -> None:
 
 def job_requeue(*, job_id: uuid.UUID | str) -> Job:
     """Operator action: put a failed, expired or cancelled job back in the queue from scratch
-    (output, counts and timings reset) and dispatch it. Running jobs are never requeued here: the
+    (output, counts and timings reset) and dispatch it. A job its owner deleted has no prompt
+    left and is never requeued. Running jobs are never requeued here: the
     reconciler does that when their worker's lease expires."""
     now = timezone.now()
-    updated = Job.objects.filter(id=job_id, status__in=REQUEUEABLE_STATUSES).update(
+    updated = Job.objects.filter(id=job_id, status__in=REQUEUEABLE_STATUSES, deleted_at__isnull=True).update(
         status=JobStatus.QUEUED,
         output_text="",
         finish_reason=None,
@@ -311,7 +313,7 @@ def job_requeue(*, job_id: uuid.UUID | str) -> Job:
     if job is None:
         raise JobNotFound(job_id)
     if not updated:
-        raise JobNotRequeueable(status=job.status)
+        raise JobNotRequeueable(status="deleted" if job.deleted_at is not None else job.status)
     job_id_str = str(job.id)
 
     def _restart() -> None:

@@ -1,4 +1,4 @@
-"""/api/v1/jobs: submit, list, inspect and cancel generation jobs."""
+"""/api/v1/jobs: submit, list, inspect, cancel and delete generation jobs."""
 
 from __future__ import annotations
 
@@ -17,9 +17,11 @@ from api.serializers import (
     ErrorSerializer,
     JobCreatedSerializer,
     JobCreateSerializer,
+    JobDeletedSerializer,
     JobListQuerySerializer,
     JobSerializer,
 )
+from api.services.job_deletion import job_delete
 from api.services.jobs import JobRequest, job_cancel, job_create
 from api.services.quotas import quota_request_rate_state
 
@@ -107,6 +109,21 @@ class JobDetailView(APIView):
     def get(self, request: Request, job_id: str) -> Response:
         job = job_get(job_id=job_id, owner=request.user)
         return Response(JobSerializer(job_detail(job=job)).data)
+
+    @extend_schema(
+        operation_id="jobs_destroy",
+        summary="Delete a finished job",
+        description=(
+            "Clears the job's prompt, messages, output and stop strings for good; the job is not found "
+            "afterwards. Its token counts still count towards the key's quotas and usage. A queued or "
+            "running job is a 409: cancel it first."
+        ),
+        responses={200: JobDeletedSerializer, **ERRORS,
+                   409: OpenApiResponse(ErrorSerializer, description="The job is still queued or running")},
+    )
+    def delete(self, request: Request, job_id: str) -> Response:
+        job = job_delete(job_id=job_id, owner=request.user)
+        return Response(JobDeletedSerializer({"id": job.id}).data)
 
 
 class JobCancelView(APIView):

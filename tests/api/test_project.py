@@ -136,6 +136,7 @@ def test_celery_routes_jobs_to_the_engine_queue_and_schedules_reconciliation():
         "api.tasks.reconcile_jobs": 10.0,
         "api.tasks.expire_jobs": 60.0,
         "api.tasks.rollup_usage": 300.0,
+        "api.tasks.purge_jobs": 3600.0,
     }
 
 

@@ -1,0 +1,96 @@
+"""Removing jobs' content: a user's delete of one finished job, and the operator's retention purge.
+
+A user's delete keeps the row as a tombstone. Its prompt, messages, token ids, output, error,
+stop strings and idempotency key are cleared and ``deleted_at`` is set; its status, token counts
+and timings stay. The key's daily token quota (KeyDayTokens and its trigger on PostgreSQL, the sum
+of the day's jobs on SQLite) and the usage roll-up count those rows, so a delete never gives a
+quota back. Every user-facing read (the job, the list, cancel, the WebSocket and the events
+stream) treats a tombstone as not found, and the job's Redis stream, which holds the same text,
+goes once the delete commits. A job still queued or running cannot be deleted: it must end first,
+or a worker could write its output after the content was cleared.
+
+Retention (``JOB_RETENTION_DAYS``, off at 0) deletes the rows of jobs that finished that many days
+ago, tombstones included. It is at least 2 days, so the rows a quota or the usage roll-up still
+reads (today's, and yesterday's in the first hour of a day: api/tasks.py) are never among them;
+the usage records of those days stay. The daily-token rows of days before the cutoff go too:
+nothing reads them.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import uuid
+from functools import partial
+
+import redis
+from django.contrib.auth.models import AbstractBaseUser
+from django.db import transaction
+from django.utils import timezone
+
+from api import keys
+from api.errors import JobNotDeletable, JobNotFound
+from api.models import TERMINAL_STATUSES, Job, KeyDayTokens
+from api.redis_client import get_redis
+
+logger = logging.getLogger(__name__)
+
+# Request fields that hold the user's own text, besides the prompt and messages.
+_CONTENT_PARAMS = ("stop",)
+PURGE_BATCH = 1000
+
+
+def job_delete(*, job_id: uuid.UUID | str, owner: AbstractBaseUser) -> Job:
+    """Clear the content of ``owner``'s finished job and mark it deleted (see the module's
+    docstring). Raises JobNotFound for no such job, another user's or one already deleted, and
+    JobNotDeletable for a job that is still queued or running."""
+    jobs = Job.objects.filter(id=job_id, owner=owner, deleted_at__isnull=True)
+    try:
+        job = jobs.get()
+    except (Job.DoesNotExist, ValueError):
+        raise JobNotFound(job_id) from None
+    if not job.is_finished:
+        raise JobNotDeletable(status=job.status)
+    now = timezone.now()
+    params = {name: value for name, value in job.params.items() if name not in _CONTENT_PARAMS}
+    # Conditional on the job being finished still: an operator's requeue in between wins, and the
+    # delete is then refused as for any running job.
+    if not jobs.filter(status__in=TERMINAL_STATUSES).update(
+        prompt="", messages=None, prompt_token_ids=[], output_text="", error=None, params=params,
+        idempotency_key=None, request_fingerprint="", deleted_at=now,
+    ):
+        current = jobs.first()
+        if current is None:
+            raise JobNotFound(job_id)
+        raise JobNotDeletable(status=current.status)
+    transaction.on_commit(partial(_drop_stream, str(job.id)))
+    job.refresh_from_db()
+    return job
+
+
+def _drop_stream(job_id: str) -> None:
+    try:
+        get_redis().delete(keys.job_stream_key(job_id))
+    except redis.RedisError:
+        # The stream expires on its own (JOB_STREAM_TTL_S after its last write); no reader can reach it meanwhile,
+        # since every stream read first checks the job, which is now not found.
+        logger.warning("Could not delete the stream of deleted job %s", job_id, exc_info=True)
+
+
+def jobs_purge_finished(*, older_than_days: int, now: dt.datetime | None = None) -> int:
+    """Delete the rows of jobs that finished more than ``older_than_days`` days before ``now``
+    (at least 2), in batches; returns how many. The day-token rows of days before the cutoff go
+    first, so the deletes' trigger has nothing left to update for them."""
+    if older_than_days < 2:
+        raise ValueError("jobs are kept at least 2 days: the quotas and the usage roll-up read them")
+    cutoff = (now or timezone.now()) - dt.timedelta(days=older_than_days)
+    KeyDayTokens.objects.filter(day__lt=cutoff.date()).delete()
+    purged = 0
+    while True:
+        ids = list(
+            Job.objects.filter(status__in=TERMINAL_STATUSES, finished_at__lt=cutoff)
+            .order_by().values_list("id", flat=True)[:PURGE_BATCH]
+        )
+        if not ids:
+            return purged
+        purged += Job.objects.filter(id__in=ids, status__in=TERMINAL_STATUSES).delete()[0]
