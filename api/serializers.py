@@ -15,6 +15,9 @@ from api.serializer_copies import ShallowFieldCopies
 MAX_STOP_SEQUENCES = 4
 MAX_STOP_LENGTH = 256
 MAX_MESSAGES = 512
+MAX_LOGIT_BIAS_ENTRIES = 300
+LOGIT_BIAS_LIMIT = 100.0
+PENALTY_LIMIT = 2.0
 
 
 def _check_text(value: str) -> str:
@@ -83,6 +86,37 @@ class StopField(serializers.Field):
         return list(value)
 
 
+@extend_schema_field({"type": "object", "additionalProperties": {"type": "number", "minimum": -LOGIT_BIAS_LIMIT,
+                                                                  "maximum": LOGIT_BIAS_LIMIT},
+                     "maxProperties": MAX_LOGIT_BIAS_ENTRIES,
+                     "description": "Token id (as a string) -> bias added to its logit, as OpenAI's logit_bias."})
+class LogitBiasField(serializers.Field):
+    """``logit_bias``: an object of token ids (decimal strings, as JSON keys are) to biases in
+    [-100, 100]; stored with the same string keys. Whether each id is in the model's vocabulary is
+    checked by the submission (services/jobs.py), which knows the model."""
+
+    default_error_messages = {"invalid": "Must be an object mapping token ids to numbers."}
+    _bias = StrictFloatField(min_value=-LOGIT_BIAS_LIMIT, max_value=LOGIT_BIAS_LIMIT)
+
+    def to_internal_value(self, data: Any) -> dict[str, float]:
+        if not isinstance(data, dict):
+            self.fail("invalid")
+        if len(data) > MAX_LOGIT_BIAS_ENTRIES:
+            raise serializers.ValidationError(f"At most {MAX_LOGIT_BIAS_ENTRIES} token biases.")
+        out: dict[str, float] = {}
+        for token, bias in data.items():
+            if not (isinstance(token, str) and token.isascii() and token.isdigit()) or len(token) > 12:
+                raise serializers.ValidationError(f"{str(token)[:40]!r} is not a token id (a non-negative integer).")
+            try:
+                out[str(int(token))] = self._bias.run_validation(bias)
+            except serializers.ValidationError as exc:
+                raise serializers.ValidationError(f"The bias of token {token}: {exc.detail[0]}") from None
+        return out
+
+    def to_representation(self, value: dict[str, float]) -> dict[str, float]:
+        return dict(value)
+
+
 class RejectUnknownFieldsMixin:
     """Unknown keys are an error (a typo like ``max_token`` must not be silently ignored)."""
 
@@ -112,6 +146,9 @@ class JobCreateSerializer(ShallowFieldCopies, RejectUnknownFieldsMixin, serializ
     top_k = StrictIntegerField(required=False, min_value=0, max_value=1_000_000)
     min_p = StrictFloatField(required=False, min_value=0.0, max_value=1.0)
     repetition_penalty = StrictFloatField(required=False, min_value=0.01, max_value=10.0)
+    presence_penalty = StrictFloatField(required=False, min_value=-PENALTY_LIMIT, max_value=PENALTY_LIMIT)
+    frequency_penalty = StrictFloatField(required=False, min_value=-PENALTY_LIMIT, max_value=PENALTY_LIMIT)
+    logit_bias = LogitBiasField(required=False)
     seed = StrictIntegerField(required=False, allow_null=True, min_value=0, max_value=2**63 - 1)
     stop = StopField(required=False)
     priority = StrictIntegerField(required=False, min_value=0, max_value=1000)

@@ -30,6 +30,7 @@ class ModelInfo:
     path: str
     name: str
     context_length: int
+    vocab_size: int  # the model's logits: token ids a logit_bias may name are below it
 
 
 class PromptTokenizer:
@@ -39,7 +40,9 @@ class PromptTokenizer:
         from transformers import AutoTokenizer  # heavy import, only when first needed
 
         self._tokenizer = AutoTokenizer.from_pretrained(model_path)
-        self.info = ModelInfo(path=model_path, name=Path(model_path).name, context_length=_context_length(model_path))
+        config = json.loads((Path(model_path) / "config.json").read_text())
+        self.info = ModelInfo(path=model_path, name=Path(model_path).name, context_length=_context_length(config, model_path),
+                              vocab_size=_vocab_size(config, len(self._tokenizer)))
 
     @property
     def has_chat_template(self) -> bool:
@@ -71,13 +74,17 @@ class PromptTokenizer:
         return [int(token) for token in rendered]
 
 
-def _context_length(model_path: str) -> int:
-    config = json.loads((Path(model_path) / "config.json").read_text())
+def _context_length(config: dict[str, Any], model_path: str) -> int:
     for key in ("max_position_embeddings", "max_sequence_length", "n_positions", "seq_length"):
         value = config.get(key) or (config.get("text_config") or {}).get(key)
         if isinstance(value, int) and value > 0:
             return value
     raise ValueError(f"{model_path}/config.json has no context length (max_position_embeddings)")
+
+
+def _vocab_size(config: dict[str, Any], tokenizer_size: int) -> int:
+    value = config.get("vocab_size") or (config.get("text_config") or {}).get("vocab_size")
+    return value if isinstance(value, int) and value > 0 else tokenizer_size
 
 
 @lru_cache(maxsize=4)

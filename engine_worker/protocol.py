@@ -47,6 +47,10 @@ class JobSpec:
     stop: tuple[str, ...] = ()
     priority: int = 0
     ignore_eos: bool = False
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    # (token id, bias) pairs: a JSON object would turn the ids into strings on the wire.
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass(frozen=True)

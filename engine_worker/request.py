@@ -64,6 +64,10 @@ class SamplingParams:
     min_p: float = 0.0
     presence_penalty: float = 0.0
     repetition_penalty: float = 1.0
+    # OpenAI's frequency penalty and logit bias (token id -> added to its logit), as mlx-lm applies
+    # them: the penalties count the last 20 tokens of the sequence, as its server does.
+    frequency_penalty: float = 0.0
+    logit_bias: dict[int, float] | None = None
     stop: list[str] | None = None
     stop_token_ids: list[int] | None = None
     logits_processors: list[Callable[..., Any]] | None = None

@@ -85,7 +85,8 @@ class SamplingFactory:
     def logits_processors(
         self, sp: SamplingParams, on_error: Callable[[BaseException], None] | None = None
     ) -> list[Any]:
-        """Repetition/presence penalties plus the request's own processors (none: fast path).
+        """Logit bias, repetition/presence/frequency penalties (mlx-lm's processors) plus the
+        request's own processors (none: the fast path).
 
         The request's own processors are caller code running inside the batch step: with
         ``on_error``, one that raises is skipped for that step and ``on_error(exc)`` is called,
@@ -93,12 +94,14 @@ class SamplingFactory:
         """
         procs: list[Any] = []
         rp = sp.repetition_penalty
-        pp = sp.presence_penalty
-        if (rp and rp != 1.0) or pp:
+        pp, fp, bias = sp.presence_penalty, sp.frequency_penalty, sp.logit_bias
+        if (rp and rp != 1.0) or pp or fp or bias:
             procs.extend(
                 make_logits_processors(
+                    logit_bias=dict(bias) if bias else None,
                     repetition_penalty=rp if rp and rp != 1.0 else None,
                     presence_penalty=pp or None,
+                    frequency_penalty=fp or None,
                 )
             )
         if sp.logits_processors:

@@ -6,7 +6,7 @@ Each body is checked in two steps:
 1. its OpenAI shape (these serializers): the fields OpenAI's API takes, with its defaults
    (``temperature`` 1, ``top_p`` 1; ``max_tokens`` 16 for completions), and a 400 that names
    the parameter for any OpenAI feature this service cannot honour (``n`` > 1, logprobs, tools,
-   penalties other than ``repetition_penalty``, JSON mode). Silently ignoring one would return
+   JSON mode). Silently ignoring one would return
    something other than what was asked for. Unknown fields are a 400, as on OpenAI's API;
 2. the job it becomes goes through ``JobCreateSerializer``, so every limit of ``POST
    /api/v1/jobs`` (prompt size, the token cap, stop sequences, text validity) applies
@@ -29,6 +29,7 @@ from rest_framework import serializers
 from api.errors import ServiceError
 from api.serializers import (
     JobCreateSerializer,
+    LogitBiasField,
     RejectUnknownFieldsMixin,
     StopField,
     StrictCharField,
@@ -104,9 +105,10 @@ class _CommonSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
     stream_options = StreamOptionsSerializer(required=False, allow_null=True)
     stop = StopField(required=False, allow_null=True)
     seed = StrictIntegerField(required=False, allow_null=True)
+    # Checked by the job's own serializer: ranges, token ids.
     presence_penalty = StrictFloatField(required=False, allow_null=True)
     frequency_penalty = StrictFloatField(required=False, allow_null=True)
-    logit_bias = serializers.DictField(required=False, allow_null=True)
+    logit_bias = LogitBiasField(required=False, allow_null=True)
     user = StrictCharField(required=False, allow_null=True, allow_blank=True)
     # Extensions (vLLM's names): passed to the job as they are.
     top_k = StrictIntegerField(required=False, allow_null=True)
@@ -114,19 +116,12 @@ class _CommonSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
     repetition_penalty = StrictFloatField(required=False, allow_null=True)
     priority = StrictIntegerField(required=False, allow_null=True)
 
-    # Fields whose only supported value is "off": (param, what "off" is).
-    _off_only: tuple[tuple[str, Any], ...] = (("presence_penalty", 0), ("frequency_penalty", 0), ("logit_bias", {}))
-
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         attrs = {name: value for name, value in attrs.items() if value is not None}
         if attrs["model"] != served_model():
             raise ModelNotFound(attrs["model"])
         if attrs.get("n", 1) != 1:
             raise UnsupportedParameter("n", "only one choice per request (n=1) is supported.")
-        for param, off in self._off_only:
-            if param in attrs and attrs[param] != off:
-                hint = " Use repetition_penalty instead." if param.endswith("_penalty") else ""
-                raise UnsupportedParameter(param, f"only {off!r} is supported.{hint}")
         if "stream_options" in attrs and not attrs.get("stream"):
             raise serializers.ValidationError(
                 {"stream_options": ["stream_options is only allowed when stream is true."]})
@@ -211,7 +206,8 @@ class CompletionSerializer(_CommonSerializer):
         return attrs
 
 
-_PASSED_THROUGH = ("temperature", "top_p", "stop", "seed", "top_k", "min_p", "repetition_penalty", "priority")
+_PASSED_THROUGH = ("temperature", "top_p", "stop", "seed", "presence_penalty", "frequency_penalty", "logit_bias",
+                   "top_k", "min_p", "repetition_penalty", "priority")
 
 
 def openai_request(kind: Kind, body: Any) -> OpenAIRequest:

@@ -156,6 +156,9 @@ def job_spec(job: Job) -> JobSpec:
         stop=(stop,) if isinstance(stop, str) else tuple(stop),
         priority=int(job.priority),
         ignore_eos=bool(params.get("ignore_eos", False)),
+        presence_penalty=_param(params, "presence_penalty", 0.0),
+        frequency_penalty=_param(params, "frequency_penalty", 0.0),
+        logit_bias=tuple((int(token), float(bias)) for token, bias in (params.get("logit_bias") or {}).items()),
     )
 
 

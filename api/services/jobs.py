@@ -49,6 +49,9 @@ SAMPLING_DEFAULTS: dict[str, Any] = {
     "top_k": 0,
     "min_p": 0.0,
     "repetition_penalty": 1.0,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+    "logit_bias": {},
     "seed": None,
     "stop": [],
 }
@@ -117,6 +120,7 @@ def job_create(
 
     prompt_token_ids, param = _tokenize(request)
     context = get_tokenizer().info.context_length
+    _check_logit_bias(request.sampling.get("logit_bias"))
     if request.max_tokens is not None:
         max_tokens = request.max_tokens
         if max_tokens > api_key.max_tokens_per_job:
@@ -195,6 +199,18 @@ def _job_for_idempotency_key(*, owner: AbstractBaseUser, key: str, fingerprint: 
     if job is not None and job.request_fingerprint != fingerprint:
         raise IdempotencyKeyReused()
     return job
+
+
+def _check_logit_bias(bias: dict[str, float] | None) -> None:
+    """Every token a ``logit_bias`` names must be one of the model's (the serializer checked the
+    shape; only the model knows its vocabulary)."""
+    if not bias:
+        return
+    vocab = get_tokenizer().info.vocab_size
+    unknown = sorted(int(token) for token in bias if int(token) >= vocab)
+    if unknown:
+        raise InvalidRequest(f"logit_bias names token {unknown[0]}, but the model's token ids are 0 to {vocab - 1}.",
+                             param="logit_bias", code="invalid_token_id")
 
 
 def _tokenize(request: JobRequest) -> tuple[list[int], str]:

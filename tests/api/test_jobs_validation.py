@@ -49,6 +49,16 @@ def test_invalid_json_is_400_invalid_json(api_client):
         ("messages", [{"role": "user"}]),
         ("messages", [{"role": "robot", "content": "x"}]),
         ("messages", [{"role": "user", "content": 1}]),
+        ("presence_penalty", "0.5"),
+        ("presence_penalty", 2.01),
+        ("frequency_penalty", -3),
+        ("frequency_penalty", True),
+        ("logit_bias", [1, 2]),
+        ("logit_bias", {"-1": 5}),
+        ("logit_bias", {"1.5": 5}),
+        ("logit_bias", {"7": "5"}),
+        ("logit_bias", {"7": -100.5}),
+        ("logit_bias", {str(i): 1 for i in range(301)}),
     ],
 )
 def test_wrong_types_are_400_naming_the_field(api_client, field, value):
@@ -58,6 +68,16 @@ def test_wrong_types_are_400_naming_the_field(api_client, field, value):
     error = assert_error(api_client.post("/api/v1/jobs", body, format="json"), 400)
 
     assert error["param"].startswith(field)
+
+
+def test_a_logit_bias_naming_a_token_the_model_does_not_have_is_400_and_makes_no_job(api_client):
+    # The tiny model's vocabulary is 3,000 tokens (ids 0-2999).
+    error = assert_error(api_client.post("/api/v1/jobs", {"prompt": "hi", "logit_bias": {"2999": 1, "3000": 1}},
+                                         format="json"), 400)
+
+    assert (error["code"], error["param"]) == ("invalid_token_id", "logit_bias")
+    assert "3000" in error["message"] and "0 to 2999" in error["message"]
+    assert not Job.objects.exists()
 
 
 def test_body_that_is_not_an_object_is_400(api_client):

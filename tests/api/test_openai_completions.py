@@ -11,6 +11,7 @@ import pytest
 from channels.db import database_sync_to_async
 
 from api.models import Job, JobStatus
+from api.services.job_lifecycle import job_spec
 from tests.api.factories import make_api_key
 from tests.api.openai_client import Exchange, run_job
 
@@ -54,7 +55,8 @@ def _exchange_with_worker(path: str, body: dict, texts: list[str], *, headers=()
 def test_a_chat_completion_answers_when_its_job_ends_with_the_stored_text_and_the_engines_usage():
     body = {"model": "tiny", "messages": [{"role": "system", "content": "Be brief."},
                                           {"role": "user", "content": [{"type": "text", "text": "Say hi"}]}],
-            "max_completion_tokens": 12, "seed": 7}
+            "max_completion_tokens": 12, "seed": 7, "presence_penalty": 0.5, "frequency_penalty": -0.5,
+            "logit_bias": {"7": -100, "42": 3.5}}
 
     job, response = _exchange_with_worker(CHAT, body, ["Hello", ",", " world"], cached_tokens=2)
 
@@ -75,6 +77,10 @@ def test_a_chat_completion_answers_when_its_job_ends_with_the_stored_text_and_th
     assert job.messages == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say hi"}]
     assert (job.params["max_tokens"], job.params["seed"], job.params["temperature"], job.params["top_p"]) == (
         12, 7, 1.0, 1.0)
+    # OpenAI's penalties and logit bias reach the engine's spec of the job.
+    assert (job.params["presence_penalty"], job.params["frequency_penalty"]) == (0.5, -0.5)
+    spec = job_spec(job)
+    assert (spec.presence_penalty, spec.frequency_penalty, spec.logit_bias) == (0.5, -0.5, ((7, -100.0), (42, 3.5)))
 
 
 def test_a_streamed_chat_completion_sends_the_role_each_chunk_the_finish_and_the_usage_then_done():

@@ -70,6 +70,39 @@ def test_repetition_penalty_applies_only_to_its_own_request(tiny_model):
     assert repeats < sum(a == b for a, b in zip(plain, plain[1:], strict=False))
 
 
+def test_logit_bias_forces_or_bans_tokens_of_its_own_request_only(tiny_model):
+    model, tokenizer = tiny_model
+    p = prompt_ids(tokenizer, 10)
+    plain = solo_tokens(model, tokenizer, p, N)
+    banned = sorted(set(plain))[:3]  # tokens the greedy run emits
+    got = _run(model, tokenizer, [
+        Request("plain", p, greedy(N, ignore_eos=True)),
+        Request("forced", list(p), greedy(N, ignore_eos=True, logit_bias={77: 100.0})),
+        Request("banned", list(p), greedy(N, ignore_eos=True, logit_bias={t: -100.0 for t in banned})),
+    ])
+    assert got["plain"] == plain
+    assert got["forced"] == [77] * N
+    assert got["banned"] != plain and not set(got["banned"]) & set(banned)
+
+
+def test_frequency_and_presence_penalties_keep_tokens_of_the_last_20_from_coming_back(tiny_model):
+    # Far above the API's range of [-2, 2], so that the effect is certain: a token seen in the
+    # last 20 of the sequence (prompt included, as mlx-lm counts) is never picked again.
+    model, tokenizer = tiny_model
+    p = prompt_ids(tokenizer, 10)
+    plain = solo_tokens(model, tokenizer, p, N)
+    got = _run(model, tokenizer, [
+        Request("frequency", p, greedy(N, ignore_eos=True, frequency_penalty=1000.0)),
+        Request("presence", list(p), greedy(N, ignore_eos=True, presence_penalty=1000.0)),
+        Request("plain", list(p), greedy(N, ignore_eos=True)),
+    ])
+    assert got["plain"] == plain and len(set(plain[-20:])) < 20  # the random model repeats itself
+    for name in ("frequency", "presence"):
+        sequence = p + got[name]
+        for i in range(len(p), len(sequence)):
+            assert sequence[i] not in sequence[max(0, i - 20):i], (name, i)
+
+
 def test_identical_settings_share_one_sampler_object_so_batches_sample_in_one_call():
     factory = SamplingFactory([2])
     a = factory.sampler(SamplingParams(temperature=0.8, top_p=0.9))

@@ -84,6 +84,13 @@ def test_the_openai_sdk_lists_the_model_chats_streams_and_completes(base_url):
     assert text.choices[0].text == "def fib(n):" + _job(text.id).output_text
     assert text.usage.completion_tokens == _job(text.id).completion_tokens <= 8
 
+    # OpenAI's logit_bias reaches the real engine: a +100 bias on one token makes every token it.
+    forced = client.completions.create(model="tiny", prompt="def fib(n):", max_tokens=6, temperature=0,
+                                       logit_bias={"77": 100})
+    job = _job(forced.id)
+    assert job.completion_tokens == 6 and forced.choices[0].text == job.output_text
+    assert job.output_text == "i" * 6  # token 77 of the tiny model's byte-level BPE is "i"
+
 
 def test_the_openai_sdk_raises_its_own_errors_for_what_the_service_refuses(base_url):
     _key, secret = make_api_key(max_tokens_per_job=32)
