@@ -77,7 +77,7 @@ class JobAdmin(admin.ModelAdmin):
     date_hierarchy = "created_at"
     actions = ("cancel_jobs", "requeue_jobs")
     readonly_fields = (
-        "id", "owner", "api_key", "status", "prompt", "messages", "prompt_token_ids", "params", "priority",
+        "id", "owner", "api_key", "status", "prompt", "messages", "prompt_token_ids", "params", "priority", "metadata",
         "idempotency_key", "request_fingerprint", "output_text", "finish_reason", "error", "prompt_tokens",
         "cached_tokens", "completion_tokens", "worker_id", "lease_expires_at", "dispatch_count",
         "cancel_requested", "last_seq", "created_at", "queued_at", "started_at", "first_token_at", "finished_at",

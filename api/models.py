@@ -88,6 +88,8 @@ class Job(models.Model):
     prompt_token_ids = models.JSONField(default=list)
     # max_tokens, temperature, top_p, top_k, min_p, repetition_penalty, seed, stop (list of str)
     params = models.JSONField(default=dict)
+    # The client's own labels (api/job_metadata.py): returned with the job, a filter of the list.
+    metadata = models.JSONField(default=dict, blank=True)
     priority = models.IntegerField(default=10)
     idempotency_key = models.CharField(max_length=255, null=True, blank=True)
     # SHA-256 of the canonical request body, to tell a retry from a reuse of the same key.

@@ -9,6 +9,7 @@ from django.conf import settings
 from drf_spectacular.utils import OpenApiResponse, extend_schema_field
 from rest_framework import serializers
 
+from api.job_metadata import MetadataField
 from api.models import JobStatus
 from api.serializer_copies import ShallowFieldCopies
 
@@ -152,6 +153,7 @@ class JobCreateSerializer(ShallowFieldCopies, RejectUnknownFieldsMixin, serializ
     seed = StrictIntegerField(required=False, allow_null=True, min_value=0, max_value=2**63 - 1)
     stop = StopField(required=False)
     priority = StrictIntegerField(required=False, min_value=0, max_value=1000)
+    metadata = MetadataField(required=False)
 
     def validate_prompt(self, value: str) -> str:
         if not value:
@@ -235,6 +237,7 @@ class JobSerializer(serializers.Serializer):
     cancel_requested = serializers.BooleanField()
     params = serializers.DictField()
     priority = serializers.IntegerField()
+    metadata = serializers.DictField(child=serializers.CharField())
     usage = UsageSerializer()
     timings = TimingsSerializer()
     worker_id = serializers.CharField(allow_null=True)

@@ -27,6 +27,7 @@ from django.conf import settings
 from rest_framework import serializers
 
 from api.errors import ServiceError
+from api.job_metadata import MetadataField
 from api.serializers import (
     JobCreateSerializer,
     LogitBiasField,
@@ -110,6 +111,7 @@ class _CommonSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
     frequency_penalty = StrictFloatField(required=False, allow_null=True)
     logit_bias = LogitBiasField(required=False, allow_null=True)
     user = StrictCharField(required=False, allow_null=True, allow_blank=True)
+    metadata = MetadataField(required=False, allow_null=True)  # stored with the job, as on POST /api/v1/jobs
     # Extensions (vLLM's names): passed to the job as they are.
     top_k = StrictIntegerField(required=False, allow_null=True)
     min_p = StrictFloatField(required=False, allow_null=True)
@@ -207,7 +209,7 @@ class CompletionSerializer(_CommonSerializer):
 
 
 _PASSED_THROUGH = ("temperature", "top_p", "stop", "seed", "presence_penalty", "frequency_penalty", "logit_bias",
-                   "top_k", "min_p", "repetition_penalty", "priority")
+                   "metadata", "top_k", "min_p", "repetition_penalty", "priority")
 
 
 def openai_request(kind: Kind, body: Any) -> OpenAIRequest:

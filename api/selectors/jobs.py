@@ -10,7 +10,9 @@ from typing import Any
 import redis
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import connection
-from django.db.models import Count, QuerySet, Sum
+from django.db.models import Count, QuerySet, Sum, TextField
+from django.db.models.fields.json import KeyTextTransform
+from django.db.models.functions import Cast
 from django.utils import timezone
 
 from api import keys
@@ -31,10 +33,18 @@ def job_get(*, job_id: uuid.UUID | str, owner: AbstractBaseUser | None = None) -
         raise JobNotFound(job_id) from None
 
 
-def job_list(*, owner: AbstractBaseUser, status: str | None = None) -> QuerySet[Job]:
+def job_list(*, owner: AbstractBaseUser, status: str | None = None,
+             metadata: dict[str, str] | None = None) -> QuerySet[Job]:
+    """The owner's jobs, newest first; with ``metadata``, only those whose metadata has every
+    one of those pairs."""
     jobs = Job.objects.filter(owner=owner, deleted_at__isnull=True).order_by("-created_at", "-id")
     if status:
         jobs = jobs.filter(status=status)
+    for i, (key, value) in enumerate((metadata or {}).items()):
+        # The key's text compared as text: not ``metadata__contains`` (SQLite has no JSON
+        # containment), nor the transform's own lookup (which would read the value as JSON).
+        text = Cast(KeyTextTransform(key, "metadata"), output_field=TextField())
+        jobs = jobs.alias(**{f"_metadata_{i}": text}).filter(**{f"_metadata_{i}": value})
     return jobs
 
 
@@ -102,6 +112,7 @@ def job_detail(*, job: Job) -> dict[str, Any]:
         "cancel_requested": job.cancel_requested,
         "params": job.params,
         "priority": job.priority,
+        "metadata": job.metadata,
         "usage": {
             "prompt_tokens": job.prompt_tokens,
             "cached_tokens": job.cached_tokens,

@@ -68,6 +68,7 @@ class JobRequest:
     max_tokens: int | None = None
     priority: int | None = None
     sampling: dict[str, Any] = field(default_factory=dict)
+    metadata: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def from_validated(cls, data: dict[str, Any]) -> JobRequest:
@@ -77,6 +78,7 @@ class JobRequest:
             messages=[dict(m) for m in data.pop("messages")] if "messages" in data else None,
             max_tokens=data.pop("max_tokens", None),
             priority=data.pop("priority", None),
+            metadata=dict(data.pop("metadata", {})),
             sampling=data,
         )
 
@@ -87,6 +89,7 @@ class JobRequest:
             "max_tokens": self.max_tokens,
             "priority": self.priority,
             "sampling": self.sampling,
+            **({"metadata": self.metadata} if self.metadata else {}),  # bodies without it keep their fingerprint
         }
         return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()
 
@@ -146,6 +149,7 @@ def job_create(
         prompt_token_ids=prompt_token_ids,
         params=params,
         priority=priority,
+        metadata=request.metadata,
         idempotency_key=idempotency_key,
         request_fingerprint=request.fingerprint(),
         dispatch_count=1,  # sent once committed; job_dispatch takes it back if the send fails

@@ -10,6 +10,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from api.job_metadata import metadata_filters
 from api.selectors.jobs import job_detail, job_get, job_list, job_queue_position
 from api.serializers import (
     JOBS_MAX_PAGE_SIZE,
@@ -91,13 +92,17 @@ class JobListCreateView(APIView):
         summary="List your jobs, newest first",
         parameters=[
             JobListQuerySerializer,
+            OpenApiParameter("metadata", OpenApiTypes.OBJECT, OpenApiParameter.QUERY, style="deepObject",
+                             explode=True, description="Only jobs with these metadata pairs: "
+                                                       "`metadata[<key>]=<value>`, once per key, all must match"),
         ],
         responses={200: JobSerializer(many=True), **ERRORS},
     )
     def get(self, request: Request) -> Response:
         query = JobListQuerySerializer(data=request.query_params)
         query.is_valid(raise_exception=True)
-        jobs = job_list(owner=request.user, status=query.validated_data.get("status"))
+        jobs = job_list(owner=request.user, status=query.validated_data.get("status"),
+                        metadata=metadata_filters(request.query_params))
         paginator = JobPagination()
         page = paginator.paginate_queryset(jobs, request, view=self) or []
         return paginator.get_paginated_response(JobSerializer([job_detail(job=job) for job in page], many=True).data)

@@ -56,7 +56,7 @@ def test_a_chat_completion_answers_when_its_job_ends_with_the_stored_text_and_th
     body = {"model": "tiny", "messages": [{"role": "system", "content": "Be brief."},
                                           {"role": "user", "content": [{"type": "text", "text": "Say hi"}]}],
             "max_completion_tokens": 12, "seed": 7, "presence_penalty": 0.5, "frequency_penalty": -0.5,
-            "logit_bias": {"7": -100, "42": 3.5}}
+            "logit_bias": {"7": -100, "42": 3.5}, "metadata": {"conversation": "c-1"}}
 
     job, response = _exchange_with_worker(CHAT, body, ["Hello", ",", " world"], cached_tokens=2)
 
@@ -77,6 +77,7 @@ def test_a_chat_completion_answers_when_its_job_ends_with_the_stored_text_and_th
     assert job.messages == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say hi"}]
     assert (job.params["max_tokens"], job.params["seed"], job.params["temperature"], job.params["top_p"]) == (
         12, 7, 1.0, 1.0)
+    assert job.metadata == {"conversation": "c-1"}
     # OpenAI's penalties and logit bias reach the engine's spec of the job.
     assert (job.params["presence_penalty"], job.params["frequency_penalty"]) == (0.5, -0.5)
     spec = job_spec(job)

@@ -54,6 +54,7 @@ BAD = [
     (CHAT, _chat(logit_bias={"50256": -100}), 400, "invalid_token_id", "logit_bias"),  # the vocabulary is 3,000
     (TEXT, _text(logit_bias={"x1": 1}), 400, "invalid", "logit_bias"),
     (TEXT, _text(logit_bias={"1": 100.5}), 400, "invalid", "logit_bias"),
+    (CHAT, _chat(metadata={"conversation": 7}), 400, "invalid", "metadata"),
     (CHAT, _chat(stream_options={"include_usage": True}), 400, "invalid", "stream_options"),
     (CHAT, _chat(stream=True, stream_options={"include_usage": "yes"}), 400, "invalid",
      "stream_options.include_usage"),
