@@ -1,7 +1,9 @@
-"""Operators' admin: keys (revoke), jobs (cancel, requeue), usage. The engine dashboard is a
+"""Operators' admin: keys (revoke), jobs (cancel, requeue, delete content), usage. The engine dashboard is a
 separate staff view (api.views.dashboard), linked from every admin page."""
 
 from __future__ import annotations
+
+from functools import partial
 
 from django.contrib import admin, messages
 from django.contrib.auth import get_user_model
@@ -13,6 +15,7 @@ from django.utils import timezone
 from api.errors import ServiceError
 from api.models import ApiKey, Job, UsageRecord
 from api.services.api_keys import api_key_generate_secret, api_key_revoke, api_key_set_secret
+from api.services.job_deletion import job_delete
 from api.services.jobs import job_cancel, job_requeue
 from api.services.quotas import usage_rollup
 
@@ -75,7 +78,7 @@ class JobAdmin(admin.ModelAdmin):
     list_filter = ("status", "finish_reason", "worker_id", ("deleted_at", admin.EmptyFieldListFilter))
     search_fields = ("id", "owner__username", "idempotency_key", "worker_id")
     date_hierarchy = "created_at"
-    actions = ("cancel_jobs", "requeue_jobs")
+    actions = ("cancel_jobs", "requeue_jobs", "delete_job_content")
     readonly_fields = (
         "id", "owner", "api_key", "status", "prompt", "messages", "prompt_token_ids", "params", "priority", "metadata",
         "idempotency_key", "request_fingerprint", "output_text", "finish_reason", "error", "prompt_tokens",
@@ -105,6 +108,12 @@ class JobAdmin(admin.ModelAdmin):
     @admin.action(description="Requeue selected jobs (failed, expired or cancelled)")
     def requeue_jobs(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
         self._apply(request, queryset, job_requeue, "Requeued")
+
+    @admin.action(description="Delete the content of selected finished jobs (as their owner's DELETE)")
+    def delete_job_content(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
+        # Unlike the admin's own delete, the rows stay with their counts: the keys' quotas and usage
+        # are unchanged (api/services/job_deletion.py).
+        self._apply(request, queryset, partial(job_delete, owner=None), "Deleted the content of")
 
     def _apply(self, request: HttpRequest, queryset: QuerySet[Job], service, verb: str) -> None:
         done, errors = 0, []

@@ -40,11 +40,14 @@ _CONTENT_PARAMS = ("stop",)
 PURGE_BATCH = 1000
 
 
-def job_delete(*, job_id: uuid.UUID | str, owner: AbstractBaseUser) -> Job:
+def job_delete(*, job_id: uuid.UUID | str, owner: AbstractBaseUser | None) -> Job:
     """Clear the content of ``owner``'s finished job and mark it deleted (see the module's
-    docstring). Raises JobNotFound for no such job, another user's or one already deleted, and
+    docstring); ``owner`` None: any user's, for operators (a user's request to erase their data).
+    Raises JobNotFound for no such job, another user's or one already deleted, and
     JobNotDeletable for a job that is still queued or running."""
-    jobs = Job.objects.filter(id=job_id, owner=owner, deleted_at__isnull=True)
+    jobs = Job.objects.filter(id=job_id, deleted_at__isnull=True)
+    if owner is not None:
+        jobs = jobs.filter(owner=owner)
     try:
         job = jobs.get()
     except (Job.DoesNotExist, ValueError):

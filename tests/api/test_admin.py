@@ -117,6 +117,20 @@ def test_requeue_action_leaves_running_jobs_alone(staff, dispatched):
     assert any("cannot be requeued" in str(m) for m in response.context["messages"])
 
 
+def test_delete_content_action_clears_finished_jobs_and_keeps_their_counts(staff, redis_client):
+    done = make_job(status=JobStatus.COMPLETED, output_text="private", completion_tokens=5, metadata={"a": "b"})
+    running = make_job(status=JobStatus.IN_PROGRESS, worker_id="w")
+
+    response = staff.post("/admin/api/job/", {"action": "delete_job_content", "_selected_action": [done.id, running.id]},
+                          follow=True)
+
+    done.refresh_from_db()
+    assert (done.prompt, done.output_text, done.metadata, done.completion_tokens) == ("", "", {}, 5)
+    assert done.deleted_at is not None
+    assert Job.objects.get(id=running.id).prompt == "Once upon a time"  # still running: left alone, and said so
+    assert any("cancel it first" in str(m) for m in response.context["messages"])
+
+
 def test_user_admin_lists_the_users_keys(staff):
     api_key, _ = make_api_key()
     html = staff.get(f"/admin/auth/user/{api_key.owner.id}/change/").content.decode()
