@@ -291,7 +291,7 @@ def _complete_sql_pg() -> str:
     """The finals' UPDATE on PostgreSQL, with a ``{rows}`` placeholder for the VALUES rows; the
     same rules as :func:`_complete_sql`."""
     q = connection.ops.quote_name
-    column = _job_columns(*_FINAL_COLUMNS, "lease_expires_at", "worker_id")
+    column = _job_columns(*_FINAL_COLUMNS, "lease_expires_at", "worker_id", "deleted_at")
     status = f"j.{column['status']}"
     fields = ", ".join(f"{column[name]} = v.{column[name]}" for name in _FINAL_COLUMNS[2:-1])
     return (
@@ -301,20 +301,21 @@ def _complete_sql_pg() -> str:
         f"{column['lease_expires_at']} = NULL "
         f"FROM (VALUES {{rows}}) AS v({', '.join(column[name] for name in _FINAL_COLUMNS)}, abort) "
         f"WHERE j.{column['id']} = v.{column['id']} AND j.{column['worker_id']} = %s "
-        f"AND ({status} = %s OR ({status} = %s AND v.abort))"
+        f"AND ({status} = %s OR ({status} = %s AND v.abort)) AND j.{column['deleted_at']} IS NULL"
     )
 
 
 @cache
 def _complete_sql() -> str:
     """The final's UPDATE: the status changes only from in_progress; an aborted job that a cancel
-    already moved to cancelled gets its text and usage too. The first-token time is the final's
+    already moved to cancelled gets its text and usage too, unless its owner deleted it meanwhile
+    (its content stays gone). The first-token time is the final's
     unless the row has one: a job whose first token and final the worker sent together (one token,
     or batches the output process merged) has no other."""
     q = connection.ops.quote_name
     column = _job_columns("status", "output_text", "finish_reason", "error", "prompt_tokens", "cached_tokens",
                           "completion_tokens", "finished_at", "last_seq", "first_token_at", "lease_expires_at", "id",
-                          "worker_id")
+                          "worker_id", "deleted_at")
     status = column["status"]
     fields = ", ".join(f"{column[name]} = %s" for name in ("output_text", "finish_reason", "error", "prompt_tokens",
                                                            "cached_tokens", "completion_tokens", "finished_at",
@@ -324,7 +325,7 @@ def _complete_sql() -> str:
         f"{fields}, {column['first_token_at']} = COALESCE({column['first_token_at']}, %s), "
         f"{column['lease_expires_at']} = NULL "
         f"WHERE {column['id']} = %s AND {column['worker_id']} = %s "
-        f"AND ({status} = %s OR ({status} = %s AND %s))"
+        f"AND ({status} = %s OR ({status} = %s AND %s)) AND {column['deleted_at']} IS NULL"
     )
 
 

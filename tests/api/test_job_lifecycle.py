@@ -121,6 +121,18 @@ def test_a_cancelled_job_keeps_its_status_when_a_non_abort_final_arrives():
     assert (job.status, job.output_text) == (JobStatus.CANCELLED, "")
 
 
+def test_an_abort_final_arriving_after_its_owner_deleted_the_cancelled_job_writes_nothing():
+    job = make_job()
+    lc.job_claim(job_id=str(job.id), worker_id="w1", lease_s=30)
+    type(job).objects.filter(id=job.id).update(status=JobStatus.CANCELLED, prompt="", deleted_at=timezone.now())
+
+    assert lc.jobs_complete(results=[final(job, reason="abort", text="secret")], worker_id="w1") == 0
+    assert lc.jobs_complete(results=[final(job, reason="abort", text="secret"), final(make_job(), reason="abort")],
+                            worker_id="w1") == 0  # the batch form too
+    job.refresh_from_db()
+    assert (job.status, job.output_text, job.completion_tokens) == (JobStatus.CANCELLED, "", 0)
+
+
 def test_requeue_by_lease_only_after_the_lease_expired():
     job = make_job()
     lc.job_claim(job_id=str(job.id), worker_id="w1", lease_s=30)
