@@ -117,7 +117,18 @@ class JobNotDeletable(ServiceError):
     code = "job_not_finished"
 
     def __init__(self, *, status: str) -> None:
+        self.status = status
         super().__init__(f"The job is {status.replace('_', ' ')}: cancel it first, then delete it once it has ended.")
+
+
+class TokenIdOutOfRange(ServiceError):
+    code = "invalid_token_id"
+
+    def __init__(self, *, token_id: int, vocab_size: int, param: str) -> None:
+        self.token_id = token_id
+        self.vocab_size = vocab_size
+        super().__init__(f"{param} names token {token_id}, but the model's token ids are 0 to {vocab_size - 1}.",
+                         param=param)
 
 
 class JobNotRequeueable(ServiceError):

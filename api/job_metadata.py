@@ -31,16 +31,23 @@ class MetadataField(serializers.Field):
         if len(data) > MAX_PAIRS:
             raise serializers.ValidationError(f"At most {MAX_PAIRS} metadata pairs.")
         for key, value in data.items():
-            if not key or len(key) > MAX_KEY_LENGTH or not key.isprintable() or "[" in key or "]" in key:
-                raise serializers.ValidationError(
-                    f"Metadata keys must have 1 to {MAX_KEY_LENGTH} printable characters, without brackets.")
-            if len(value) > MAX_VALUE_LENGTH or not value.isprintable():
-                raise serializers.ValidationError(
-                    f"The value of {key!r} must have at most {MAX_VALUE_LENGTH} printable characters.")
+            problem = pair_problem(key, value)
+            if problem:
+                raise serializers.ValidationError(problem)
         return dict(data)
 
     def to_representation(self, value: dict[str, str]) -> dict[str, str]:
         return dict(value)
+
+
+def pair_problem(key: str, value: str) -> str | None:
+    """What is wrong with one metadata pair, or None: the same rules for what is stored and for
+    what a filter asks (printable text: no NUL, which PostgreSQL's text refuses)."""
+    if not key or len(key) > MAX_KEY_LENGTH or not key.isprintable() or "[" in key or "]" in key:
+        return f"Metadata keys must have 1 to {MAX_KEY_LENGTH} printable characters, without brackets."
+    if len(value) > MAX_VALUE_LENGTH or not value.isprintable():
+        return f"The value of {key!r} must have at most {MAX_VALUE_LENGTH} printable characters."
+    return None
 
 
 def metadata_filters(query: Any) -> dict[str, str]:
@@ -52,7 +59,10 @@ def metadata_filters(query: Any) -> dict[str, str]:
             continue
         match = _FILTER_PARAM.match(param)
         values = query.getlist(param)
-        if match is None or len(values) != 1 or len(match["key"]) > MAX_KEY_LENGTH:
+        if match is None or len(values) != 1:
             raise InvalidRequest("Filter by metadata as metadata[<key>]=<value>, once per key.", param=param)
+        problem = pair_problem(match["key"], values[0])
+        if problem:
+            raise InvalidRequest(problem, param=param)
         filters[match["key"]] = values[0]
     return filters

@@ -4,7 +4,8 @@
 the worker's admission thread, which claims what has arrived in one UPDATE and starts it in the
 in-process engine (api/streaming/admission.py). A duplicate delivery finds the job already
 claimed and does nothing; a job whose message was acknowledged but never claimed (the worker
-died in between) is still queued in the database, and the reconciler sends it again. ``reconcile_jobs``, ``expire_jobs``, ``rollup_usage`` and ``purge_jobs`` run on the light worker under beat.
+died in between) is still queued in the database, and the reconciler sends it again. ``reconcile_jobs``, ``expire_jobs``, ``rollup_usage`` and ``purge_jobs`` run on the light worker under beat,
+as does ``drop_job_stream`` when a delete schedules it.
 """
 
 from __future__ import annotations
@@ -116,3 +117,10 @@ def purge_jobs() -> int:
     if purged:
         logger.info("deleted %s jobs that finished more than %s days ago", purged, days)
     return purged
+
+
+@shared_task(name="api.tasks.drop_job_stream", ignore_result=True)
+def drop_job_stream(job_id: str) -> None:
+    """Delete a deleted job's Redis stream again, after the output batch that may have been on its
+    way when the job was deleted (api/services/job_deletion.py)."""
+    job_deletion.drop_stream(job_id)

@@ -10,9 +10,8 @@ from typing import Any
 import redis
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import connection
-from django.db.models import Count, QuerySet, Sum, TextField
-from django.db.models.fields.json import KeyTextTransform
-from django.db.models.functions import Cast
+from django.db.models import BooleanField, Count, QuerySet, Sum
+from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
 from api import keys
@@ -41,11 +40,20 @@ def job_list(*, owner: AbstractBaseUser, status: str | None = None,
     if status:
         jobs = jobs.filter(status=status)
     for i, (key, value) in enumerate((metadata or {}).items()):
-        # The key's text compared as text: not ``metadata__contains`` (SQLite has no JSON
-        # containment), nor the transform's own lookup (which would read the value as JSON).
-        text = Cast(KeyTextTransform(key, "metadata"), output_field=TextField())
-        jobs = jobs.alias(**{f"_metadata_{i}": text}).filter(**{f"_metadata_{i}": value})
+        jobs = _with_metadata_pair(jobs, i, key, value)
     return jobs
+
+
+def _with_metadata_pair(jobs: QuerySet[Job], i: int, key: str, value: str) -> QuerySet[Job]:
+    """Jobs whose metadata maps ``key`` to ``value``. Not Django's key transforms: they read a key
+    that looks like an integer ("2024", "-1") as an array index."""
+    if connection.vendor == "postgresql":
+        return jobs.filter(metadata__contains={key: value})  # jsonb @>: that exact key and value
+    # SQLite has no JSON containment; json_each lists the object's keys and their text values.
+    column = f"{connection.ops.quote_name(Job._meta.db_table)}.{connection.ops.quote_name('metadata')}"
+    pair = RawSQL(f"EXISTS (SELECT 1 FROM json_each({column}) AS m WHERE m.key = %s AND m.value = %s)",
+                  (key, value), output_field=BooleanField())
+    return jobs.alias(**{f"_metadata_{i}": pair}).filter(**{f"_metadata_{i}": True})
 
 
 def jobs_ahead_sql(table: str, alias: str | None = None) -> str:

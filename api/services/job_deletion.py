@@ -9,6 +9,10 @@ stream) treats a tombstone as not found, and the job's Redis stream, which holds
 goes once the delete commits. A job still queued or running cannot be deleted: it must end first,
 or a worker could write its output after the content was cleared.
 
+What a delete does not reach: the engine workers' prefix caches keep the KV state of recent
+prompts, keyed by their token ids (in memory, and on disk with ``ENGINE_SSD_CACHE_DIR``), until
+the cache evicts them; they are never served as text, and only to a prompt that starts the same.
+
 Retention (``JOB_RETENTION_DAYS``, off at 0) deletes the rows of jobs that finished that many days
 ago, tombstones included. It is at least 2 days, so the rows a quota or the usage roll-up still
 reads (today's, and yesterday's in the first hour of a day: api/tasks.py) are never among them;
@@ -38,6 +42,7 @@ logger = logging.getLogger(__name__)
 # Request fields that hold the user's own text, besides the prompt and messages.
 _CONTENT_PARAMS = ("stop",)
 PURGE_BATCH = 1000
+STREAM_REDROP_S = 10
 
 
 def job_delete(*, job_id: uuid.UUID | str, owner: AbstractBaseUser | None) -> Job:
@@ -66,17 +71,31 @@ def job_delete(*, job_id: uuid.UUID | str, owner: AbstractBaseUser | None) -> Jo
         if current is None:
             raise JobNotFound(job_id)
         raise JobNotDeletable(status=current.status)
-    transaction.on_commit(partial(_drop_stream, str(job.id)))
+    transaction.on_commit(partial(_drop_stream_now_and_later, str(job.id)))
     job.refresh_from_db()
     return job
 
 
-def _drop_stream(job_id: str) -> None:
+def _drop_stream_now_and_later(job_id: str) -> None:
+    drop_stream(job_id)
+    # The worker's output process writes a job's final to the database before its last chunks and
+    # final reach the stream: a client that saw the job end and deleted it at once can be a few
+    # milliseconds ahead of those writes, which would make the stream again. So once more, later.
+    try:
+        from api.tasks import drop_job_stream  # lazy: keeps Celery's import graph out of web start-up
+
+        drop_job_stream.apply_async(args=[job_id], countdown=STREAM_REDROP_S)
+    except Exception:  # noqa: BLE001 - any broker failure; the stream still expires by itself
+        logger.warning("Could not schedule the second drop of deleted job %s's stream", job_id, exc_info=True)
+
+
+def drop_stream(job_id: str) -> None:
+    """Delete a job's Redis stream. No reader can reach it meanwhile (every stream read first
+    checks the job, which is not found once deleted), and it expires on its own
+    (JOB_STREAM_TTL_S after its last write) if Redis cannot be reached now."""
     try:
         get_redis().delete(keys.job_stream_key(job_id))
     except redis.RedisError:
-        # The stream expires on its own (JOB_STREAM_TTL_S after its last write); no reader can reach it meanwhile,
-        # since every stream read first checks the job, which is now not found.
         logger.warning("Could not delete the stream of deleted job %s", job_id, exc_info=True)
 
 

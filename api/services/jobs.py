@@ -27,6 +27,7 @@ from api.errors import (
     JobNotRequeueable,
     MaxTokensTooLarge,
     PromptTooLong,
+    TokenIdOutOfRange,
 )
 from api.models import ApiKey, Job, JobStatus
 from api.redis_client import get_redis
@@ -213,8 +214,7 @@ def _check_logit_bias(bias: dict[str, float] | None) -> None:
     vocab = get_tokenizer().info.vocab_size
     unknown = sorted(int(token) for token in bias if int(token) >= vocab)
     if unknown:
-        raise InvalidRequest(f"logit_bias names token {unknown[0]}, but the model's token ids are 0 to {vocab - 1}.",
-                             param="logit_bias", code="invalid_token_id")
+        raise TokenIdOutOfRange(token_id=unknown[0], vocab_size=vocab, param="logit_bias")
 
 
 def _tokenize(request: JobRequest) -> tuple[list[int], str]:

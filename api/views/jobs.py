@@ -119,9 +119,10 @@ class JobDetailView(APIView):
         operation_id="jobs_destroy",
         summary="Delete a finished job",
         description=(
-            "Clears the job's prompt, messages, output and stop strings for good; the job is not found "
-            "afterwards. Its token counts still count towards the key's quotas and usage. A queued or "
-            "running job is a 409: cancel it first."
+            "Clears the job's prompt, messages, output, stop strings and metadata for good, and its "
+            "stream; the job is not found afterwards. Its token counts still count towards the key's "
+            "quotas and usage. A queued or running job is a 409: cancel it first. The engine workers' "
+            "prefix caches may keep the KV state of its prompt (never its text) until they evict it."
         ),
         responses={200: JobDeletedSerializer, **ERRORS,
                    409: OpenApiResponse(ErrorSerializer, description="The job is still queued or running")},

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 
 import pytest
 from channels.testing import WebsocketCommunicator
@@ -50,12 +51,25 @@ def test_deleting_a_finished_job_clears_its_content_and_the_job_is_not_found_aft
     assert (row.status, row.prompt_tokens, row.cached_tokens, row.completion_tokens) == ("completed", 10, 4, 16)
     assert row.finished_at == job.finished_at
     assert redis_client.exists(keys.job_stream_key(str(job.id))) == 0  # the stream held the same text
+    # And once more later, after an output batch that may have been on its way (the tasks module
+    # is a stand-in here: see the dispatched fixture).
+    sys.modules["api.tasks"].drop_job_stream.apply_async.assert_called_once_with(args=[str(job.id)], countdown=10)
 
     assert api_client.get(f"/api/v1/jobs/{job.id}").status_code == 404
     assert [j["id"] for j in api_client.get("/api/v1/jobs").json()["results"]] == [str(other.id)]
     assert api_client.post(f"/api/v1/jobs/{job.id}/cancel").status_code == 404
     again = api_client.delete(f"/api/v1/jobs/{job.id}")
     assert again.status_code == 404 and again.json()["error"]["code"] == "job_not_found"
+
+
+def test_the_later_drop_deletes_a_stream_that_a_late_output_batch_made_again(redis_client):
+    from api.tasks import drop_job_stream
+
+    redis_client.xadd(keys.job_stream_key("j-1"), {"seq": "9", "text": "late"})
+
+    drop_job_stream("j-1")  # a Celery task called in process runs at once
+
+    assert redis_client.exists(keys.job_stream_key("j-1")) == 0
 
 
 def test_a_deleted_job_still_counts_towards_its_keys_tokens_of_the_day(api_client, api_key):

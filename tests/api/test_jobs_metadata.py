@@ -45,8 +45,21 @@ def test_the_list_keeps_only_jobs_with_every_pair_asked_for(api_client, api_key)
     assert listed("metadata[order]=A-17&status=queued") == {str(both.id), str(one.id)}
 
 
+@pytest.mark.parametrize("key", ["0", "2024", "-1", " 7", "1_0", 'a"b', "a.b", "$", "*", "é"])
+def test_any_key_filters_as_itself_even_one_that_looks_like_an_index_or_a_path(api_client, api_key, key):
+    match = make_job(api_key=api_key, metadata={key: "x"})
+    make_job(api_key=api_key, metadata={key: "y"})
+    make_job(api_key=api_key, metadata={"other": "x"})
+
+    response = api_client.get("/api/v1/jobs", {f"metadata[{key}]": "x"})
+
+    assert response.status_code == 200, response.content
+    assert [j["id"] for j in response.json()["results"]] == [str(match.id)]
+
+
 @pytest.mark.parametrize("query", ["metadata=x", "metadata[]=x", "metadata[a][b]=x", "metadata[a]=1&metadata[a]=2",
-                                   f"metadata[{'k' * 65}]=x"])
+                                   f"metadata[{'k' * 65}]=x", "metadata[a]=%00", "metadata[a%00]=x",
+                                   f"metadata[a]={'v' * 513}", "metadata[a]=line%0Abreak"])
 def test_a_malformed_metadata_filter_is_400_naming_it(api_client, query):
     response = api_client.get(f"/api/v1/jobs?{query}")
 
