@@ -96,6 +96,9 @@ class Job(models.Model):
     request_fingerprint = models.CharField(max_length=64, blank=True)
 
     output_text = models.TextField(blank=True)
+    # With params["logprobs"] set: [token id, log probability, [[token id, log probability], ...]]
+    # per completion token, written with the final (api/job_logprobs.py renders it).
+    logprobs = models.JSONField(null=True, blank=True)
     finish_reason = models.CharField(max_length=16, null=True, blank=True)
     error = models.TextField(null=True, blank=True)
     prompt_tokens = models.PositiveIntegerField(default=0)

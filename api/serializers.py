@@ -19,6 +19,7 @@ MAX_MESSAGES = 512
 MAX_LOGIT_BIAS_ENTRIES = 300
 LOGIT_BIAS_LIMIT = 100.0
 PENALTY_LIMIT = 2.0
+MAX_TOP_LOGPROBS = 20  # engine_worker.logprobs.MAX_TOP_LOGPROBS (the web side does not import mlx)
 
 
 def _check_text(value: str) -> str:
@@ -150,6 +151,7 @@ class JobCreateSerializer(ShallowFieldCopies, RejectUnknownFieldsMixin, serializ
     presence_penalty = StrictFloatField(required=False, min_value=-PENALTY_LIMIT, max_value=PENALTY_LIMIT)
     frequency_penalty = StrictFloatField(required=False, min_value=-PENALTY_LIMIT, max_value=PENALTY_LIMIT)
     logit_bias = LogitBiasField(required=False)
+    logprobs = StrictIntegerField(required=False, allow_null=True, min_value=0, max_value=MAX_TOP_LOGPROBS)
     seed = StrictIntegerField(required=False, allow_null=True, min_value=0, max_value=2**63 - 1)
     stop = StopField(required=False)
     priority = StrictIntegerField(required=False, min_value=0, max_value=1000)
@@ -238,6 +240,7 @@ class JobSerializer(serializers.Serializer):
     params = serializers.DictField()
     priority = serializers.IntegerField()
     metadata = serializers.DictField(child=serializers.CharField())
+    logprobs = serializers.ListField(child=serializers.DictField(), allow_null=True)
     usage = UsageSerializer()
     timings = TimingsSerializer()
     worker_id = serializers.CharField(allow_null=True)

@@ -49,6 +49,10 @@ class PromptTokenizer:
         """Whether chat messages can be rendered (base models often ship without a template)."""
         return bool(self._tokenizer.chat_template)
 
+    def decode_token(self, token_id: int) -> str:
+        """One token's own text (a log probability's ``token``)."""
+        return self._tokenizer.decode([token_id])
+
     def encode_prompt(self, text: str) -> list[int]:
         """Token ids of a plain prompt, with the tokenizer's special tokens (BOS) once."""
         return list(self._tokenizer.encode(text))

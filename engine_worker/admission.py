@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from engine_worker.errors import InvalidRequest, PromptTooLong, TokenizationError, UnsupportedInput
+from engine_worker.logprobs import MAX_TOP_LOGPROBS
 from engine_worker.request import Request
 
 
@@ -30,6 +31,8 @@ class RequestValidator:
             raise InvalidRequest(f"max_tokens must be > 0, got {sp.max_tokens}", request_id=rid)
         if sp.temperature < 0:
             raise InvalidRequest("temperature must be >= 0", request_id=rid)
+        if sp.logprobs is not None and not 0 <= sp.logprobs <= MAX_TOP_LOGPROBS:
+            raise InvalidRequest(f"logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {sp.logprobs}", request_id=rid)
         if request.prompt_token_ids is None:
             request.prompt_token_ids = self._tokenize(request)
         tokens = request.prompt_token_ids

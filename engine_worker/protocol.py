@@ -51,6 +51,7 @@ class JobSpec:
     frequency_penalty: float = 0.0
     # (token id, bias) pairs: a JSON object would turn the ids into strings on the wire.
     logit_bias: tuple[tuple[int, float], ...] = ()
+    logprobs: int | None = None  # SamplingParams.logprobs
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,9 @@ class FinalResult:
     first_token_at: float | None = None  # unix time
     finished_at: float | None = None
     last_seq: int = 0
+    # With logprobs asked for: one (token id, log probability, ((token id, log probability), ...))
+    # per completion token, in order; None otherwise.
+    logprobs: tuple[tuple[int, float, tuple[tuple[int, float], ...]], ...] | None = None
 
 
 @dataclass(frozen=True)

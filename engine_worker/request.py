@@ -68,6 +68,9 @@ class SamplingParams:
     # them: the penalties count the last 20 tokens of the sequence, as its server does.
     frequency_penalty: float = 0.0
     logit_bias: dict[int, float] | None = None
+    # Log probabilities of the generated tokens: None for none, else how many of the most likely
+    # alternatives each token comes with (0: the chosen token's own only). See logprobs.py.
+    logprobs: int | None = None
     stop: list[str] | None = None
     stop_token_ids: list[int] | None = None
     logits_processors: list[Callable[..., Any]] | None = None
@@ -240,6 +243,8 @@ class RequestOutput:
     # True when the request ended because the engine itself failed (not because of anything in
     # this request): a host should hand it to another engine rather than report it as failed.
     engine_failed: bool = False
+    # With SamplingParams.logprobs: one TokenLogprob per token in new_token_ids; None otherwise.
+    new_logprobs: list[Any] | None = None
 
     @property
     def usage(self) -> dict[str, int]:
@@ -300,6 +305,7 @@ def step_output(request: Request, new_token_ids: list[int], new_text: str, finis
     out.cached_tokens = request.cached_tokens
     out.error = None
     out.engine_failed = False
+    out.new_logprobs = None
     setattr(out, _LAZY, (tokens, n, text, len(text._parts)))
     return out
 

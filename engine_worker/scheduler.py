@@ -29,6 +29,7 @@ from engine_worker.detokenizer import detokenizer_factory
 from engine_worker.errors import DuplicateRequest, RequestError
 from engine_worker.generator import BatchRunner, MlxBatchRunner
 from engine_worker.loader import context_length, vocab_size
+from engine_worker.logprobs import token_logprobs
 from engine_worker.prefix_seam import PrefixSeam, default_backend
 from engine_worker.request import Request, RequestOutput, RequestStatus, step_output
 from engine_worker.sampling import SamplingFactory, eos_token_ids
@@ -298,6 +299,7 @@ class Scheduler:
         now = time.time()
         live = self._live_by_uid
         append = outputs.append
+        asking: list[tuple[RequestOutput, tuple[Any, int, int]]] = []  # outputs that want log probabilities
         for r in responses:
             entry = live.get(r.uid)
             if entry is None:  # removed earlier in this step
@@ -325,7 +327,16 @@ class Scheduler:
                 request.append_output_text(text)
             if reason is not None:
                 self._finish(request, reason, r.prompt_cache, r.all_tokens)
-            append(step_output(request, new_ids, text, reason))
+            out = step_output(request, new_ids, text, reason)
+            k = request.sampling_params.logprobs
+            if k is not None:
+                out.new_logprobs = []
+                if new_ids:
+                    asking.append((out, (r.logprobs, new_ids[0], k)))
+            append(out)
+        if asking:
+            for (out, _), entry in zip(asking, token_logprobs([row for _, row in asking]), strict=True):
+                out.new_logprobs = [entry]
 
     def _processor_guard(self, request: Request) -> Any:
         if not request.sampling_params.logits_processors:

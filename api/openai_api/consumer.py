@@ -41,6 +41,7 @@ from api.authentication import authenticate_api_key
 from api.consumers import cancel_job, db_thread, scope_api_key
 from api.errors import ServiceError, error_body, exception_handler
 from api.http_stream import HttpStreamMixin, encode_headers
+from api.job_logprobs import chat_logprobs, text_logprobs
 from api.models import ApiKey, Job
 from api.openai_api.continuity import Diverged, StreamContinuity
 from api.openai_api.requests import Kind, OpenAIRequest, openai_request
@@ -176,9 +177,13 @@ class CompletionConsumer(HttpStreamMixin, RelayEvents, AsyncHttpConsumer):
         if error is not None:
             await self._reject(error)
             return
-        text = await _job_text(self._job_id)
+        text, stored_logprobs = await _job_text(self._job_id)
+        logprobs = None
+        if request.job.sampling.get("logprobs") is not None:
+            stored_logprobs = stored_logprobs or []
+            logprobs = chat_logprobs(stored_logprobs) if self.kind is Kind.CHAT else text_logprobs(stored_logprobs)
         body = completion_body(kind=self.kind, job_id=self._job_id, created=self._created, model=request.model,
-                               text=(request.echo or "") + text, final=final)
+                               text=(request.echo or "") + text, final=final, logprobs=logprobs)
         await self.send_json(200, body, self._headers)
 
     async def _end_stream(self, error: ServiceError | None, *, final: dict[str, Any] | None = None) -> None:
@@ -258,6 +263,6 @@ def _submit(kind: Kind, raw_key: str | None, content_type: str | None, body: byt
 
 
 @db_thread
-def _job_text(job_id: str) -> str:
-    """The finished job's text, as the database holds it (the row is the truth)."""
-    return Job.objects.values_list("output_text", flat=True).get(id=job_id)
+def _job_text(job_id: str) -> tuple[str, list | None]:
+    """The finished job's text and log probabilities, as the database holds them (the row is the truth)."""
+    return Job.objects.values_list("output_text", "logprobs").get(id=job_id)

@@ -5,8 +5,8 @@ Each body is checked in two steps:
 
 1. its OpenAI shape (these serializers): the fields OpenAI's API takes, with its defaults
    (``temperature`` 1, ``top_p`` 1; ``max_tokens`` 16 for completions), and a 400 that names
-   the parameter for any OpenAI feature this service cannot honour (``n`` > 1, logprobs, tools,
-   JSON mode). Silently ignoring one would return
+   the parameter for any OpenAI feature this service cannot honour (``n`` > 1, tools, JSON mode,
+   log probabilities in a stream or of an echoed prompt). Silently ignoring one would return
    something other than what was asked for. Unknown fields are a 400, as on OpenAI's API;
 2. the job it becomes goes through ``JobCreateSerializer``, so every limit of ``POST
    /api/v1/jobs`` (prompt size, the token cap, stop sequences, text validity) applies
@@ -41,6 +41,9 @@ from api.services.jobs import JobRequest
 
 # OpenAI's default for /v1/completions; chat leaves it to the service's DEFAULT_MAX_TOKENS.
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
+# OpenAI's limits on the alternatives per token: top_logprobs (chat), logprobs (completions).
+CHAT_MAX_TOP_LOGPROBS = 20
+TEXT_MAX_LOGPROBS = 5
 _ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 
 
@@ -171,9 +174,11 @@ class ChatCompletionSerializer(_CommonSerializer):
         if "max_tokens" in attrs and "max_completion_tokens" in attrs:
             raise serializers.ValidationError(
                 {"max_tokens": ["Send max_completion_tokens or max_tokens, not both."]})
-        if attrs.get("logprobs") or "top_logprobs" in attrs:
-            raise UnsupportedParameter("logprobs" if attrs.get("logprobs") else "top_logprobs",
-                                       "log probabilities are not returned by this service.")
+        if "top_logprobs" in attrs and not attrs.get("logprobs"):
+            raise serializers.ValidationError({"top_logprobs": ["top_logprobs needs logprobs: true."]})
+        if attrs.get("logprobs"):
+            _check_logprobs_without_stream(attrs, "logprobs")
+            attrs["job_logprobs"] = _in_range(attrs.get("top_logprobs", 0), "top_logprobs", CHAT_MAX_TOP_LOGPROBS)
         if attrs.get("response_format", {"type": "text"}) != {"type": "text"}:
             raise UnsupportedParameter("response_format", 'only {"type": "text"} is supported.')
         if attrs.get("tools") or attrs.get("tool_choice", "none") != "none":
@@ -200,12 +205,28 @@ class CompletionSerializer(_CommonSerializer):
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         attrs = super().validate(attrs)
         if "logprobs" in attrs:
-            raise UnsupportedParameter("logprobs", "log probabilities are not returned by this service.")
+            _check_logprobs_without_stream(attrs, "logprobs")
+            if attrs.get("echo"):
+                raise UnsupportedParameter("logprobs", "with echo, OpenAI returns the prompt's log probabilities, "
+                                                       "which this service does not compute.")
+            attrs["job_logprobs"] = _in_range(attrs["logprobs"], "logprobs", TEXT_MAX_LOGPROBS)
         if attrs.get("best_of", 1) != 1:
             raise UnsupportedParameter("best_of", "only best_of=1 is supported.")
         if "suffix" in attrs:
             raise UnsupportedParameter("suffix", "insertion (a suffix after the completion) is not supported.")
         return attrs
+
+
+def _check_logprobs_without_stream(attrs: dict[str, Any], param: str) -> None:
+    if attrs.get("stream"):
+        raise UnsupportedParameter(param, "log probabilities come with responses without stream only; "
+                                          "GET /api/v1/jobs/<id> has them too.")
+
+
+def _in_range(value: int, param: str, limit: int) -> int:
+    if not 0 <= value <= limit:
+        raise serializers.ValidationError({param: [f"Must be between 0 and {limit}."]})
+    return value
 
 
 _PASSED_THROUGH = ("temperature", "top_p", "stop", "seed", "presence_penalty", "frequency_penalty", "logit_bias",
@@ -223,6 +244,8 @@ def openai_request(kind: Kind, body: Any) -> OpenAIRequest:
     attrs = outer.validated_data
     job_body: dict[str, Any] = {"temperature": 1.0, "top_p": 1.0}  # OpenAI's defaults
     job_body.update({name: attrs[name] for name in _PASSED_THROUGH if name in attrs})
+    if "job_logprobs" in attrs:
+        job_body["logprobs"] = attrs["job_logprobs"]
     max_tokens_param = "max_completion_tokens" if "max_completion_tokens" in attrs else "max_tokens"
     if max_tokens_param in attrs:
         job_body["max_tokens"] = attrs[max_tokens_param]

@@ -80,13 +80,13 @@ def usage(final: dict[str, Any]) -> dict[str, Any]:
 
 
 def completion_body(*, kind: Kind, job_id: str, created: int, model: str, text: str,
-                    final: dict[str, Any]) -> dict[str, Any]:
-    """The whole answer of a request without ``stream``."""
+                    final: dict[str, Any], logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The whole answer of a request without ``stream`` (``logprobs``: the choice's, when asked)."""
     if kind is Kind.CHAT:
         choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text},
-                                  "logprobs": None, "finish_reason": final["finish_reason"]}
+                                  "logprobs": logprobs, "finish_reason": final["finish_reason"]}
     else:
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": final["finish_reason"]}
+        choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": final["finish_reason"]}
     return {"id": completion_id(kind, job_id), "object": kind.value, "created": created, "model": model,
             "choices": [choice], "usage": usage(final), "system_fingerprint": None}
 

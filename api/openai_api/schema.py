@@ -50,7 +50,9 @@ _CHAT_BODY = {
                                "type": "object", "properties": {"type": {"type": "string", "enum": ["text"]},
                                                                 "text": {"type": "string"}}}}]}}}},
         "max_completion_tokens": {**_INTEGER, "minimum": 1},
-        "logprobs": {"type": "boolean", "nullable": True, "enum": [False]},
+        "logprobs": {"type": "boolean", "nullable": True, "default": False,
+                     "description": "Without stream only: the choice's logprobs.content, per token."},
+        "top_logprobs": {**_INTEGER, "minimum": 0, "maximum": 20},
         "response_format": {"type": "object", "nullable": True, "description": 'Only {"type": "text"}.'},
     },
 }
@@ -61,6 +63,8 @@ _TEXT_BODY = {
         "max_tokens": {**_INTEGER, "minimum": 1, "default": 16},
         "prompt": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}, "maxItems": 1}]},
         "echo": {"type": "boolean", "nullable": True, "default": False},
+        "logprobs": {**_INTEGER, "minimum": 0, "maximum": 5,
+                     "description": "Without stream or echo only: the choice's tokens and their log probabilities."},
     },
 }
 _STREAM_NOTE = (

@@ -16,6 +16,7 @@ from django.utils import timezone
 
 from api import keys
 from api.errors import JobNotFound
+from api.job_logprobs import job_logprobs
 from api.models import Job, JobStatus
 from api.redis_client import get_redis
 
@@ -121,6 +122,7 @@ def job_detail(*, job: Job) -> dict[str, Any]:
         "params": job.params,
         "priority": job.priority,
         "metadata": job.metadata,
+        "logprobs": job_logprobs(job.logprobs) if job.is_finished else None,
         "usage": {
             "prompt_tokens": job.prompt_tokens,
             "cached_tokens": job.cached_tokens,

@@ -1,7 +1,7 @@
 """Removing jobs' content: a user's delete of one finished job, and the operator's retention purge.
 
 A user's delete keeps the row as a tombstone. Its prompt, messages, token ids, output, error,
-stop strings, metadata and idempotency key are cleared and ``deleted_at`` is set; its status, token counts
+stop strings, metadata, log probabilities and idempotency key are cleared and ``deleted_at`` is set; its status, token counts
 and timings stay. The key's daily token quota (KeyDayTokens and its trigger on PostgreSQL, the sum
 of the day's jobs on SQLite) and the usage roll-up count those rows, so a delete never gives a
 quota back. Every user-facing read (the job, the list, cancel, the WebSocket and the events
@@ -65,6 +65,7 @@ def job_delete(*, job_id: uuid.UUID | str, owner: AbstractBaseUser | None) -> Jo
     # delete is then refused as for any running job.
     if not jobs.filter(status__in=TERMINAL_STATUSES).update(
         prompt="", messages=None, prompt_token_ids=[], output_text="", error=None, params=params, metadata={},
+        logprobs=None,
         idempotency_key=None, request_fingerprint="", deleted_at=now,
     ):
         current = jobs.first()

@@ -13,6 +13,7 @@ reconciler dispatches the job again (its broker message was lost, e.g. Redis was
 from __future__ import annotations
 
 import datetime as dt
+import json
 import logging
 import uuid
 from dataclasses import dataclass
@@ -159,6 +160,7 @@ def job_spec(job: Job) -> JobSpec:
         presence_penalty=_param(params, "presence_penalty", 0.0),
         frequency_penalty=_param(params, "frequency_penalty", 0.0),
         logit_bias=tuple((int(token), float(bias)) for token, bias in (params.get("logit_bias") or {}).items()),
+        logprobs=None if params.get("logprobs") is None else int(params["logprobs"]),
     )
 
 
@@ -262,20 +264,21 @@ def jobs_complete(*, results: list[FinalResult], worker_id: str) -> int:
             cursor.execute(_complete_sql_pg().format(rows=rows),
                            [in_progress, *(value for row in params for value in row), worker_id, in_progress, cancelled])
         else:
-            cursor.executemany(_complete_sql(), [(in_progress, *row[1:11], row[0], worker_id, in_progress, cancelled,
-                                                  row[11]) for row in params])
+            cursor.executemany(_complete_sql(), [(in_progress, *row[1:11], row[12], row[0], worker_id, in_progress,
+                                                  cancelled, row[11]) for row in params])
         return cursor.rowcount
 
 
 def _final_params(r: FinalResult) -> tuple:
     """(id, status, output_text, finish_reason, error, prompt_tokens, cached_tokens,
-    completion_tokens, finished_at, last_seq, first_token_at, abort) of one final."""
+    completion_tokens, finished_at, last_seq, first_token_at, abort, logprobs as JSON) of one final."""
     pk, stamp = Job._meta.pk, Job._meta.get_field("finished_at")
     return (pk.get_db_prep_value(uuid.UUID(r.job_id), connection),
             _STATUS_BY_FINISH_REASON.get(r.finish_reason, JobStatus.FAILED).value, r.text, r.finish_reason, r.error,
             r.prompt_tokens, r.cached_tokens, r.completion_tokens,
             stamp.get_db_prep_value(_from_unix(r.finished_at) or timezone.now(), connection), r.last_seq,
-            stamp.get_db_prep_value(_from_unix(r.first_token_at), connection), r.finish_reason == "abort")
+            stamp.get_db_prep_value(_from_unix(r.first_token_at), connection), r.finish_reason == "abort",
+            None if r.logprobs is None else json.dumps(r.logprobs))
 
 
 _FINAL_COLUMNS = ("id", "status", "output_text", "finish_reason", "error", "prompt_tokens", "cached_tokens",
@@ -283,7 +286,7 @@ _FINAL_COLUMNS = ("id", "status", "output_text", "finish_reason", "error", "prom
 # One row of the PostgreSQL statement's VALUES, typed (a VALUES list takes its column types from
 # its rows, and NULLs alone would make them text).
 _FINAL_ROW_PG = ("(%s::uuid, %s::varchar, %s::text, %s::varchar, %s::text, %s::integer, %s::integer, %s::integer, "
-                 "%s::timestamptz, %s::integer, %s::timestamptz, %s::boolean)")
+                 "%s::timestamptz, %s::integer, %s::timestamptz, %s::boolean, %s::jsonb)")
 
 
 @cache
@@ -291,15 +294,16 @@ def _complete_sql_pg() -> str:
     """The finals' UPDATE on PostgreSQL, with a ``{rows}`` placeholder for the VALUES rows; the
     same rules as :func:`_complete_sql`."""
     q = connection.ops.quote_name
-    column = _job_columns(*_FINAL_COLUMNS, "lease_expires_at", "worker_id", "deleted_at")
+    column = _job_columns(*_FINAL_COLUMNS, "lease_expires_at", "worker_id", "deleted_at", "logprobs")
     status = f"j.{column['status']}"
     fields = ", ".join(f"{column[name]} = v.{column[name]}" for name in _FINAL_COLUMNS[2:-1])
     return (
         f"UPDATE {q(Job._meta.db_table)} AS j SET {column['status']} = CASE WHEN {status} = %s "
         f"THEN v.{column['status']} ELSE {status} END, {fields}, "
         f"{column['first_token_at']} = COALESCE(j.{column['first_token_at']}, v.{column['first_token_at']}), "
-        f"{column['lease_expires_at']} = NULL "
-        f"FROM (VALUES {{rows}}) AS v({', '.join(column[name] for name in _FINAL_COLUMNS)}, abort) "
+        f"{column['lease_expires_at']} = NULL, {column['logprobs']} = v.{column['logprobs']} "
+        f"FROM (VALUES {{rows}}) AS v({', '.join(column[name] for name in _FINAL_COLUMNS)}, abort, "
+        f"{column['logprobs']}) "
         f"WHERE j.{column['id']} = v.{column['id']} AND j.{column['worker_id']} = %s "
         f"AND ({status} = %s OR ({status} = %s AND v.abort)) AND j.{column['deleted_at']} IS NULL"
     )
@@ -315,7 +319,7 @@ def _complete_sql() -> str:
     q = connection.ops.quote_name
     column = _job_columns("status", "output_text", "finish_reason", "error", "prompt_tokens", "cached_tokens",
                           "completion_tokens", "finished_at", "last_seq", "first_token_at", "lease_expires_at", "id",
-                          "worker_id", "deleted_at")
+                          "worker_id", "deleted_at", "logprobs")
     status = column["status"]
     fields = ", ".join(f"{column[name]} = %s" for name in ("output_text", "finish_reason", "error", "prompt_tokens",
                                                            "cached_tokens", "completion_tokens", "finished_at",
@@ -323,7 +327,7 @@ def _complete_sql() -> str:
     return (
         f"UPDATE {q(Job._meta.db_table)} SET {status} = CASE WHEN {status} = %s THEN %s ELSE {status} END, "
         f"{fields}, {column['first_token_at']} = COALESCE({column['first_token_at']}, %s), "
-        f"{column['lease_expires_at']} = NULL "
+        f"{column['lease_expires_at']} = NULL, {column['logprobs']} = %s "
         f"WHERE {column['id']} = %s AND {column['worker_id']} = %s "
         f"AND ({status} = %s OR ({status} = %s AND %s)) AND {column['deleted_at']} IS NULL"
     )

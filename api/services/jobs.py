@@ -53,6 +53,7 @@ SAMPLING_DEFAULTS: dict[str, Any] = {
     "presence_penalty": 0.0,
     "frequency_penalty": 0.0,
     "logit_bias": {},
+    "logprobs": None,
     "seed": None,
     "stop": [],
 }
@@ -315,6 +316,7 @@ def job_requeue(*, job_id: uuid.UUID | str) -> Job:
     updated = Job.objects.filter(id=job_id, status__in=REQUEUEABLE_STATUSES, deleted_at__isnull=True).update(
         status=JobStatus.QUEUED,
         output_text="",
+        logprobs=None,
         finish_reason=None,
         error=None,
         prompt_tokens=0,

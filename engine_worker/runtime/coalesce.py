@@ -34,6 +34,7 @@ class JobProgress:
     completion_tokens: int = 0
     cached_tokens: int = 0
     first_token_at: float | None = None
+    logprobs: list[tuple] | None = None  # of every token so far, for a job that asks
 
     @property
     def text(self) -> str:
@@ -88,6 +89,10 @@ class ChunkCoalescer:
                     continue
                 if out.new_text:
                     pending.setdefault(job.job_id, []).append(out.new_text)
+                if out.new_logprobs is not None:
+                    if job.logprobs is None:
+                        job.logprobs = []
+                    job.logprobs.extend((e.token_id, e.logprob, e.top) for e in out.new_logprobs)
                 if out.completion_tokens or out.new_token_ids:
                     job.completion_tokens = max(job.completion_tokens, out.completion_tokens)
                     if job.first_token_at is None:
@@ -132,4 +137,5 @@ class ChunkCoalescer:
             first_token_at=job.first_token_at,
             finished_at=self._clock(),
             last_seq=job.seq,
+            logprobs=None if job.logprobs is None else tuple(job.logprobs),
         )

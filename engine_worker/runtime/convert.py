@@ -19,6 +19,7 @@ def spec_to_request(spec: JobSpec) -> Request:
         presence_penalty=spec.presence_penalty,
         frequency_penalty=spec.frequency_penalty,
         logit_bias={int(token): float(bias) for token, bias in spec.logit_bias} or None,
+        logprobs=spec.logprobs,
         stop=list(spec.stop),
         seed=spec.seed,
         ignore_eos=spec.ignore_eos,

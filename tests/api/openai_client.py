@@ -102,7 +102,7 @@ async def request(path: str, body: Any, *, secret: str | None, method: str = "PO
 
 @database_sync_to_async
 def run_job(job_id: str, texts: list[str], *, finish_reason: str = "stop", error: str | None = None,
-            cached_tokens: int = 0) -> None:
+            cached_tokens: int = 0, logprobs: tuple | None = None) -> None:
     """What an engine worker does for the job: claim it, publish one chunk per text, then the
     final, through the worker's own sink."""
     job = job_claim(job_id=job_id, worker_id=WORKER, lease_s=30)
@@ -113,7 +113,8 @@ def run_job(job_id: str, texts: list[str], *, finish_reason: str = "stop", error
         sink.publish(StepBatch(chunks=(OutputChunk(job_id=job_id, seq=seq, text=text, completion_tokens=seq),)))
     sink.publish(StepBatch(finals=(FinalResult(
         job_id=job_id, text="".join(texts), finish_reason=finish_reason, prompt_tokens=len(job.prompt_token_ids),
-        completion_tokens=len(texts), cached_tokens=cached_tokens, error=error, last_seq=len(texts)),)))
+        completion_tokens=len(texts), cached_tokens=cached_tokens, error=error, last_seq=len(texts),
+        logprobs=logprobs),)))
 
 
 def _redis():

@@ -143,14 +143,14 @@ def test_request_priority_cannot_be_more_urgent_than_the_keys_class(api_client, 
 def test_sampling_parameters_are_stored_and_stop_string_becomes_a_list(api_client):
     body = {"prompt": "a", "max_tokens": 3, "temperature": 0.7, "top_p": 0.9, "top_k": 40, "min_p": 0.05,
             "repetition_penalty": 1.1, "presence_penalty": 0.5, "frequency_penalty": -0.25,
-            "logit_bias": {"17": 5, "0042": -100}, "seed": 42, "stop": "END"}
+            "logit_bias": {"17": 5, "0042": -100}, "logprobs": 2, "seed": 42, "stop": "END"}
 
     response = api_client.post("/api/v1/jobs", body, format="json")
 
     params = Job.objects.get(id=response.json()["id"]).params
     assert params == {"max_tokens": 3, "temperature": 0.7, "top_p": 0.9, "top_k": 40, "min_p": 0.05,
                       "repetition_penalty": 1.1, "presence_penalty": 0.5, "frequency_penalty": -0.25,
-                      "logit_bias": {"17": 5.0, "42": -100.0}, "seed": 42, "stop": ["END"]}
+                      "logit_bias": {"17": 5.0, "42": -100.0}, "logprobs": 2, "seed": 42, "stop": ["END"]}
 
 
 def test_sampling_parameters_left_out_are_stored_as_their_defaults(api_client):
@@ -159,7 +159,7 @@ def test_sampling_parameters_left_out_are_stored_as_their_defaults(api_client):
     params = Job.objects.get(id=response.json()["id"]).params
     assert params == {"max_tokens": 3, "temperature": 0.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0,
                       "repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0,
-                      "logit_bias": {}, "seed": None, "stop": []}
+                      "logit_bias": {}, "logprobs": None, "seed": None, "stop": []}
 
 
 def test_max_tokens_defaults_within_the_context_left_by_the_prompt(api_client, settings):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from engine_worker.request import Request, SamplingParams
 from engine_worker.sampling import SamplingFactory
 from engine_worker.scheduler import Scheduler
@@ -113,3 +115,39 @@ def test_identical_settings_share_one_sampler_object_so_batches_sample_in_one_ca
     s1 = factory.sampler(SamplingParams(temperature=0.8, seed=1))
     s2 = factory.sampler(SamplingParams(temperature=0.8, seed=1))
     assert s1 is not s2  # each seeded request owns its key chain
+
+
+def test_log_probabilities_come_with_each_token_of_a_request_that_asks_and_only_of_that_one(tiny_model):
+    model, tokenizer = tiny_model
+    p = prompt_ids(tokenizer, 10)
+    scheduler = Scheduler(model, tokenizer)
+    outputs = run_scheduler(scheduler, {0: [
+        Request("asks", p, greedy(N, ignore_eos=True, logprobs=3)),
+        Request("own", list(p), greedy(N, ignore_eos=True, logprobs=0)),
+        Request("plain", list(p), greedy(N, ignore_eos=True)),
+        Request("forced", list(p), greedy(N, ignore_eos=True, logprobs=1, logit_bias={77: 100.0})),
+    ]})
+    entries = {rid: [e for o in outs for e in (o.new_logprobs or [])] for rid, outs in outputs.items()}
+
+    tokens = final(outputs["asks"]).output_token_ids
+    assert tokens == solo_tokens(model, tokenizer, p, N)  # asking changes nothing about the tokens
+    assert [e.token_id for e in entries["asks"]] == tokens
+    for e in entries["asks"]:
+        assert len(e.top) == 3 and e.logprob <= 0
+        assert e.top[0] == (e.token_id, pytest.approx(e.logprob))  # greedy: the chosen token is the likeliest
+        assert [lp for _, lp in e.top] == sorted((lp for _, lp in e.top), reverse=True)
+    assert [(e.token_id, e.top) for e in entries["own"]] == [(t, ()) for t in tokens]
+    assert [e.logprob for e in entries["own"]] == pytest.approx([e.logprob for e in entries["asks"]], abs=1e-5)
+    assert all(o.new_logprobs is None for o in outputs["plain"])
+    # A +100 bias makes token 77 all but certain: its log probability is ~0.
+    assert all(e.token_id == 77 and e.logprob > -1e-3 for e in entries["forced"])
+
+
+def test_a_logprobs_count_out_of_range_fails_the_request_alone(tiny_model):
+    model, tokenizer = tiny_model
+    outputs = run_scheduler(Scheduler(model, tokenizer), {0: [
+        Request("bad", prompt_ids(tokenizer, 5), greedy(4, logprobs=21)),
+        Request("good", prompt_ids(tokenizer, 5), greedy(4)),
+    ]})
+    assert final(outputs["bad"]).finish_reason == "error" and "logprobs" in final(outputs["bad"]).error
+    assert final(outputs["good"]).finish_reason in {"stop", "length"}

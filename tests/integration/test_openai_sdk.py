@@ -91,6 +91,15 @@ def test_the_openai_sdk_lists_the_model_chats_streams_and_completes(base_url):
     assert job.completion_tokens == 6 and forced.choices[0].text == job.output_text
     assert job.output_text == "i" * 6  # token 77 of the tiny model's byte-level BPE is "i"
 
+    # Log probabilities from the real engine, through the job's row, in OpenAI's shape.
+    scored = client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=6, temperature=0,
+                                            logprobs=True, top_logprobs=2)
+    content = scored.choices[0].logprobs.content
+    assert len(content) == _job(scored.id).completion_tokens > 0
+    for entry in content:  # greedy: the chosen token is the likeliest of its alternatives
+        assert entry.logprob <= 0 and len(entry.top_logprobs) == 2
+        assert entry.top_logprobs[0].token == entry.token and entry.top_logprobs[0].logprob == pytest.approx(entry.logprob)
+
 
 def test_the_openai_sdk_raises_its_own_errors_for_what_the_service_refuses(base_url):
     _key, secret = make_api_key(max_tokens_per_job=32)

@@ -65,3 +65,25 @@ def test_cancel_ends_with_streamed_text_and_later_outputs_are_dropped():
 def test_untracked_jobs_are_ignored():
     co = ChunkCoalescer()
     assert not co.fold([[out("ghost", "boo", 1, finished=True, reason="stop")]])
+
+
+def test_a_jobs_log_probabilities_collect_over_its_steps_into_its_final_and_a_cancel_keeps_them():
+    from engine_worker.logprobs import TokenLogprob
+
+    def asking(rid: str, n: int, **kw) -> RequestOutput:
+        o = out(rid, "t", n, **kw)
+        o.new_logprobs = [TokenLogprob(n, -0.5 * n, ((n, -0.5 * n), (9, -3.0)))]
+        return o
+
+    co = ChunkCoalescer()
+    for rid in ("a", "b", "plain"):
+        co.track(rid, 5)
+    co.fold([[asking("a", 1), asking("b", 1), out("plain", "p", 1)]])
+    batch = co.fold([[asking("a", 2)], [asking("a", 3, finished=True, reason="length"),
+                                       out("plain", "q", 2, finished=True, reason="length")]])
+
+    finals = {f.job_id: f for f in batch.finals}
+    assert finals["a"].logprobs == ((1, -0.5, ((1, -0.5), (9, -3.0))), (2, -1.0, ((2, -1.0), (9, -3.0))),
+                                    (3, -1.5, ((3, -1.5), (9, -3.0))))
+    assert finals["plain"].logprobs is None  # it did not ask
+    assert co.cancel("b").logprobs == ((1, -0.5, ((1, -0.5), (9, -3.0))),)

@@ -1,0 +1,48 @@
+"""Log probabilities of generated tokens, for requests that ask (``SamplingParams.logprobs``).
+
+mlx-lm's generator hands each step's token with the row of log probabilities it was drawn from
+(the log-softmax of the logits after the request's processors, before temperature). For each
+asking request the scheduler takes the chosen token's value and, with ``logprobs = k``, the ``k``
+most likely tokens, in one evaluation per step for all of them. Requests that do not ask cost
+nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import mlx.core as mx
+
+MAX_TOP_LOGPROBS = 20
+
+
+class TokenLogprob(NamedTuple):
+    """One generated token's log probability and its most likely alternatives, best first."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+def token_logprobs(rows: list[tuple[mx.array, int, int]]) -> list[TokenLogprob]:
+    """For each ``(logprobs row, chosen token, k)``: the chosen token's log probability and the
+    ``k`` best (token, log probability) pairs. One ``mx.eval`` for the whole list."""
+    if not rows:
+        return []
+    chosen: list[Any] = []
+    tops: list[tuple[Any, Any] | None] = []
+    for row, token, k in rows:
+        chosen.append(row[token])
+        if k > 0:
+            ids = mx.argpartition(-row, kth=k - 1)[:k]
+            tops.append((ids, row[ids]))
+        else:
+            tops.append(None)
+    mx.eval(chosen, [t for pair in tops if pair is not None for t in pair])
+    out = []
+    for (_, token, _), value, top in zip(rows, chosen, tops, strict=True):
+        pairs: tuple[tuple[int, float], ...] = ()
+        if top is not None:
+            pairs = tuple(sorted(zip(top[0].tolist(), top[1].tolist(), strict=True), key=lambda p: -p[1]))
+        out.append(TokenLogprob(int(token), float(value.item()), pairs))
+    return out

@@ -1,0 +1,110 @@
+"""Log probabilities: asked for on a job (REST or OpenAI), written with its final by the worker's
+real sink, shown by GET /jobs/<id> and in the OpenAI answers without stream."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from channels.db import database_sync_to_async
+
+from api.models import Job, JobStatus
+from api.services import job_lifecycle
+from api.tokenization import get_tokenizer
+from engine_worker.protocol import FinalResult
+from tests.api.factories import make_api_key, make_job
+from tests.api.openai_client import Exchange, run_job
+
+# Token ids of the tiny model with their own texts (byte-level BPE).
+STORED = ((77, -0.25, ((77, -0.25), (42, -2.5))), (42, -1.0, ((42, -1.0), (77, -1.5))))
+
+
+def _text(token_id: int) -> str:
+    return get_tokenizer().decode_token(token_id)
+
+
+@pytest.mark.django_db
+def test_the_final_writes_them_and_get_shows_each_tokens_text_id_and_alternatives(api_client, api_key):
+    job = make_job(api_key=api_key, status=JobStatus.IN_PROGRESS, worker_id="w",
+                   params={"max_tokens": 2, "logprobs": 1})
+    result = FinalResult(job_id=str(job.id), text=_text(77) + _text(42), finish_reason="length", prompt_tokens=3,
+                         completion_tokens=2, finished_at=time.time(), last_seq=1, logprobs=STORED)
+
+    assert job_lifecycle.jobs_complete(results=[result], worker_id="w") == 1
+
+    body = api_client.get(f"/api/v1/jobs/{job.id}").json()
+    assert body["logprobs"] == [
+        {"token": _text(77), "token_id": 77, "logprob": -0.25,
+         "top_logprobs": [{"token": _text(77), "token_id": 77, "logprob": -0.25},
+                          {"token": _text(42), "token_id": 42, "logprob": -2.5}]},
+        {"token": _text(42), "token_id": 42, "logprob": -1.0,
+         "top_logprobs": [{"token": _text(42), "token_id": 42, "logprob": -1.0},
+                          {"token": _text(77), "token_id": 77, "logprob": -1.5}]},
+    ]
+    assert job_lifecycle.job_spec(Job.objects.get(id=job.id)).logprobs == 1
+
+
+@pytest.mark.django_db
+def test_a_job_that_did_not_ask_has_none_and_a_delete_clears_them(api_client, api_key):
+    plain = make_job(api_key=api_key, status=JobStatus.COMPLETED)
+    asked = make_job(api_key=api_key, status=JobStatus.COMPLETED, logprobs=[list(e) for e in STORED])
+
+    assert api_client.get(f"/api/v1/jobs/{plain.id}").json()["logprobs"] is None
+    assert api_client.delete(f"/api/v1/jobs/{asked.id}").status_code == 200
+    assert Job.objects.get(id=asked.id).logprobs is None
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("value", [-1, 21, "2", 1.5, True])
+def test_a_bad_logprobs_count_is_400(api_client, value):
+    response = api_client.post("/api/v1/jobs", {"prompt": "hi", "logprobs": value}, format="json")
+
+    assert response.status_code == 400 and response.json()["error"]["param"] == "logprobs"
+
+
+def _answer(path: str, body: dict, logprobs: tuple):
+    api_key, secret = make_api_key()
+
+    async def scenario():
+        exchange = Exchange(path, body, secret=secret)
+        await exchange.send()
+        for _ in range(200):
+            job = await database_sync_to_async(Job.objects.filter(owner_id=api_key.owner_id).first)()
+            if job is not None:
+                break
+            await asyncio.sleep(0.02)
+        await run_job(str(job.id), [_text(77), _text(42)], finish_reason="length", logprobs=logprobs)
+        return job, await exchange.read(10)
+
+    job, response = asyncio.run(scenario())
+    assert response.status == 200, response.body
+    return Job.objects.get(id=job.id), response.json()
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("consumer_connections_closed", "redis_client", "dispatched")
+def test_an_openai_chat_completion_with_logprobs_answers_them_in_openais_shape():
+    job, answer = _answer("/v1/chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": "hi"}],
+                                                   "max_tokens": 2, "logprobs": True, "top_logprobs": 2}, STORED)
+
+    assert job.params["logprobs"] == 2
+    entry = lambda t, lp: {"token": _text(t), "logprob": lp, "bytes": list(_text(t).encode())}  # noqa: E731
+    assert answer["choices"][0]["logprobs"] == {"content": [
+        {**entry(77, -0.25), "top_logprobs": [entry(77, -0.25), entry(42, -2.5)]},
+        {**entry(42, -1.0), "top_logprobs": [entry(42, -1.0), entry(77, -1.5)]},
+    ]}
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("consumer_connections_closed", "redis_client", "dispatched")
+def test_an_openai_text_completion_with_logprobs_answers_tokens_offsets_and_alternatives():
+    job, answer = _answer("/v1/completions", {"model": "tiny", "prompt": "Once", "max_tokens": 2, "logprobs": 2},
+                          STORED)
+
+    assert job.params["logprobs"] == 2
+    assert answer["choices"][0]["logprobs"] == {
+        "tokens": [_text(77), _text(42)], "token_logprobs": [-0.25, -1.0],
+        "top_logprobs": [{_text(77): -0.25, _text(42): -2.5}, {_text(42): -1.0, _text(77): -1.5}],
+        "text_offset": [0, len(_text(77))],
+    }
