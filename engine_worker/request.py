@@ -275,6 +275,7 @@ class RequestOutput:
         state = {k: v for k, v in d.items() if k != _LAZY}
         state["output_token_ids"] = self.output_token_ids
         state["output_text"] = self.output_text
+        state["new_logprobs"] = self.new_logprobs  # the class default unless the scheduler set it
         return state
 
 
@@ -305,7 +306,7 @@ def step_output(request: Request, new_token_ids: list[int], new_text: str, finis
     out.cached_tokens = request.cached_tokens
     out.error = None
     out.engine_failed = False
-    out.new_logprobs = None
+    # new_logprobs: the class's default (None) unless the scheduler sets it.
     setattr(out, _LAZY, (tokens, n, text, len(text._parts)))
     return out
 

@@ -98,6 +98,7 @@ class Scheduler:
         self.uid_to_request_id: dict[int, str] = {}
         self._streams: dict[str, TextStream] = {}
         self._live_by_uid: dict[int, tuple[Request, TextStream]] = {}  # the hot path's one lookup
+        self._logprobs_by_uid: dict[int, int] = {}  # uids whose requests ask for log probabilities: k
         self._pending_outputs: list[RequestOutput] = []
         # Generator uids inserted whose prompt has not ended yet: they hold the generator's
         # prefill slots (``prefill_batch_size``). And how many prompts the last step ended: this
@@ -235,6 +236,8 @@ class Scheduler:
         stream = TextStream(self._new_detokenizer(), sp.stop)
         self._streams[rid] = stream
         self._live_by_uid[uid] = (request, stream)
+        if sp.logprobs is not None:
+            self._logprobs_by_uid[uid] = sp.logprobs
         c = self.counters
         c.total_prompt_tokens += request.num_prompt_tokens
         c.total_prefilled_tokens += len(request.remaining_tokens)
@@ -299,12 +302,14 @@ class Scheduler:
         now = time.time()
         live = self._live_by_uid
         append = outputs.append
+        wants = self._logprobs_by_uid
         asking: list[tuple[RequestOutput, tuple[Any, int, int]]] = []  # outputs that want log probabilities
         for r in responses:
             entry = live.get(r.uid)
             if entry is None:  # removed earlier in this step
                 continue
             request, stream = entry
+            k = wants.get(r.uid) if wants else None  # before _finish releases the uid
             if request.first_token_time is None:
                 request.first_token_time = now
             reason = r.finish_reason
@@ -328,7 +333,6 @@ class Scheduler:
             if reason is not None:
                 self._finish(request, reason, r.prompt_cache, r.all_tokens)
             out = step_output(request, new_ids, text, reason)
-            k = request.sampling_params.logprobs
             if k is not None:
                 out.new_logprobs = []
                 if new_ids:
@@ -383,6 +387,7 @@ class Scheduler:
         if uid is not None:
             self.uid_to_request_id.pop(uid, None)
             self._live_by_uid.pop(uid, None)
+            self._logprobs_by_uid.pop(uid, None)
             self._prefilling.discard(uid)
 
     def _final_output(self, request: Request) -> RequestOutput:
@@ -517,6 +522,7 @@ class Scheduler:
         self.request_id_to_uid.clear()
         self.uid_to_request_id.clear()
         self._live_by_uid.clear()
+        self._logprobs_by_uid.clear()
         self.finished_req_ids = set()
         self.close()
         self.clear_runtime_caches()
