@@ -37,7 +37,8 @@ def job_list(*, owner: AbstractBaseUser, status: str | None = None,
              metadata: dict[str, str] | None = None) -> QuerySet[Job]:
     """The owner's jobs, newest first; with ``metadata``, only those whose metadata has every
     one of those pairs."""
-    jobs = Job.objects.filter(owner=owner, deleted_at__isnull=True).order_by("-created_at", "-id")
+    # The list never shows log probabilities (job_detail's with_logprobs): not read either.
+    jobs = Job.objects.filter(owner=owner, deleted_at__isnull=True).defer("logprobs").order_by("-created_at", "-id")
     if status:
         jobs = jobs.filter(status=status)
     for i, (key, value) in enumerate((metadata or {}).items()):
@@ -109,8 +110,9 @@ def job_output_text(*, job: Job) -> str:
     return job.output_text
 
 
-def job_detail(*, job: Job) -> dict[str, Any]:
-    """Everything GET /jobs/<id> shows (the shape of JobSerializer)."""
+def job_detail(*, job: Job, with_logprobs: bool = True) -> dict[str, Any]:
+    """Everything GET /jobs/<id> shows (the shape of JobSerializer). ``with_logprobs=False`` (the
+    list's form) leaves them out: a page of long jobs would carry megabytes of them."""
     return {
         "id": job.id,
         "object": "job",
@@ -122,7 +124,7 @@ def job_detail(*, job: Job) -> dict[str, Any]:
         "params": job.params,
         "priority": job.priority,
         "metadata": job.metadata,
-        "logprobs": job_logprobs(job.logprobs) if job.is_finished else None,
+        "logprobs": job_logprobs(job.logprobs) if with_logprobs and job.is_finished else None,
         "usage": {
             "prompt_tokens": job.prompt_tokens,
             "cached_tokens": job.cached_tokens,

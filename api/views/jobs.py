@@ -90,6 +90,7 @@ class JobListCreateView(APIView):
     @extend_schema(
         operation_id="jobs_list",
         summary="List your jobs, newest first",
+        description="Each job as GET /jobs/<id> shows it, less its `logprobs` (null here).",
         parameters=[
             JobListQuerySerializer,
             OpenApiParameter("metadata", OpenApiTypes.OBJECT, OpenApiParameter.QUERY, style="deepObject",
@@ -105,7 +106,8 @@ class JobListCreateView(APIView):
                         metadata=metadata_filters(request.query_params))
         paginator = JobPagination()
         page = paginator.paginate_queryset(jobs, request, view=self) or []
-        return paginator.get_paginated_response(JobSerializer([job_detail(job=job) for job in page], many=True).data)
+        return paginator.get_paginated_response(
+            JobSerializer([job_detail(job=job, with_logprobs=False) for job in page], many=True).data)
 
 
 class JobDetailView(APIView):

@@ -108,3 +108,14 @@ def test_an_openai_text_completion_with_logprobs_answers_tokens_offsets_and_alte
         "top_logprobs": [{_text(77): -0.25, _text(42): -2.5}, {_text(42): -1.0, _text(77): -1.5}],
         "text_offset": [0, len(_text(77))],
     }
+
+
+@pytest.mark.django_db
+def test_the_list_leaves_them_out(api_client, api_key):
+    job = make_job(api_key=api_key, status=JobStatus.COMPLETED, params={"max_tokens": 2, "logprobs": 1},
+                   logprobs=[list(e) for e in STORED])
+
+    listed = api_client.get("/api/v1/jobs").json()["results"]
+
+    assert [(j["id"], j["logprobs"]) for j in listed] == [(str(job.id), None)]
+    assert len(api_client.get(f"/api/v1/jobs/{job.id}").json()["logprobs"]) == 2
