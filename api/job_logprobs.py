@@ -33,24 +33,21 @@ def job_logprobs(stored: list[Any] | None) -> list[dict[str, Any]] | None:
             for token, logprob, top in stored]
 
 
-def chat_logprobs(stored: list[Any]) -> dict[str, Any]:
-    """OpenAI's ``choices[0].logprobs`` of a chat completion."""
-    def entry(token: int, logprob: float) -> dict[str, Any]:
-        text = _text(token)
-        return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
+def chat_logprobs(entries: list[dict[str, Any]]) -> dict[str, Any]:
+    """OpenAI's ``logprobs`` of a chat choice (or chunk) from :func:`job_logprobs`'s entries."""
+    def entry(e: dict[str, Any]) -> dict[str, Any]:
+        return {"token": e["token"], "logprob": e["logprob"], "bytes": list(e["token"].encode())}
 
-    return {"content": [{**entry(token, logprob), "top_logprobs": [entry(t, lp) for t, lp in top]}
-                        for token, logprob, top in stored]}
+    return {"content": [{**entry(e), "top_logprobs": [entry(t) for t in e["top_logprobs"]]} for e in entries]}
 
 
-def text_logprobs(stored: list[Any], *, offset: int = 0) -> dict[str, Any]:
-    """OpenAI's ``choices[0].logprobs`` of a (legacy) text completion; ``offset``: where the
-    completion's text starts in the choice's ``text``."""
-    tokens = [_text(token) for token, _, _ in stored]
+def text_logprobs(entries: list[dict[str, Any]], *, offset: int = 0) -> dict[str, Any]:
+    """OpenAI's ``logprobs`` of a (legacy) text completion's choice (or chunk) from
+    :func:`job_logprobs`'s entries; ``offset``: where their text starts in the whole completion."""
     offsets, at = [], offset
-    for text in tokens:
+    for e in entries:
         offsets.append(at)
-        at += len(text)
-    return {"tokens": tokens, "token_logprobs": [logprob for _, logprob, _ in stored],
-            "top_logprobs": [{_text(t): lp for t, lp in top} for _, _, top in stored],
+        at += len(e["token"])
+    return {"tokens": [e["token"] for e in entries], "token_logprobs": [e["logprob"] for e in entries],
+            "top_logprobs": [{t["token"]: t["logprob"] for t in e["top_logprobs"]} for e in entries],
             "text_offset": offsets}

@@ -62,6 +62,9 @@ class OutputChunk:
     seq: int
     text: str
     completion_tokens: int
+    # With logprobs asked for: FinalResult.logprobs's entries of this chunk's tokens (a token whose
+    # text the detokenizer still held comes with the chunk that has it); None otherwise.
+    logprobs: tuple[tuple[int, float, tuple[tuple[int, float], ...]], ...] | None = None
 
 
 @dataclass(frozen=True)

@@ -41,7 +41,7 @@ from api.authentication import authenticate_api_key
 from api.consumers import cancel_job, db_thread, scope_api_key
 from api.errors import ServiceError, error_body, exception_handler
 from api.http_stream import HttpStreamMixin, encode_headers
-from api.job_logprobs import chat_logprobs, text_logprobs
+from api.job_logprobs import chat_logprobs, job_logprobs, text_logprobs
 from api.models import ApiKey, Job
 from api.openai_api.continuity import Diverged, StreamContinuity
 from api.openai_api.requests import Kind, OpenAIRequest, openai_request
@@ -159,7 +159,10 @@ class CompletionConsumer(HttpStreamMixin, RelayEvents, AsyncHttpConsumer):
             if kind == "delta":
                 text = self._continuity.text(message["text"])
                 if text:
-                    await self._data(self._writer.text(text))
+                    # After a restart a chunk may be sent only in part (continuity.py): its tokens'
+                    # log probabilities cannot be split with it, and are left out.
+                    logprobs = message.get("logprobs") if text == message["text"] else None
+                    await self._data(self._writer.text(text, logprobs))
             elif kind == "reset":  # the job starts again elsewhere: see continuity.py
                 self._continuity.reset()
             elif kind == "final":
@@ -180,8 +183,8 @@ class CompletionConsumer(HttpStreamMixin, RelayEvents, AsyncHttpConsumer):
         text, stored_logprobs = await _job_text(self._job_id)
         logprobs = None
         if request.job.sampling.get("logprobs") is not None:
-            stored_logprobs = stored_logprobs or []
-            logprobs = chat_logprobs(stored_logprobs) if self.kind is Kind.CHAT else text_logprobs(stored_logprobs)
+            entries = job_logprobs(stored_logprobs or [])
+            logprobs = chat_logprobs(entries) if self.kind is Kind.CHAT else text_logprobs(entries)
         body = completion_body(kind=self.kind, job_id=self._job_id, created=self._created, model=request.model,
                                text=(request.echo or "") + text, final=final, logprobs=logprobs)
         await self.send_json(200, body, self._headers)

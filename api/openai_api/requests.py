@@ -6,7 +6,7 @@ Each body is checked in two steps:
 1. its OpenAI shape (these serializers): the fields OpenAI's API takes, with its defaults
    (``temperature`` 1, ``top_p`` 1; ``max_tokens`` 16 for completions), and a 400 that names
    the parameter for any OpenAI feature this service cannot honour (``n`` > 1, tools, JSON mode,
-   log probabilities in a stream or of an echoed prompt). Silently ignoring one would return
+   log probabilities of an echoed prompt). Silently ignoring one would return
    something other than what was asked for. Unknown fields are a 400, as on OpenAI's API;
 2. the job it becomes goes through ``JobCreateSerializer``, so every limit of ``POST
    /api/v1/jobs`` (prompt size, the token cap, stop sequences, text validity) applies
@@ -177,7 +177,6 @@ class ChatCompletionSerializer(_CommonSerializer):
         if "top_logprobs" in attrs and not attrs.get("logprobs"):
             raise serializers.ValidationError({"top_logprobs": ["top_logprobs needs logprobs: true."]})
         if attrs.get("logprobs"):
-            _check_logprobs_without_stream(attrs, "logprobs")
             attrs["job_logprobs"] = _in_range(attrs.get("top_logprobs", 0), "top_logprobs", CHAT_MAX_TOP_LOGPROBS)
         if attrs.get("response_format", {"type": "text"}) != {"type": "text"}:
             raise UnsupportedParameter("response_format", 'only {"type": "text"} is supported.')
@@ -205,7 +204,6 @@ class CompletionSerializer(_CommonSerializer):
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         attrs = super().validate(attrs)
         if "logprobs" in attrs:
-            _check_logprobs_without_stream(attrs, "logprobs")
             if attrs.get("echo"):
                 raise UnsupportedParameter("logprobs", "with echo, OpenAI returns the prompt's log probabilities, "
                                                        "which this service does not compute.")
@@ -215,12 +213,6 @@ class CompletionSerializer(_CommonSerializer):
         if "suffix" in attrs:
             raise UnsupportedParameter("suffix", "insertion (a suffix after the completion) is not supported.")
         return attrs
-
-
-def _check_logprobs_without_stream(attrs: dict[str, Any], param: str) -> None:
-    if attrs.get("stream"):
-        raise UnsupportedParameter(param, "log probabilities come with responses without stream only; "
-                                          "GET /api/v1/jobs/<id> has them too.")
 
 
 def _in_range(value: int, param: str, limit: int) -> int:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from api.errors import ServiceError
+from api.job_logprobs import chat_logprobs, text_logprobs
 from api.openai_api.requests import Kind
 
 
@@ -100,6 +101,7 @@ class ChunkWriter:
                       "object": "chat.completion.chunk" if kind is Kind.CHAT else "text_completion",
                       "created": created, "model": model, "system_fingerprint": None}
         self._include_usage = include_usage
+        self._offset = 0  # characters of text sent: a text completion's text_offset
 
     def opening(self) -> dict[str, Any] | None:
         """The chunk before any text: a chat stream names the assistant's role first."""
@@ -107,8 +109,14 @@ class ChunkWriter:
             return self._chunk({"role": "assistant", "content": ""}, None)
         return None
 
-    def text(self, text: str) -> dict[str, Any]:
-        return self._chunk({"content": text} if self.kind is Kind.CHAT else text, None)
+    def text(self, text: str, logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        """A chunk of text; ``logprobs``: its tokens' entries (job_logprobs's form), for a request that asks."""
+        chunk = self._chunk({"content": text} if self.kind is Kind.CHAT else text, None)
+        if logprobs is not None:
+            chunk["choices"][0]["logprobs"] = (chat_logprobs(logprobs) if self.kind is Kind.CHAT
+                                               else text_logprobs(logprobs, offset=self._offset))
+        self._offset += len(text)
+        return chunk
 
     def closing(self, final: dict[str, Any]) -> list[dict[str, Any]]:
         """The chunk with the finish reason, then (``stream_options.include_usage``) the usage."""

@@ -51,7 +51,7 @@ _CHAT_BODY = {
                                                                 "text": {"type": "string"}}}}]}}}},
         "max_completion_tokens": {**_INTEGER, "minimum": 1},
         "logprobs": {"type": "boolean", "nullable": True, "default": False,
-                     "description": "Without stream only: the choice's logprobs.content, per token."},
+                     "description": "The choice's (or each chunk's) logprobs.content, per token."},
         "top_logprobs": {**_INTEGER, "minimum": 0, "maximum": 20},
         "response_format": {"type": "object", "nullable": True, "description": 'Only {"type": "text"}.'},
     },
@@ -64,7 +64,7 @@ _TEXT_BODY = {
         "prompt": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}, "maxItems": 1}]},
         "echo": {"type": "boolean", "nullable": True, "default": False},
         "logprobs": {**_INTEGER, "minimum": 0, "maximum": 5,
-                     "description": "Without stream or echo only: the choice's tokens and their log probabilities."},
+                     "description": "Not with echo: the choice's (or each chunk's) tokens and their log probabilities."},
     },
 }
 _STREAM_NOTE = (

@@ -22,10 +22,17 @@ EVENT_RESET = "job.reset"
 _STATUS_BY_REASON = {"stop": "completed", "length": "completed", "abort": "cancelled", "error": "failed"}
 
 
-def delta_message(job_id: str, seq: int, text: str, completion_tokens: int | None = None) -> dict[str, Any]:
+def delta_message(job_id: str, seq: int, text: str, completion_tokens: int | None = None,
+                  logprobs: Any = None) -> dict[str, Any]:
+    """A delta as clients get it; ``logprobs`` (the chunk's stored entries, for a job that asks)
+    rendered as GET /jobs/<id> shows them."""
     message: dict[str, Any] = {"type": "delta", "job_id": job_id, "seq": seq, "text": text}
     if completion_tokens is not None:
         message["completion_tokens"] = completion_tokens
+    if logprobs is not None:
+        from api.job_logprobs import job_logprobs  # the tokenizer: web processes only
+
+        message["logprobs"] = job_logprobs(logprobs)
     return message
 
 
@@ -59,8 +66,11 @@ def final_from_result(result: FinalResult) -> dict[str, Any]:
 
 
 def chunk_entry(chunk: OutputChunk) -> dict[str, str]:
-    return {"type": "delta", JOB_STREAM_FIELD_SEQ: str(chunk.seq), JOB_STREAM_FIELD_TEXT: chunk.text,
-            "completion_tokens": str(chunk.completion_tokens)}
+    entry = {"type": "delta", JOB_STREAM_FIELD_SEQ: str(chunk.seq), JOB_STREAM_FIELD_TEXT: chunk.text,
+             "completion_tokens": str(chunk.completion_tokens)}
+    if chunk.logprobs is not None:
+        entry["logprobs"] = json.dumps(chunk.logprobs)
+    return entry
 
 
 def final_from_job(job: Any) -> dict[str, Any]:
@@ -87,8 +97,9 @@ def entry_to_message(job_id: str, fields: dict[str, str]) -> dict[str, Any]:
     if fields.get("type") == "final":
         return json.loads(fields["data"])
     tokens = fields.get("completion_tokens")
+    logprobs = fields.get("logprobs")
     return delta_message(job_id, int(fields[JOB_STREAM_FIELD_SEQ]), fields.get(JOB_STREAM_FIELD_TEXT, ""),
-                         int(tokens) if tokens else None)
+                         int(tokens) if tokens else None, json.loads(logprobs) if logprobs else None)
 
 
 def stream_ttl_s() -> int:

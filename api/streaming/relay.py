@@ -61,7 +61,7 @@ class JobStreamRelay:
                 return
         self._watchdog = asyncio.get_running_loop().create_task(self._watch())
 
-    async def on_delta(self, seq: int, text: str, completion_tokens: int | None) -> None:
+    async def on_delta(self, seq: int, text: str, completion_tokens: int | None, logprobs: Any = None) -> None:
         self._heard_at = time.monotonic()
         async with self._lock:
             if self.done or seq <= self.last_seq:
@@ -69,7 +69,7 @@ class JobStreamRelay:
             if seq > self.last_seq + 1:
                 await self._forward_stream(upto=seq - 1)
             if seq == self.last_seq + 1:
-                await self._emit(messages.delta_message(self.job_id, seq, text, completion_tokens))
+                await self._emit(messages.delta_message(self.job_id, seq, text, completion_tokens, logprobs))
                 # The stream entry of this seq is now behind us; the next read starts after it.
             else:
                 logger.warning("job %s: chunks %s..%s missing from the stream", self.job_id, self.last_seq + 1, seq - 1)

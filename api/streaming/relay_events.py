@@ -68,7 +68,8 @@ class RelayEvents:
 
     async def job_delta(self, event: dict[str, Any]) -> None:
         if self.relay is not None:
-            await self.relay.on_delta(int(event["seq"]), event["text"], event.get("completion_tokens"))
+            await self.relay.on_delta(int(event["seq"]), event["text"], event.get("completion_tokens"),
+                                      event.get("logprobs"))
 
     async def job_final(self, event: dict[str, Any]) -> None:
         if self.relay is not None:

@@ -34,7 +34,7 @@ from api.keys import job_group_name, job_stream_key
 from api.services import job_lifecycle
 from api.streaming import messages
 from api.streaming.fanout import GroupSender
-from engine_worker.protocol import StepBatch
+from engine_worker.protocol import OutputChunk, StepBatch
 
 logger = logging.getLogger(__name__)
 
@@ -151,9 +151,7 @@ class RedisJobSink:
         if self._sender is None:
             return
         events: list[tuple[str, dict[str, Any]]] = [
-            (job_group_name(c.job_id), {"type": messages.EVENT_DELTA, "seq": c.seq, "text": c.text,
-                                        "completion_tokens": c.completion_tokens})
-            for c in batch.chunks
+            (job_group_name(c.job_id), _delta_event(c)) for c in batch.chunks
         ]
         events += [
             (job_group_name(r.job_id), {"type": messages.EVENT_FINAL, "message": messages.final_from_result(r)})
@@ -163,6 +161,14 @@ class RedisJobSink:
             self._sender.send(events)
         except (redis.RedisError, OSError, TimeoutError):
             logger.exception("live fan-out of %s events failed; clients fill gaps from the stream", len(events))
+
+
+def _delta_event(chunk: OutputChunk) -> dict[str, Any]:
+    event = {"type": messages.EVENT_DELTA, "seq": chunk.seq, "text": chunk.text,
+             "completion_tokens": chunk.completion_tokens}
+    if chunk.logprobs is not None:
+        event["logprobs"] = chunk.logprobs
+    return event
 
 
 def stream_reset(*, redis_client: redis.Redis, sender: GroupSender | None, job_id: str) -> bool:

@@ -35,6 +35,7 @@ class JobProgress:
     cached_tokens: int = 0
     first_token_at: float | None = None
     logprobs: list[tuple] | None = None  # of every token so far, for a job that asks
+    unsent_logprobs: list[tuple] | None = None  # of the tokens since its last chunk
 
     @property
     def text(self) -> str:
@@ -91,8 +92,10 @@ class ChunkCoalescer:
                     pending.setdefault(job.job_id, []).append(out.new_text)
                 if out.new_logprobs is not None:
                     if job.logprobs is None:
-                        job.logprobs = []
-                    job.logprobs.extend((e.token_id, e.logprob, e.top) for e in out.new_logprobs)
+                        job.logprobs, job.unsent_logprobs = [], []
+                    entries = [(e.token_id, e.logprob, e.top) for e in out.new_logprobs]
+                    job.logprobs.extend(entries)
+                    job.unsent_logprobs.extend(entries)  # a token without text yet goes with the next chunk
                 if out.completion_tokens or out.new_token_ids:
                     job.completion_tokens = max(job.completion_tokens, out.completion_tokens)
                     if job.first_token_at is None:
@@ -120,7 +123,11 @@ class ChunkCoalescer:
     def _emit(self, job: JobProgress, text: str) -> OutputChunk:
         job.seq += 1
         job.parts.append(text)
-        return OutputChunk(job_id=job.job_id, seq=job.seq, text=text, completion_tokens=job.completion_tokens)
+        logprobs = None
+        if job.unsent_logprobs is not None:
+            logprobs, job.unsent_logprobs = tuple(job.unsent_logprobs), []
+        return OutputChunk(job_id=job.job_id, seq=job.seq, text=text, completion_tokens=job.completion_tokens,
+                           logprobs=logprobs)
 
     def _finish(
         self, job: JobProgress, reason: str, error: str | None, completion_tokens: int

@@ -104,13 +104,16 @@ async def request(path: str, body: Any, *, secret: str | None, method: str = "PO
 def run_job(job_id: str, texts: list[str], *, finish_reason: str = "stop", error: str | None = None,
             cached_tokens: int = 0, logprobs: tuple | None = None) -> None:
     """What an engine worker does for the job: claim it, publish one chunk per text, then the
-    final, through the worker's own sink."""
+    final, through the worker's own sink. ``logprobs``: one entry per text (a token each), on its
+    chunk, and all of them on the final."""
     job = job_claim(job_id=job_id, worker_id=WORKER, lease_s=30)
     assert job is not None, "the job was not claimable"
     sink = RedisJobSink(worker_id=WORKER, redis_client=_redis(), sender=process_group_sender())
     sink.publish(StepBatch(started=(job_id,)))
     for seq, text in enumerate(texts, start=1):
-        sink.publish(StepBatch(chunks=(OutputChunk(job_id=job_id, seq=seq, text=text, completion_tokens=seq),)))
+        chunk_logprobs = None if logprobs is None else (logprobs[seq - 1],)
+        sink.publish(StepBatch(chunks=(OutputChunk(job_id=job_id, seq=seq, text=text, completion_tokens=seq,
+                                                   logprobs=chunk_logprobs),)))
     sink.publish(StepBatch(finals=(FinalResult(
         job_id=job_id, text="".join(texts), finish_reason=finish_reason, prompt_tokens=len(job.prompt_token_ids),
         completion_tokens=len(texts), cached_tokens=cached_tokens, error=error, last_seq=len(texts),

@@ -119,3 +119,90 @@ def test_the_list_leaves_them_out(api_client, api_key):
 
     assert [(j["id"], j["logprobs"]) for j in listed] == [(str(job.id), None)]
     assert len(api_client.get(f"/api/v1/jobs/{job.id}").json()["logprobs"]) == 2
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("consumer_connections_closed", "redis_client", "dispatched")
+def test_a_streamed_chat_completion_sends_each_chunks_log_probabilities():
+    _, response = _answer_stream("/v1/chat/completions", {
+        "model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "stream": True,
+        "logprobs": True, "top_logprobs": 2})
+
+    chunks = [e for e in response.data_events()[:-1] if e["choices"] and e["choices"][0]["delta"].get("content")]
+    entry = lambda t, lp: {"token": _text(t), "logprob": lp, "bytes": list(_text(t).encode())}  # noqa: E731
+    assert [c["choices"][0]["logprobs"] for c in chunks] == [
+        {"content": [{**entry(77, -0.25), "top_logprobs": [entry(77, -0.25), entry(42, -2.5)]}]},
+        {"content": [{**entry(42, -1.0), "top_logprobs": [entry(42, -1.0), entry(77, -1.5)]}]},
+    ]
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("consumer_connections_closed", "redis_client", "dispatched")
+def test_a_streamed_text_completion_sends_tokens_with_offsets_into_the_whole_text():
+    _, response = _answer_stream("/v1/completions", {"model": "tiny", "prompt": "Once", "max_tokens": 2,
+                                                     "stream": True, "logprobs": 1})
+
+    chunks = [e for e in response.data_events()[:-1] if e["choices"][0]["text"]]
+    assert [c["choices"][0]["logprobs"] for c in chunks] == [
+        {"tokens": [_text(77)], "token_logprobs": [-0.25], "top_logprobs": [{_text(77): -0.25, _text(42): -2.5}],
+         "text_offset": [0]},
+        {"tokens": [_text(42)], "token_logprobs": [-1.0], "top_logprobs": [{_text(42): -1.0, _text(77): -1.5}],
+         "text_offset": [len(_text(77))]},
+    ]
+
+
+def _answer_stream(path: str, body: dict):
+    api_key, secret = make_api_key()
+
+    async def scenario():
+        exchange = Exchange(path, body, secret=secret)
+        await exchange.send()
+        for _ in range(200):
+            job = await database_sync_to_async(Job.objects.filter(owner_id=api_key.owner_id).first)()
+            if job is not None:
+                break
+            await asyncio.sleep(0.02)
+        await run_job(str(job.id), [_text(77), _text(42)], finish_reason="length", logprobs=STORED)
+        return job, await exchange.read(10)
+
+    job, response = asyncio.run(scenario())
+    assert response.status == 200, response.body
+    return job, response
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("consumer_connections_closed")
+def test_a_jobs_websocket_replays_each_deltas_log_probabilities_from_its_stream(redis_client):
+    from channels.testing import WebsocketCommunicator
+
+    from api.keys import job_stream_key
+    from api.streaming import messages
+    from engine_worker.protocol import OutputChunk
+    from inference_service.asgi import application
+
+    api_key, secret = make_api_key()
+    job = make_job(api_key=api_key, status=JobStatus.COMPLETED, params={"max_tokens": 2, "logprobs": 1})
+    for seq, (entry, token) in enumerate(zip(STORED, (77, 42), strict=True), start=1):
+        redis_client.xadd(job_stream_key(str(job.id)), messages.chunk_entry(
+            OutputChunk(job_id=str(job.id), seq=seq, text=_text(token), completion_tokens=seq, logprobs=(entry,))))
+    redis_client.xadd(job_stream_key(str(job.id)), messages.final_entry(FinalResult(
+        job_id=str(job.id), text=_text(77) + _text(42), finish_reason="length", prompt_tokens=3, completion_tokens=2,
+        last_seq=2)))
+
+    async def scenario() -> list[dict]:
+        communicator = WebsocketCommunicator(application, f"/ws/v1/jobs/{job.id}/?api_key={secret}")
+        await communicator.connect(timeout=10)
+        received = [await communicator.receive_json_from(timeout=10) for _ in range(3)]
+        await communicator.disconnect()
+        return received
+
+    deltas = [m for m in asyncio.run(scenario()) if m["type"] == "delta"]
+
+    assert [d["logprobs"] for d in deltas] == [
+        [{"token": _text(77), "token_id": 77, "logprob": -0.25,
+          "top_logprobs": [{"token": _text(77), "token_id": 77, "logprob": -0.25},
+                           {"token": _text(42), "token_id": 42, "logprob": -2.5}]}],
+        [{"token": _text(42), "token_id": 42, "logprob": -1.0,
+          "top_logprobs": [{"token": _text(42), "token_id": 42, "logprob": -1.0},
+                           {"token": _text(77), "token_id": 77, "logprob": -1.5}]}],
+    ]

@@ -99,6 +99,11 @@ def test_the_openai_sdk_lists_the_model_chats_streams_and_completes(base_url):
     for entry in content:  # greedy: the chosen token is the likeliest of its alternatives
         assert entry.logprob <= 0 and len(entry.top_logprobs) == 2
         assert entry.top_logprobs[0].token == entry.token and entry.top_logprobs[0].logprob == pytest.approx(entry.logprob)
+    # And streamed: each chunk brings its tokens' entries, the same as the whole answer's (greedy).
+    stream = client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=6, temperature=0,
+                                            logprobs=True, top_logprobs=2, stream=True)
+    streamed = [e for c in stream if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+    assert [(e.token, e.logprob) for e in streamed] == [(e.token, pytest.approx(e.logprob, abs=1e-4)) for e in content]
 
 
 def test_the_openai_sdk_raises_its_own_errors_for_what_the_service_refuses(base_url):

@@ -87,3 +87,24 @@ def test_a_jobs_log_probabilities_collect_over_its_steps_into_its_final_and_a_ca
                                     (3, -1.5, ((3, -1.5), (9, -3.0))))
     assert finals["plain"].logprobs is None  # it did not ask
     assert co.cancel("b").logprobs == ((1, -0.5, ((1, -0.5), (9, -3.0))),)
+
+
+def test_each_chunk_carries_its_tokens_log_probabilities_and_a_token_without_text_goes_with_the_next():
+    from engine_worker.logprobs import TokenLogprob
+
+    def asking(rid: str, text: str, n: int, **kw) -> RequestOutput:
+        o = out(rid, text, n, **kw)
+        o.new_logprobs = [TokenLogprob(n, -float(n))]
+        return o
+
+    co = ChunkCoalescer()
+    co.track("a", 5)
+    first = co.fold([[asking("a", "x", 1)], [asking("a", "", 2)]])  # token 2's text is held back
+    second = co.fold([[asking("a", "yz", 3, finished=True, reason="length")]])
+
+    assert [c.logprobs for c in first.chunks] == [((1, -1.0, ()), (2, -2.0, ()))]
+    assert [c.logprobs for c in second.chunks] == [((3, -3.0, ()),)]
+    assert second.finals[0].logprobs == ((1, -1.0, ()), (2, -2.0, ()), (3, -3.0, ()))
+    plain = ChunkCoalescer()
+    plain.track("b", 5)
+    assert plain.fold([[out("b", "x", 1)]]).chunks[0].logprobs is None
