@@ -63,7 +63,9 @@ def test_a_bad_logprobs_count_is_400(api_client, value):
     assert response.status_code == 400 and response.json()["error"]["param"] == "logprobs"
 
 
-def _answer(path: str, body: dict, logprobs: tuple):
+def _exchange(path: str, body: dict):
+    """The request's response, with a stand-in worker publishing STORED's two tokens through the
+    real sink (each chunk with its entry, the final with both)."""
     api_key, secret = make_api_key()
 
     async def scenario():
@@ -74,19 +76,24 @@ def _answer(path: str, body: dict, logprobs: tuple):
             if job is not None:
                 break
             await asyncio.sleep(0.02)
-        await run_job(str(job.id), [_text(77), _text(42)], finish_reason="length", logprobs=logprobs)
+        await run_job(str(job.id), [_text(77), _text(42)], finish_reason="length", logprobs=STORED)
         return job, await exchange.read(10)
 
     job, response = asyncio.run(scenario())
     assert response.status == 200, response.body
-    return Job.objects.get(id=job.id), response.json()
+    return Job.objects.get(id=job.id), response
+
+
+def _answer(path: str, body: dict):
+    job, response = _exchange(path, body)
+    return job, response.json()
 
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.usefixtures("consumer_connections_closed", "redis_client", "dispatched")
 def test_an_openai_chat_completion_with_logprobs_answers_them_in_openais_shape():
     job, answer = _answer("/v1/chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": "hi"}],
-                                                   "max_tokens": 2, "logprobs": True, "top_logprobs": 2}, STORED)
+                                                   "max_tokens": 2, "logprobs": True, "top_logprobs": 2})
 
     assert job.params["logprobs"] == 2
     entry = lambda t, lp: {"token": _text(t), "logprob": lp, "bytes": list(_text(t).encode())}  # noqa: E731
@@ -99,8 +106,7 @@ def test_an_openai_chat_completion_with_logprobs_answers_them_in_openais_shape()
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.usefixtures("consumer_connections_closed", "redis_client", "dispatched")
 def test_an_openai_text_completion_with_logprobs_answers_tokens_offsets_and_alternatives():
-    job, answer = _answer("/v1/completions", {"model": "tiny", "prompt": "Once", "max_tokens": 2, "logprobs": 2},
-                          STORED)
+    job, answer = _answer("/v1/completions", {"model": "tiny", "prompt": "Once", "max_tokens": 2, "logprobs": 2})
 
     assert job.params["logprobs"] == 2
     assert answer["choices"][0]["logprobs"] == {
@@ -124,7 +130,7 @@ def test_the_list_leaves_them_out(api_client, api_key):
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.usefixtures("consumer_connections_closed", "redis_client", "dispatched")
 def test_a_streamed_chat_completion_sends_each_chunks_log_probabilities():
-    _, response = _answer_stream("/v1/chat/completions", {
+    _, response = _exchange("/v1/chat/completions", {
         "model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "stream": True,
         "logprobs": True, "top_logprobs": 2})
 
@@ -139,7 +145,7 @@ def test_a_streamed_chat_completion_sends_each_chunks_log_probabilities():
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.usefixtures("consumer_connections_closed", "redis_client", "dispatched")
 def test_a_streamed_text_completion_sends_tokens_with_offsets_into_the_whole_text():
-    _, response = _answer_stream("/v1/completions", {"model": "tiny", "prompt": "Once", "max_tokens": 2,
+    _, response = _exchange("/v1/completions", {"model": "tiny", "prompt": "Once", "max_tokens": 2,
                                                      "stream": True, "logprobs": 1})
 
     chunks = [e for e in response.data_events()[:-1] if e["choices"][0]["text"]]
@@ -149,25 +155,6 @@ def test_a_streamed_text_completion_sends_tokens_with_offsets_into_the_whole_tex
         {"tokens": [_text(42)], "token_logprobs": [-1.0], "top_logprobs": [{_text(42): -1.0, _text(77): -1.5}],
          "text_offset": [len(_text(77))]},
     ]
-
-
-def _answer_stream(path: str, body: dict):
-    api_key, secret = make_api_key()
-
-    async def scenario():
-        exchange = Exchange(path, body, secret=secret)
-        await exchange.send()
-        for _ in range(200):
-            job = await database_sync_to_async(Job.objects.filter(owner_id=api_key.owner_id).first)()
-            if job is not None:
-                break
-            await asyncio.sleep(0.02)
-        await run_job(str(job.id), [_text(77), _text(42)], finish_reason="length", logprobs=STORED)
-        return job, await exchange.read(10)
-
-    job, response = asyncio.run(scenario())
-    assert response.status == 200, response.body
-    return job, response
 
 
 @pytest.mark.django_db(transaction=True)
