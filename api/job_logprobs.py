@@ -15,22 +15,31 @@ from api.tokenization import get_tokenizer
 
 
 @lru_cache(maxsize=65536)
-def _token_text(model_path: str, token_id: int) -> str:
-    return get_tokenizer(model_path).decode_token(token_id)
-
-
-def _text(token_id: int) -> str:
-    return _token_text(get_tokenizer().info.path, int(token_id))
+def _token_text(model_path: str, previous: int | None, token_id: int) -> str:
+    """A token's text where it stands, after ``previous``: decoded with it and less its own text,
+    as the streaming detokenizer does, so that tokenizers which mark a word's space on the token
+    (SentencePiece's "▁") keep it; byte-level ones give the same text either way."""
+    tokenizer = get_tokenizer(model_path)
+    if previous is None:
+        return tokenizer.decode_tokens([token_id])
+    return tokenizer.decode_tokens([previous, token_id])[len(tokenizer.decode_tokens([previous])):]
 
 
 def job_logprobs(stored: list[Any] | None) -> list[dict[str, Any]] | None:
     """``GET /jobs/<id>``'s ``logprobs``: per completion token its text, id, log probability and
-    the most likely alternatives, best first. None when the job did not ask (or has not ended)."""
+    the most likely alternatives, best first (each alternative's text as it would have stood in
+    that place). None when the job did not ask (or has not ended). ``stored`` entries follow one
+    another in the completion; a streamed chunk's first entry is taken without its predecessor."""
     if stored is None:
         return None
-    return [{"token": _text(token), "token_id": token, "logprob": logprob,
-             "top_logprobs": [{"token": _text(t), "token_id": t, "logprob": lp} for t, lp in top]}
-            for token, logprob, top in stored]
+    path = get_tokenizer().info.path
+    out, previous = [], None
+    for token, logprob, top in stored:
+        out.append({"token": _token_text(path, previous, token), "token_id": token, "logprob": logprob,
+                    "top_logprobs": [{"token": _token_text(path, previous, t), "token_id": t, "logprob": lp}
+                                     for t, lp in top]})
+        previous = token
+    return out
 
 
 def chat_logprobs(entries: list[dict[str, Any]]) -> dict[str, Any]:
@@ -38,16 +47,22 @@ def chat_logprobs(entries: list[dict[str, Any]]) -> dict[str, Any]:
     def entry(e: dict[str, Any]) -> dict[str, Any]:
         return {"token": e["token"], "logprob": e["logprob"], "bytes": list(e["token"].encode())}
 
-    return {"content": [{**entry(e), "top_logprobs": [entry(t) for t in e["top_logprobs"]]} for e in entries]}
+    return {"content": [{**entry(e), "top_logprobs": [entry(t) for t in e["top_logprobs"]]} for e in entries],
+            "refusal": None}
 
 
-def text_logprobs(entries: list[dict[str, Any]], *, offset: int = 0) -> dict[str, Any]:
+def text_logprobs(entries: list[dict[str, Any]], *, text: str, offset: int = 0) -> dict[str, Any]:
     """OpenAI's ``logprobs`` of a (legacy) text completion's choice (or chunk) from
-    :func:`job_logprobs`'s entries; ``offset``: where their text starts in the whole completion."""
-    offsets, at = [], offset
+    :func:`job_logprobs`'s entries. ``text``: what these tokens became (the completion's text drops
+    the first token's leading space, which the token keeps); ``offset``: where ``text`` starts in
+    the whole completion. ``top_logprobs`` always holds the chosen token, as OpenAI's does."""
+    joined = "".join(e["token"] for e in entries)
+    trimmed = len(joined) - len(text) if len(joined) > len(text) and joined.endswith(text) else 0
+    offsets, at = [], offset - trimmed
     for e in entries:
-        offsets.append(at)
+        offsets.append(max(at, offset))
         at += len(e["token"])
     return {"tokens": [e["token"] for e in entries], "token_logprobs": [e["logprob"] for e in entries],
-            "top_logprobs": [{t["token"]: t["logprob"] for t in e["top_logprobs"]} for e in entries],
+            "top_logprobs": [{e["token"]: e["logprob"], **{t["token"]: t["logprob"] for t in e["top_logprobs"]}}
+                             for e in entries],
             "text_offset": offsets}

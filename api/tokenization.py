@@ -49,9 +49,9 @@ class PromptTokenizer:
         """Whether chat messages can be rendered (base models often ship without a template)."""
         return bool(self._tokenizer.chat_template)
 
-    def decode_token(self, token_id: int) -> str:
-        """One token's own text (a log probability's ``token``)."""
-        return self._tokenizer.decode([token_id])
+    def decode_tokens(self, token_ids: list[int]) -> str:
+        """The text of some token ids (a log probability's ``token``: api/job_logprobs.py)."""
+        return self._tokenizer.decode(token_ids)
 
     def encode_prompt(self, text: str) -> list[int]:
         """Token ids of a plain prompt, with the tokenizer's special tokens (BOS) once."""

@@ -9,11 +9,15 @@ nothing.
 
 from __future__ import annotations
 
+import math
 from typing import Any, NamedTuple
 
 import mlx.core as mx
 
 MAX_TOP_LOGPROBS = 20
+# What a log probability that is not a finite number (an overflowed logit) is reported as: JSON
+# and PostgreSQL's jsonb have no -Infinity or NaN. OpenAI reports -9999.0 for "impossible" too.
+FLOOR = -9999.0
 
 
 class TokenLogprob(NamedTuple):
@@ -43,6 +47,11 @@ def token_logprobs(rows: list[tuple[mx.array, int, int]]) -> list[TokenLogprob]:
     for (_, token, _), value, top in zip(rows, chosen, tops, strict=True):
         pairs: tuple[tuple[int, float], ...] = ()
         if top is not None:
-            pairs = tuple(sorted(zip(top[0].tolist(), top[1].tolist(), strict=True), key=lambda p: -p[1]))
-        out.append(TokenLogprob(int(token), float(value.item()), pairs))
+            pairs = tuple(sorted(((int(t), _finite(lp)) for t, lp in zip(top[0].tolist(), top[1].tolist(), strict=True)),
+                                 key=lambda p: -p[1]))
+        out.append(TokenLogprob(int(token), _finite(value.item()), pairs))
     return out
+
+
+def _finite(value: float) -> float:
+    return value if math.isfinite(value) else FLOOR

@@ -14,7 +14,10 @@ def merge_outputs(outputs: list[RequestOutput]) -> RequestOutput:
     for out in outputs:
         new_ids += out.new_token_ids
     # replace_new, not dataclasses.replace: the totals stay lazy snapshots (see step_output).
-    return replace_new(outputs[-1], new_ids, "".join(out.new_text for out in outputs))
+    merged = replace_new(outputs[-1], new_ids, "".join(out.new_text for out in outputs))
+    if any(out.new_logprobs is not None for out in outputs):  # one entry per token, as for each step
+        merged.new_logprobs = [e for out in outputs for e in (out.new_logprobs or ())]
+    return merged
 
 
 class AsyncCollector:

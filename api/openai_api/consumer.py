@@ -158,10 +158,11 @@ class CompletionConsumer(HttpStreamMixin, RelayEvents, AsyncHttpConsumer):
         try:
             if kind == "delta":
                 text = self._continuity.text(message["text"])
-                if text:
-                    # After a restart a chunk may be sent only in part (continuity.py): its tokens'
-                    # log probabilities cannot be split with it, and are left out.
-                    logprobs = message.get("logprobs") if text == message["text"] else None
+                # After a restart a chunk may be sent only in part (continuity.py): its tokens'
+                # log probabilities cannot be split with it, and are left out. A chunk with no
+                # text but entries (the job's last tokens) still goes out, for them.
+                logprobs = message.get("logprobs") if text == message["text"] else None
+                if text or logprobs:
                     await self._data(self._writer.text(text, logprobs))
             elif kind == "reset":  # the job starts again elsewhere: see continuity.py
                 self._continuity.reset()
@@ -180,11 +181,11 @@ class CompletionConsumer(HttpStreamMixin, RelayEvents, AsyncHttpConsumer):
         if error is not None:
             await self._reject(error)
             return
-        text, stored_logprobs = await _job_text(self._job_id)
+        asked = request.job.sampling.get("logprobs") is not None
+        text, entries = await _job_text(self._job_id, with_logprobs=asked)
         logprobs = None
-        if request.job.sampling.get("logprobs") is not None:
-            entries = job_logprobs(stored_logprobs or [])
-            logprobs = chat_logprobs(entries) if self.kind is Kind.CHAT else text_logprobs(entries)
+        if entries is not None:
+            logprobs = chat_logprobs(entries) if self.kind is Kind.CHAT else text_logprobs(entries, text=text)
         body = completion_body(kind=self.kind, job_id=self._job_id, created=self._created, model=request.model,
                                text=(request.echo or "") + text, final=final, logprobs=logprobs)
         await self.send_json(200, body, self._headers)
@@ -266,6 +267,11 @@ def _submit(kind: Kind, raw_key: str | None, content_type: str | None, body: byt
 
 
 @db_thread
-def _job_text(job_id: str) -> tuple[str, list | None]:
-    """The finished job's text and log probabilities, as the database holds them (the row is the truth)."""
-    return Job.objects.values_list("output_text", "logprobs").get(id=job_id)
+def _job_text(job_id: str, *, with_logprobs: bool) -> tuple[str, list | None]:
+    """The finished job's text and, when asked, its log probabilities rendered (job_logprobs's
+    entries): as the database holds them (the row is the truth). Off the event loop: a long job's
+    entries take a noticeable time to render."""
+    if not with_logprobs:
+        return Job.objects.values_list("output_text", flat=True).get(id=job_id), None
+    text, stored = Job.objects.values_list("output_text", "logprobs").get(id=job_id)
+    return text, job_logprobs(stored or [])

@@ -114,7 +114,7 @@ class ChunkWriter:
         chunk = self._chunk({"content": text} if self.kind is Kind.CHAT else text, None)
         if logprobs is not None:
             chunk["choices"][0]["logprobs"] = (chat_logprobs(logprobs) if self.kind is Kind.CHAT
-                                               else text_logprobs(logprobs, offset=self._offset))
+                                               else text_logprobs(logprobs, text=text, offset=self._offset))
         self._offset += len(text)
         return chunk
 

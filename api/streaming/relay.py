@@ -162,7 +162,8 @@ class JobStreamRelay:
 
     async def _finish_from_row(self, job: Job) -> None:
         if self.last_seq == 0 and job.output_text:
-            await self._emit(messages.delta_message(self.job_id, max(job.last_seq, 1), job.output_text))
+            await self._emit(messages.delta_message(self.job_id, max(job.last_seq, 1), job.output_text,
+                                                    logprobs=job.logprobs))
         await self._finish(messages.final_from_job(job))
 
 

@@ -104,9 +104,13 @@ class ChunkCoalescer:
                 job.cached_tokens = out.cached_tokens or job.cached_tokens
                 job.prompt_tokens = out.prompt_tokens or job.prompt_tokens
                 if out.finished:
-                    # The last chunk goes out before (and in the same batch as) the final.
+                    # The last chunk goes out before (and in the same batch as) the final; with no
+                    # text left, still one (empty) when it has log probabilities to carry (a
+                    # stream's entries are then as many as its tokens).
                     if job.job_id in pending:
                         chunks.append(self._emit(job, "".join(pending.pop(job.job_id))))
+                    elif job.unsent_logprobs:
+                        chunks.append(self._emit(job, ""))
                     done.append(self._finish(job, out.finish_reason or "stop", out.error, out.completion_tokens))
         for job_id, texts in pending.items():
             chunks.append(self._emit(self._jobs[job_id], "".join(texts)))

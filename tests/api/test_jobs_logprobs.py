@@ -1,5 +1,5 @@
 """Log probabilities: asked for on a job (REST or OpenAI), written with its final by the worker's
-real sink, shown by GET /jobs/<id> and in the OpenAI answers without stream."""
+real sink, shown by GET /jobs/<id>, in streamed deltas and in the OpenAI answers."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import time
 import pytest
 from channels.db import database_sync_to_async
 
+from api.job_logprobs import text_logprobs
 from api.models import Job, JobStatus
 from api.services import job_lifecycle
 from api.tokenization import get_tokenizer
@@ -21,7 +22,7 @@ STORED = ((77, -0.25, ((77, -0.25), (42, -2.5))), (42, -1.0, ((42, -1.0), (77, -
 
 
 def _text(token_id: int) -> str:
-    return get_tokenizer().decode_token(token_id)
+    return get_tokenizer().decode_tokens([token_id])
 
 
 @pytest.mark.django_db
@@ -100,7 +101,7 @@ def test_an_openai_chat_completion_with_logprobs_answers_them_in_openais_shape()
     assert answer["choices"][0]["logprobs"] == {"content": [
         {**entry(77, -0.25), "top_logprobs": [entry(77, -0.25), entry(42, -2.5)]},
         {**entry(42, -1.0), "top_logprobs": [entry(42, -1.0), entry(77, -1.5)]},
-    ]}
+    ], "refusal": None}
 
 
 @pytest.mark.django_db(transaction=True)
@@ -137,8 +138,8 @@ def test_a_streamed_chat_completion_sends_each_chunks_log_probabilities():
     chunks = [e for e in response.data_events()[:-1] if e["choices"] and e["choices"][0]["delta"].get("content")]
     entry = lambda t, lp: {"token": _text(t), "logprob": lp, "bytes": list(_text(t).encode())}  # noqa: E731
     assert [c["choices"][0]["logprobs"] for c in chunks] == [
-        {"content": [{**entry(77, -0.25), "top_logprobs": [entry(77, -0.25), entry(42, -2.5)]}]},
-        {"content": [{**entry(42, -1.0), "top_logprobs": [entry(42, -1.0), entry(77, -1.5)]}]},
+        {"content": [{**entry(77, -0.25), "top_logprobs": [entry(77, -0.25), entry(42, -2.5)]}], "refusal": None},
+        {"content": [{**entry(42, -1.0), "top_logprobs": [entry(42, -1.0), entry(77, -1.5)]}], "refusal": None},
     ]
 
 
@@ -193,3 +194,16 @@ def test_a_jobs_websocket_replays_each_deltas_log_probabilities_from_its_stream(
           "top_logprobs": [{"token": _text(42), "token_id": 42, "logprob": -1.0},
                            {"token": _text(77), "token_id": 77, "logprob": -1.5}]}],
     ]
+
+
+
+def test_text_offsets_start_where_the_text_does_when_it_dropped_the_first_tokens_space():
+    entries = [{"token": " Hello", "logprob": -1.0, "top_logprobs": []},
+               {"token": " world", "logprob": -2.0, "top_logprobs": [{"token": " there", "logprob": -0.5}]}]
+
+    out = text_logprobs(entries, text="Hello world")
+
+    assert out["text_offset"] == [0, 5]  # "Hello world"[5:] == " world"
+    # OpenAI's legacy top_logprobs always hold the chosen token.
+    assert out["top_logprobs"] == [{" Hello": -1.0}, {" world": -2.0, " there": -0.5}]
+    assert text_logprobs(entries, text=" world", offset=11)["text_offset"] == [11, 11]  # a later chunk

@@ -44,3 +44,30 @@ def test_sync_waiter_finishes_when_every_request_has_its_final():
     assert not waiter.wait(0)
     waiter.put(RequestOutput("b", finished=True, finish_reason="length"))
     assert waiter.wait(0) and set(waiter.finals) == {"a", "b"}
+
+
+def test_merged_outputs_keep_one_log_probability_entry_per_token():
+    from engine_worker.logprobs import TokenLogprob
+    from engine_worker.output_sinks import merge_outputs
+
+    a = RequestOutput("r", new_token_ids=[1], new_text="a", completion_tokens=1, new_logprobs=[TokenLogprob(1, -1.0)])
+    b = RequestOutput("r", new_token_ids=[2], new_text="b", completion_tokens=2, new_logprobs=[TokenLogprob(2, -2.0)])
+    plain = [RequestOutput("p", new_token_ids=[1], new_text="a"), RequestOutput("p", new_token_ids=[2], new_text="b")]
+
+    merged = merge_outputs([a, b])
+
+    assert merged.new_token_ids == [1, 2] and [e.token_id for e in merged.new_logprobs] == [1, 2]
+    assert merge_outputs(plain).new_logprobs is None
+
+
+def test_a_log_probability_that_is_not_finite_is_reported_as_the_floor():
+    import mlx.core as mx
+
+    from engine_worker.logprobs import FLOOR, token_logprobs
+
+    row = mx.array([0.0, -float("inf"), -1.0, float("nan")])
+    (entry,) = token_logprobs([(row, 1, 4)])
+
+    assert entry.logprob == FLOOR
+    assert all(lp == FLOOR or lp > FLOOR for _, lp in entry.top) and len(entry.top) == 4
+    assert {t for t, lp in entry.top if lp == FLOOR} == {1, 3}

@@ -108,3 +108,21 @@ def test_each_chunk_carries_its_tokens_log_probabilities_and_a_token_without_tex
     plain = ChunkCoalescer()
     plain.track("b", 5)
     assert plain.fold([[out("b", "x", 1)]]).chunks[0].logprobs is None
+
+
+def test_log_probabilities_of_last_tokens_without_text_go_out_in_an_empty_last_chunk():
+    from engine_worker.logprobs import TokenLogprob
+
+    co = ChunkCoalescer()
+    co.track("a", 5)
+    o1 = out("a", "x", 1)
+    o1.new_logprobs = [TokenLogprob(1, -1.0)]
+    o2 = out("a", "", 2, finished=True, reason="stop")  # e.g. the token that completed a stop string
+    o2.new_logprobs = [TokenLogprob(2, -2.0)]
+
+    first = co.fold([[o1]])
+    last = co.fold([[o2]])
+
+    assert [(c.text, c.logprobs) for c in last.chunks] == [("", ((2, -2.0, ()),))]
+    assert last.finals[0].text == "x" and last.finals[0].last_seq == 2
+    assert [e for c in first.chunks + last.chunks for e in c.logprobs] == list(last.finals[0].logprobs)
