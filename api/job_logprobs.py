@@ -1,9 +1,9 @@
 """A finished job's log probabilities as the API shows them: stored as token ids and numbers
 (``Job.logprobs``), rendered with the model's tokenizer when read.
 
-Each token's text is its own decoding. With a byte-level tokenizer a character split over two
-tokens shows as U+FFFD in each; ``bytes`` (OpenAI's field) then holds that text's UTF-8, not the
-token's raw bytes.
+Each token's text is decoded after the token before it (see ``_token_text``). With a byte-level
+tokenizer a character split over two tokens shows as U+FFFD in each; ``bytes`` (OpenAI's field)
+then holds that text's UTF-8, not the token's raw bytes.
 """
 
 from __future__ import annotations

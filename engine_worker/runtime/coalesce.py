@@ -35,7 +35,7 @@ class JobProgress:
     cached_tokens: int = 0
     first_token_at: float | None = None
     logprobs: list[tuple] | None = None  # of every token so far, for a job that asks
-    unsent_logprobs: list[tuple] | None = None  # of the tokens since its last chunk
+    logprobs_sent: int = 0  # how many of them chunks carried
 
     @property
     def text(self) -> str:
@@ -92,10 +92,10 @@ class ChunkCoalescer:
                     pending.setdefault(job.job_id, []).append(out.new_text)
                 if out.new_logprobs is not None:
                     if job.logprobs is None:
-                        job.logprobs, job.unsent_logprobs = [], []
-                    entries = [(e.token_id, e.logprob, e.top) for e in out.new_logprobs]
-                    job.logprobs.extend(entries)
-                    job.unsent_logprobs.extend(entries)  # a token without text yet goes with the next chunk
+                        job.logprobs = []
+                    # Plain tuples: the output process unpickles them without importing mlx. A
+                    # token without text yet goes with the next chunk (see _emit).
+                    job.logprobs.extend((e.token_id, e.logprob, e.top) for e in out.new_logprobs)
                 if out.completion_tokens or out.new_token_ids:
                     job.completion_tokens = max(job.completion_tokens, out.completion_tokens)
                     if job.first_token_at is None:
@@ -109,7 +109,7 @@ class ChunkCoalescer:
                     # stream's entries are then as many as its tokens).
                     if job.job_id in pending:
                         chunks.append(self._emit(job, "".join(pending.pop(job.job_id))))
-                    elif job.unsent_logprobs:
+                    elif job.logprobs is not None and job.logprobs_sent < len(job.logprobs):
                         chunks.append(self._emit(job, ""))
                     done.append(self._finish(job, out.finish_reason or "stop", out.error, out.completion_tokens))
         for job_id, texts in pending.items():
@@ -128,8 +128,8 @@ class ChunkCoalescer:
         job.seq += 1
         job.parts.append(text)
         logprobs = None
-        if job.unsent_logprobs is not None:
-            logprobs, job.unsent_logprobs = tuple(job.unsent_logprobs), []
+        if job.logprobs is not None:
+            logprobs, job.logprobs_sent = tuple(job.logprobs[job.logprobs_sent:]), len(job.logprobs)
         return OutputChunk(job_id=job.job_id, seq=job.seq, text=text, completion_tokens=job.completion_tokens,
                            logprobs=logprobs)
 
