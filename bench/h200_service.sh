@@ -2,18 +2,10 @@
 # The service benchmark on the lent GPU machine (device tool, nvidia-h200: 16 cores, no registry).
 #
 # That machine has Python 3.12, PyTorch's image and transformers, but no Django stack, no Redis and
-# no PostgreSQL. Prepare once here, in the repo root (.whl/ is git-ignored):
-#   * .whl/*.whl, .whl/gpu-env.sh: mlx on CUDA, as ../shared/tools/gpu-env.sh says;
-#   * .whl/svc/*.whl: the service's wheels for cp312 (pip download --only-binary=:all:
-#     --python-version 3.12 --platform manylinux_2_28_x86_64 ... of pyproject's service packages
-#     and websockets), less those the image already has (attrs, click, idna, msgpack, packaging,
-#     python-dateutil, pyyaml, six, typing-extensions);
-#   * .whl/bin/: this machine's redis-server with the two libraries Ubuntu's image lacks
-#     (libjemalloc.so.2, liblzf.so.1);
-#   * for DB=postgres: .whl/pg.tar.xz, PostgreSQL 16 out of the pgserver wheel (pgserver.libs/ and
-#     pgserver/pginstall/{bin/postgres,bin/initdb,bin/pg_ctl,lib/postgresql,share/postgresql}),
-#     and .whl/svc/ holds psycopg, psycopg-binary and psycopg-pool.
-#   The carry limit is 64 MiB: Django's wheel travels without its translations (LC_MESSAGES).
+# no PostgreSQL. `bash bench/h200_prepare.sh` fills .whl/ (git-ignored) here, once per checkout:
+# mlx on CUDA (as ../shared/tools/gpu-env.sh says), the service's cp312 wheels in .whl/svc/, this
+# machine's redis-server in .whl/bin/, and PostgreSQL 16 out of the pgserver wheel in .whl/pg.tar.xz
+# (for DB=postgres). The carry limit is 64 MiB: that script says what it leaves out to fit.
 # Then: device run, carry [".whl"], command "[DB=postgres] bash bench/h200_service.sh [service_bench args]".
 # The database is SQLite (the embedded default) or, with DB=postgres, a local PostgreSQL as deployed;
 # Redis is a local redis-server.
