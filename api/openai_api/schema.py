@@ -17,7 +17,7 @@ _COMMON: dict[str, Any] = {
     "model": {"type": "string", "description": "The served model's id (`GET /v1/models`)."},
     "max_tokens": {**_INTEGER, "minimum": 1},
     "temperature": {**_NUMBER, "minimum": 0, "maximum": 2, "default": 1},
-    "top_p": {**_NUMBER, "exclusiveMinimum": 0, "maximum": 1, "default": 1},
+    "top_p": {**_NUMBER, "minimum": 0, "exclusiveMinimum": True, "maximum": 1, "default": 1},  # OpenAPI 3.0: a flag
     "n": {**_INTEGER, "enum": [1]},
     "stream": {"type": "boolean", "nullable": True, "default": False},
     "stream_options": {"type": "object", "nullable": True, "properties": {"include_usage": {"type": "boolean"}}},

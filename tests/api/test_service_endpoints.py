@@ -5,6 +5,7 @@ from unittest import mock
 
 import pytest
 import redis
+from openapi_spec_validator import OpenAPIV30SpecValidator
 from rest_framework.test import APIClient
 
 from api import keys
@@ -74,6 +75,21 @@ def test_openapi_schema_is_served_as_json_without_authentication(db):
     assert {"/api/v1/jobs", "/api/v1/jobs/{job_id}", "/api/v1/jobs/{job_id}/cancel", "/api/v1/models",
             "/api/v1/health"} <= set(schema["paths"])
     assert "prompt" in schema["components"]["schemas"]["JobCreateRequest"]["properties"]
+
+
+def test_the_served_schema_is_valid_openapi_3_0_so_client_generators_accept_it(db):
+    """What the schema declares (3.0.x) is what its every part must follow: a 3.1-style numeric
+    ``exclusiveMinimum`` in the OpenAI bodies made code generators and schemathesis reject it."""
+    schema = APIClient().get("/api/v1/schema").json()
+    assert schema["openapi"].startswith("3.0.")
+
+    errors = [f"{'/'.join(map(str, e.absolute_path))}: {e.message}"
+              for e in OpenAPIV30SpecValidator(schema).iter_errors()]
+
+    assert errors == []
+    top_p = schema["paths"]["/v1/completions"]["post"]["requestBody"]["content"]["application/json"][
+        "schema"]["properties"]["top_p"]
+    assert (top_p["minimum"], top_p["exclusiveMinimum"], top_p["maximum"]) == (0, True, 1)
 
 
 def test_the_schema_and_docs_page_include_the_event_stream_that_no_drf_view_declares(db):
