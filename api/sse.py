@@ -71,7 +71,7 @@ class JobEventsConsumer(HttpStreamMixin, RelayEvents, AsyncHttpConsumer):
         try:
             after, saw_final = resume_point(self.scope)
         except ValueError as exc:
-            await self._reject(ServiceError(str(exc), code="invalid_after", param=exc.args[1]))
+            await self._reject(ServiceError(exc.args[0], code="invalid_after", param=exc.args[1]))
             return
         if not owns:
             await self._reject(JobNotFound(job_id))
@@ -121,11 +121,11 @@ class JobEventsConsumer(HttpStreamMixin, RelayEvents, AsyncHttpConsumer):
 
 def resume_point(scope: dict[str, Any]) -> tuple[int, bool]:
     """Where a request resumes: the seq after which to send, and whether the client already had
-    the final. ``Last-Event-ID`` (a reconnecting EventSource) wins over ``?after=``. Raises
+    the final. ``Last-Event-ID`` (a reconnecting EventSource) wins over ``?after=``; an empty one
+    means no event yet, as an EventSource that has none sends no header at all. Raises
     ValueError(message, param) for a value that is not ours."""
     for name, value in scope.get("headers", []):
-        if name == b"last-event-id":
-            raw = value.decode("latin-1").strip()
+        if name == b"last-event-id" and (raw := value.decode("latin-1").strip()):
             seq, final = (raw[: -len(FINAL_ID_SUFFIX)], True) if raw.endswith(FINAL_ID_SUFFIX) else (raw, False)
             return _seq(seq, "Last-Event-ID", "'Last-Event-ID' must be an event id of this stream."), final
     query = parse_qs(scope.get("query_string", b"").decode("latin-1"))

@@ -132,6 +132,9 @@ def test_after_and_last_event_id_resume_after_that_chunk(redis_client):
     # The header is a reconnecting EventSource's own state: it wins over the URL's after=.
     resumed = get(_scope(path, secret=secret, query="after=0", headers=[(b"last-event-id", b"3")]))
     assert _deltas(resumed) == [] and resumed.events()[-1]["event"] == "final"
+    # An empty header is no event id (an EventSource with none sends no header): after= applies.
+    empty = get(_scope(path, secret=secret, query="after=1", headers=[(b"last-event-id", b"")]))
+    assert empty.status == 200 and [s for _, s, _ in _deltas(empty)] == [2, 3]
 
 
 def test_a_reconnect_after_the_final_is_204_so_an_event_source_stops(redis_client):
@@ -205,10 +208,15 @@ def test_errors_before_the_stream_are_the_apis_envelope(redis_client):
     not_theirs = get(_scope(path, secret=other))
     assert not_theirs.status == 404 and _error(not_theirs)["code"] == "job_not_found"
 
-    for query, headers, param in (("after=-1", [], "after"), ("after=abc", [], "after"), ("after=%C2%B2", [], "after"),
-                                  ("", [(b"last-event-id", b"x:final")], "Last-Event-ID")):
+    after_message = "'after' must be a non-negative integer."
+    header_message = "'Last-Event-ID' must be an event id of this stream."
+    for query, headers, param, message in (
+            ("after=-1", [], "after", after_message), ("after=abc", [], "after", after_message),
+            ("after=%C2%B2", [], "after", after_message),
+            ("", [(b"last-event-id", b"x:final")], "Last-Event-ID", header_message)):
         bad = get(_scope(path, secret=secret, query=query, headers=headers))
-        assert bad.status == 400 and _error(bad)["param"] == param and _error(bad)["code"] == "invalid_after"
+        assert bad.status == 400 and _error(bad)["code"] == "invalid_after"
+        assert (_error(bad)["param"], _error(bad)["message"]) == (param, message)
 
     post = get(_scope(path, secret=secret, method="POST"))
     assert post.status == 405 and post.headers["allow"] == "GET"
