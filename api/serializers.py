@@ -6,7 +6,7 @@ import math
 from typing import Any
 
 from django.conf import settings
-from drf_spectacular.utils import OpenApiResponse, extend_schema_field
+from drf_spectacular.utils import OpenApiResponse, extend_schema_field, inline_serializer
 from rest_framework import serializers
 
 from api.job_metadata import MetadataField
@@ -277,3 +277,15 @@ REQUEST_ERRORS = {
     400: OpenApiResponse(ErrorSerializer, description="Invalid request"),
     401: OpenApiResponse(ErrorSerializer, description="Missing, invalid or revoked API key"),
 }
+PAGE_NOT_FOUND = OpenApiResponse(ErrorSerializer, description="No such page (past the last one)")
+
+
+def paginated_list(name: str, item: serializers.Serializer) -> serializers.Serializer:
+    """A list endpoint's 200 for the OpenAPI schema: the page envelope that DRF's
+    PageNumberPagination answers around ``item``s (``item`` is a serializer with ``many=True``)."""
+    return inline_serializer(name, {
+        "count": serializers.IntegerField(help_text="Items in all pages"),
+        "next": serializers.URLField(allow_null=True, help_text="The next page, if any"),
+        "previous": serializers.URLField(allow_null=True, help_text="The previous page, if any"),
+        "results": item,
+    })

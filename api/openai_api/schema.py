@@ -14,7 +14,7 @@ from api.schema_hooks import error_response
 _NUMBER = {"type": "number", "nullable": True}
 _INTEGER = {"type": "integer", "nullable": True}
 _COMMON: dict[str, Any] = {
-    "model": {"type": "string", "description": "The served model's id (`GET /v1/models`)."},
+    "model": {"type": "string", "minLength": 1, "description": "The served model's id (`GET /v1/models`)."},
     "max_tokens": {**_INTEGER, "minimum": 1},
     "temperature": {**_NUMBER, "minimum": 0, "maximum": 2, "default": 1},
     "top_p": {**_NUMBER, "minimum": 0, "exclusiveMinimum": True, "maximum": 1, "default": 1},  # OpenAPI 3.0: a flag

@@ -14,6 +14,7 @@ from api.job_metadata import metadata_filters
 from api.selectors.jobs import job_detail, job_get, job_list, job_queue_position
 from api.serializers import (
     JOBS_MAX_PAGE_SIZE,
+    PAGE_NOT_FOUND,
     REQUEST_ERRORS,
     ErrorSerializer,
     JobCreatedSerializer,
@@ -21,6 +22,7 @@ from api.serializers import (
     JobDeletedSerializer,
     JobListQuerySerializer,
     JobSerializer,
+    paginated_list,
 )
 from api.services.job_deletion import job_delete
 from api.services.jobs import JobRequest, job_cancel, job_create
@@ -93,11 +95,13 @@ class JobListCreateView(APIView):
         description="Each job as GET /jobs/<id> shows it, less its `logprobs` (null here).",
         parameters=[
             JobListQuerySerializer,
-            OpenApiParameter("metadata", OpenApiTypes.OBJECT, OpenApiParameter.QUERY, style="deepObject",
+            OpenApiParameter("metadata", {"type": "object", "additionalProperties": {"type": "string"}},
+                             OpenApiParameter.QUERY, style="deepObject",
                              explode=True, description="Only jobs with these metadata pairs: "
                                                        "`metadata[<key>]=<value>`, once per key, all must match"),
         ],
-        responses={200: JobSerializer(many=True), **ERRORS},
+        responses={200: paginated_list("PaginatedJobList", JobSerializer(many=True)), **REQUEST_ERRORS,
+                   404: PAGE_NOT_FOUND},
     )
     def get(self, request: Request) -> Response:
         query = JobListQuerySerializer(data=request.query_params)

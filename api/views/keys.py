@@ -14,7 +14,14 @@ from rest_framework.views import APIView
 
 from api.key_serializers import ApiKeySerializer, api_key_body
 from api.selectors.owned_keys import api_key_list
-from api.serializers import KEYS_MAX_PAGE_SIZE, REQUEST_ERRORS, ErrorSerializer, KeyListQuerySerializer
+from api.serializers import (
+    KEYS_MAX_PAGE_SIZE,
+    PAGE_NOT_FOUND,
+    REQUEST_ERRORS,
+    ErrorSerializer,
+    KeyListQuerySerializer,
+    paginated_list,
+)
 from api.services.api_keys import api_key_revoke_owned
 
 
@@ -26,7 +33,9 @@ class KeyPagination(PageNumberPagination):
 
 class ApiKeyListView(APIView):
     @extend_schema(operation_id="keys_list", summary="Your API keys, newest first (revoked ones too)",
-                   parameters=[KeyListQuerySerializer], responses={200: ApiKeySerializer(many=True), **REQUEST_ERRORS})
+                   parameters=[KeyListQuerySerializer],
+                   responses={200: paginated_list("PaginatedApiKeyList", ApiKeySerializer(many=True)), **REQUEST_ERRORS,
+                              404: PAGE_NOT_FOUND})
     def get(self, request: Request) -> Response:
         KeyListQuerySerializer(data=request.query_params).is_valid(raise_exception=True)
         paginator = KeyPagination()

@@ -9,7 +9,7 @@ from django.db import DatabaseError, connection
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from drf_spectacular.generators import SchemaGenerator
-from drf_spectacular.utils import extend_schema, inline_serializer
+from drf_spectacular.utils import OpenApiResponse, extend_schema, inline_serializer
 from rest_framework import serializers
 from rest_framework.permissions import AllowAny
 from rest_framework.request import Request
@@ -19,13 +19,16 @@ from rest_framework.views import APIView
 from api.errors import ServiceUnavailable
 from api.redis_client import get_redis
 from api.selectors.workers import model_list, worker_live_count
+from api.serializers import REQUEST_ERRORS, ErrorSerializer
 
 
 class ModelListView(APIView):
     @extend_schema(
         operation_id="models_list",
         summary="Models loaded by live engine workers, with the workers serving each",
-        responses={200: inline_serializer("ModelList", {"object": serializers.CharField(), "data": serializers.ListField()})},
+        responses={200: inline_serializer("ModelList", {"object": serializers.CharField(), "data": serializers.ListField()}),
+                   401: REQUEST_ERRORS[401],
+                   503: OpenApiResponse(ErrorSerializer, description="The workers' heartbeats cannot be read (Redis is down)")},
     )
     def get(self, request: Request) -> Response:
         try:
@@ -35,6 +38,9 @@ class ModelListView(APIView):
         return Response({"object": "list", "data": models})
 
 
+_HEALTH = inline_serializer("Health", {"status": serializers.CharField(), "checks": serializers.DictField()})
+
+
 class HealthView(APIView):
     """Liveness of the parts a job needs: 200 when all are up, else 503 with the failing ones."""
 
@@ -42,8 +48,7 @@ class HealthView(APIView):
     permission_classes = [AllowAny]
 
     @extend_schema(operation_id="health", summary="Database, Redis and engine-worker health", auth=[],
-                   responses={200: inline_serializer("Health", {"status": serializers.CharField(),
-                                                                "checks": serializers.DictField()})})
+                   responses={200: _HEALTH, 503: OpenApiResponse(_HEALTH, description="A part is down: its check says which")})
     def get(self, request: Request) -> Response:
         checks = {"database": _check_database(), "redis": _check_redis()}
         workers = worker_live_count() if checks["redis"]["ok"] else 0
