@@ -10,6 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
+# An Idempotency-Key as api/services/jobs.py accepts it: 1 to 255 printable ASCII characters.
+IDEMPOTENCY_KEY_SCHEMA: dict[str, Any] = {"type": "string", "pattern": "^[ -~]{1,255}$"}
+
 
 def error_response(description: str) -> dict[str, Any]:
     return {"description": description,

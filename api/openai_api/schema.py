@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from api.schema_hooks import error_response
+from api.schema_hooks import IDEMPOTENCY_KEY_SCHEMA, error_response
 
 _NUMBER = {"type": "number", "nullable": True}
 _INTEGER = {"type": "integer", "nullable": True}
@@ -20,7 +20,8 @@ _COMMON: dict[str, Any] = {
     "top_p": {**_NUMBER, "minimum": 0, "exclusiveMinimum": True, "maximum": 1, "default": 1},  # OpenAPI 3.0: a flag
     "n": {**_INTEGER, "enum": [1]},
     "stream": {"type": "boolean", "nullable": True, "default": False},
-    "stream_options": {"type": "object", "nullable": True, "properties": {"include_usage": {"type": "boolean"}}},
+    "stream_options": {"type": "object", "nullable": True, "additionalProperties": False,
+                       "properties": {"include_usage": {"type": "boolean"}}},
     "stop": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}, "maxItems": 4}],
              "nullable": True},
     "seed": {**_INTEGER, "minimum": 0},
@@ -61,7 +62,8 @@ _TEXT_BODY = {
     "properties": {
         **_COMMON,
         "max_tokens": {**_INTEGER, "minimum": 1, "default": 16},
-        "prompt": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}, "maxItems": 1}]},
+        "prompt": {"oneOf": [{"type": "string"},
+                             {"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": 1}]},
         "echo": {"type": "boolean", "nullable": True, "default": False},
         "logprobs": {**_INTEGER, "minimum": 0, "maximum": 5,
                      "description": "Not with echo: the choice's (or each chunk's) tokens and their log probabilities."},
@@ -82,7 +84,7 @@ def _operation(operation_id: str, summary: str, body: dict[str, Any]) -> dict[st
         "description": _STREAM_NOTE,
         "tags": ["openai"],
         "security": [{"ApiKey": []}],
-        "parameters": [{"in": "header", "name": "Idempotency-Key", "required": False, "schema": {"type": "string"},
+        "parameters": [{"in": "header", "name": "Idempotency-Key", "required": False, "schema": IDEMPOTENCY_KEY_SCHEMA,
                         "description": "A retry with the same key follows the same job."}],
         "requestBody": {"required": True, "content": {"application/json": {"schema": body}}},
         "responses": {

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import status
 from rest_framework.pagination import PageNumberPagination
@@ -11,6 +10,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from api.job_metadata import metadata_filters
+from api.schema_hooks import IDEMPOTENCY_KEY_SCHEMA
 from api.selectors.jobs import job_detail, job_get, job_list, job_queue_position
 from api.serializers import (
     JOBS_MAX_PAGE_SIZE,
@@ -56,7 +56,7 @@ class JobListCreateView(APIView):
             "different body is a 422."
         ),
         request=JobCreateSerializer,
-        parameters=[OpenApiParameter("Idempotency-Key", OpenApiTypes.STR, OpenApiParameter.HEADER,
+        parameters=[OpenApiParameter("Idempotency-Key", IDEMPOTENCY_KEY_SCHEMA, OpenApiParameter.HEADER,
                                      description="1 to 255 printable ASCII characters, unique per user")],
         responses={
             202: JobCreatedSerializer,

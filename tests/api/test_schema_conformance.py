@@ -93,3 +93,27 @@ def test_the_job_body_schema_refuses_what_the_api_refuses(schema, api_client):
         assert validator.is_valid(body) is ok, body
         if not ok:
             assert api_client.post("/api/v1/jobs", body, format="json").status_code == 400, body
+
+
+def test_the_openai_bodies_and_idempotency_keys_schemas_refuse_what_the_api_refuses(schema, api_client):
+    """The API's side of these bodies is in tests/api/test_openai_validation.py (BAD)."""
+    def validator(path: str) -> OAS30Validator:
+        body = schema["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]
+        return OAS30Validator({**body, "components": schema["components"]})
+
+    chat, text = validator("/v1/chat/completions"), validator("/v1/completions")
+    messages = [{"role": "user", "content": "hi"}]
+    assert chat.is_valid({"model": "tiny", "messages": messages, "stream": True,
+                          "stream_options": {"include_usage": True}})
+    assert not chat.is_valid({"model": "tiny", "messages": messages, "stream_options": {"x": 1}})
+    assert not chat.is_valid({"model": "", "messages": messages})
+    assert text.is_valid({"model": "tiny", "prompt": ["Once"]})
+    assert not text.is_valid({"model": "tiny", "prompt": []})
+
+    for path, method in (("/api/v1/jobs", "post"), ("/v1/completions", "post"), ("/v1/chat/completions", "post")):
+        [header] = [p for p in schema["paths"][path][method]["parameters"] if p["name"] == "Idempotency-Key"]
+        key = OAS30Validator(header["schema"])
+        assert key.is_valid("order-17 retry #2") and key.is_valid("x" * 255)
+        assert not any(key.is_valid(bad) for bad in ("", "x" * 256, "caf\u00e9", "tab\there"))
+    refused = api_client.post("/api/v1/jobs", {"prompt": "hi"}, format="json", HTTP_IDEMPOTENCY_KEY="tab\there")
+    assert refused.status_code == 400 and refused.json()["error"]["code"] == "invalid_idempotency_key"
