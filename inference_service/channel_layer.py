@@ -15,11 +15,19 @@ jobs' clients disconnected.
 Here the pop runs shielded from the cancellation. If it returns a message after its receiver was
 cancelled, that message is moved from the backup key back to the channel key, where the next
 receiver's ``BZPOPMIN`` takes it.
+
+A shielded pop outlives its receiver by up to the 5 s of ``BZPOPMIN``, holding a connection of the
+pool (100 at most) all that time. Every finished request or closed socket cancels its consumer's
+receive, so a web process that served more than ~20 of them a second left a waiting pop behind
+each, ran out of connections, and its consumers failed with ``MaxConnectionsError`` (seen when
+fuzzing the OpenAI endpoints). So a channel key has at most one pop in flight: the next receiver
+adopts the pop that the cancelled one left, and takes its message if it brings one.
 """
 
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 from typing import Any
 
 from channels_redis.core import RedisChannelLayer
@@ -35,18 +43,39 @@ return score
 """
 
 
+@dataclass
+class _Pop:
+    """A ``BZPOPMIN`` in flight on one channel key, and whether a receiver is waiting for it."""
+
+    task: asyncio.Future[Any]
+    awaited: bool = True
+
+
 class CancelSafeRedisChannelLayer(RedisChannelLayer):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self._pops: dict[tuple[int, str], _Pop] = {}
         self._give_backs: set[asyncio.Task[Any]] = set()
 
     async def _brpop_with_clean(self, index: int, channel: str, timeout: float) -> Any:
-        pop = asyncio.ensure_future(super()._brpop_with_clean(index, channel, timeout))
+        key = (index, channel)
+        pop = self._pops.get(key)
+        # A finished pop is not adopted: its result went to its receiver, or goes back (_popped).
+        if pop is None or pop.task.done() or pop.task.get_loop() is not asyncio.get_running_loop():
+            pop = self._pops[key] = _Pop(asyncio.ensure_future(super()._brpop_with_clean(index, channel, timeout)))
+            pop.task.add_done_callback(lambda done: self._popped(key, pop, index, channel))
+        pop.awaited = True
         try:
-            return await asyncio.shield(pop)
+            return await asyncio.shield(pop.task)
         except asyncio.CancelledError:
-            pop.add_done_callback(lambda done: self._give_back_later(done, index, channel))
+            pop.awaited = False  # the next receiver adopts it; if none comes first, its message goes back
             raise
+
+    def _popped(self, key: tuple[int, str], pop: _Pop, index: int, channel: str) -> None:
+        if self._pops.get(key) is pop:
+            del self._pops[key]
+        if not pop.awaited:
+            self._give_back_later(pop.task, index, channel)
 
     def _give_back_later(self, done: asyncio.Future[Any], index: int, channel: str) -> None:
         if done.cancelled() or done.exception() is not None or done.result() is None:

@@ -56,3 +56,27 @@ def test_channels_redis_alone_loses_it(redis_db, monkeypatch):
 
 def test_the_service_uses_the_cancel_safe_layer():
     assert settings.CHANNEL_LAYERS["default"]["BACKEND"] == "inference_service.channel_layer.CancelSafeRedisChannelLayer"
+
+
+async def _consumers_come_and_go(layer_class, churn: int) -> dict:
+    """Consumers of one process start receiving and leave (each finished request or closed socket
+    cancels its receive) faster than BZPOPMIN's 5 s wait ends, then one more receives a message.
+    The pool allows 10 connections, so the churn must not hold one per departed consumer."""
+    layer = layer_class(hosts=[{"address": settings.REDIS_URL, "max_connections": 10}])
+    channel = await layer.new_channel()
+    try:
+        for _ in range(churn):
+            receiving = asyncio.ensure_future(layer.receive(channel))
+            await asyncio.sleep(0.02)  # it holds the receive lock and waits in BZPOPMIN
+            receiving.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await receiving
+        await layer.send(channel, {"type": "job.final", "seq": 7})
+        return await asyncio.wait_for(layer.receive(channel), 3)
+    finally:
+        await layer.flush()
+
+
+def test_departing_consumers_leave_one_wait_in_redis_not_one_each(redis_db):
+    got = asyncio.run(_consumers_come_and_go(CancelSafeRedisChannelLayer, churn=30))
+    assert got == {"type": "job.final", "seq": 7}
