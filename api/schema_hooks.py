@@ -3,7 +3,8 @@
 ``GET /api/v1/jobs/{job_id}/events`` (server-sent events, api/sse.py) is a Channels consumer, not
 a DRF view, so the generator does not see it; a hook adds it to every schema it builds, the
 offline docs page included. Another states the job body's rules that its serializer checks in
-code (api/serializers.py): exactly one of ``prompt`` and ``messages``, and ``top_p`` above 0.
+code (api/serializers.py): exactly one of ``prompt`` and ``messages``, no unknown field, and
+``top_p`` above 0.
 """
 
 from __future__ import annotations
@@ -63,9 +64,11 @@ def add_job_events(result: dict[str, Any], generator: Any, request: Any, public:
 
 
 def add_job_create_rules(result: dict[str, Any], generator: Any, request: Any, public: bool) -> dict[str, Any]:
-    """POSTPROCESSING_HOOKS entry: JobCreateRequest's cross-field rule and top_p's open bound."""
+    """POSTPROCESSING_HOOKS entry: JobCreateRequest's cross-field rule, its closed set of fields
+    and top_p's open bound."""
     body = result.get("components", {}).get("schemas", {}).get("JobCreateRequest")
     if body is not None:
         body["oneOf"] = [{"required": ["prompt"]}, {"required": ["messages"]}]
+        body["additionalProperties"] = False  # an unknown field is a 400 unknown_field
         body["properties"]["top_p"]["exclusiveMinimum"] = True  # OpenAPI 3.0: a flag on minimum
     return result

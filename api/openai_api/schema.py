@@ -48,7 +48,8 @@ _CHAT_BODY = {
             "type": "object", "required": ["role", "content"], "additionalProperties": False,
             "properties": {"role": {"type": "string", "enum": ["system", "developer", "user", "assistant"]},
                            "content": {"oneOf": [{"type": "string"}, {"type": "array", "items": {
-                               "type": "object", "properties": {"type": {"type": "string", "enum": ["text"]},
+                               "type": "object", "required": ["type", "text"],
+                               "properties": {"type": {"type": "string", "enum": ["text"]},
                                                                 "text": {"type": "string"}}}}]}}}},
         "max_completion_tokens": {**_INTEGER, "minimum": 1},
         "logprobs": {"type": "boolean", "nullable": True, "default": False,

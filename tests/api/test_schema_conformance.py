@@ -82,14 +82,15 @@ def test_models_without_a_key_is_a_documented_401_and_health_documents_its_503(s
 
 
 def test_the_job_body_schema_refuses_what_the_api_refuses(schema, api_client):
-    """Exactly one of prompt and messages, and top_p above 0: rules the serializer checks in code."""
+    """Exactly one of prompt and messages, no unknown field, and top_p above 0: rules the serializer
+    checks in code."""
     body_schema = {**schema["components"]["schemas"]["JobCreateRequest"], "components": schema["components"]}
     validator = OAS30Validator(body_schema)
     messages = [{"role": "user", "content": "hi"}]
 
     for body, ok in (({"prompt": "hi"}, True), ({"messages": messages}, True), ({}, False),
                      ({"prompt": "hi", "messages": messages}, False), ({"prompt": "hi", "top_p": 0}, False),
-                     ({"prompt": "hi", "top_p": 0.5}, True)):
+                     ({"prompt": "hi", "top_p": 0.5}, True), ({"prompt": "hi", "tempreature": 0.5}, False)):
         assert validator.is_valid(body) is ok, body
         if not ok:
             assert api_client.post("/api/v1/jobs", body, format="json").status_code == 400, body
@@ -107,6 +108,9 @@ def test_the_openai_bodies_and_idempotency_keys_schemas_refuse_what_the_api_refu
                           "stream_options": {"include_usage": True}})
     assert not chat.is_valid({"model": "tiny", "messages": messages, "stream_options": {"x": 1}})
     assert not chat.is_valid({"model": "", "messages": messages})
+    parts = [{"type": "text", "text": "hi"}]
+    assert chat.is_valid({"model": "tiny", "messages": [{"role": "user", "content": parts}]})
+    assert not chat.is_valid({"model": "tiny", "messages": [{"role": "user", "content": [{"image_url": "x"}]}]})
     assert text.is_valid({"model": "tiny", "prompt": ["Once"]})
     assert not text.is_valid({"model": "tiny", "prompt": []})
 
