@@ -7,8 +7,8 @@
 # It writes, for that machine's Python 3.12:
 #   * mlx, mlx-lm and mlx-cuda-13 (slimmed to sm_90 by ../shared/tools/slim_cuda_wheel.py) and gpu-env.sh;
 #   * svc/: the service's wheels with their dependencies, less those the machine's image already has,
-#     Django's and DRF's translations, Django's GIS package, Twisted's tests, and click-repl's prompt_toolkit
-#     and wcwidth (the celery shell's; no process of the benchmark imports them);
+#     Django's and DRF's translations, Django's GIS package, Twisted's and autobahn's tests, autobahn's bundled
+#     flatc binary, and click-repl's prompt_toolkit and wcwidth (no process of the benchmark imports them);
 #   * bin/: this machine's redis-server with the two libraries the machine's image lacks;
 #   * pg.tar.xz: PostgreSQL 16 out of the pgserver wheel (server, initdb, pg_ctl, its libraries).
 # What travels is the working tree plus .whl/, at most 64 MiB: the script prints the total.
@@ -50,6 +50,7 @@ def strip(pattern, drop):
 strip("django-5*.whl", lambda f: f.startswith("django/contrib/gis/") or ("/locale/" in f and not f.endswith(".py")))
 strip("djangorestframework-*.whl", lambda f: "/locale/" in f)
 strip("twisted-*.whl", lambda f: re.search(r"/test/|/newsfragments/", f) is not None)
+strip("autobahn-*.whl", lambda f: f.startswith(("autobahn/_flatc/", "autobahn/test/")))  # a bundled flatc binary
 PY
 
 cp "$(command -v redis-server)" .whl/bin/
@@ -62,4 +63,4 @@ download --no-deps -d "$work" pgserver==0.1.4
 
 tree=$(git ls-files -z | xargs -0 du -cb | tail -1 | cut -f1)
 carried=$(du -sb .whl | cut -f1)
-echo "working tree $((tree / 1048576)) MiB + .whl $((carried / 1048576)) MiB = $(((tree + carried) / 1048576)) MiB (limit 64)"
+echo "working tree $((tree / 1048576)) MiB + .whl $((carried / 1048576)) MiB = $(((tree + carried) / 1048576)) MiB (limit 64; an A/B's _old/ tree adds ~1)"
