@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import parse_qs
 
+from autobahn.exception import Disconnected
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 
@@ -97,6 +98,17 @@ class JobStreamConsumer(RelayEvents, AsyncWebsocketConsumer):
             await self._notice(exc.message, code=exc.code)
 
     # -- helpers ------------------------------------------------------------------------------
+
+    async def send(self, text_data: str | None = None, bytes_data: bytes | None = None, close: bool = False) -> None:
+        """Channels' send, except to a client that has already gone. Between the client's close
+        frame and the disconnect event that follows it, daphne hands a send to autobahn, which raises
+        ``Disconnected``; a server keeping to the ASGI spec raises an ``OSError``. Either way there is
+        nobody to tell, and the disconnect event ends the consumer as usual, where the raise had
+        logged an "Exception inside application" traceback for it."""
+        try:
+            await super().send(text_data=text_data, bytes_data=bytes_data, close=close)
+        except (Disconnected, OSError):
+            logger.debug("WebSocket %s: the client left before a message could reach it", self.scope.get("path"))
 
     async def _send_message(self, message: dict[str, Any]) -> None:
         await self.send(text_data=json.dumps(message))

@@ -50,3 +50,31 @@ def test_the_known_paths_still_reach_their_consumers():
 
     # The job consumer's own answer: a well-formed id that is nobody's job.
     assert asyncio.run(scenario())["error"]["message"] == "No such job."
+
+
+def test_a_client_that_left_before_the_error_reaches_it_ends_the_consumer_quietly():
+    """Between a client's close frame and its disconnect event daphne hands sends to autobahn,
+    which raises Disconnected: the consumer ends without raising out of the application (daphne
+    logged each such raise as an "Exception inside application" traceback)."""
+    from autobahn.exception import Disconnected
+
+    sent: list[dict] = []
+
+    async def scenario() -> None:
+        inbox: asyncio.Queue[dict] = asyncio.Queue()
+        await inbox.put({"type": "websocket.connect"})
+
+        async def send(message: dict) -> None:
+            sent.append(message)
+            if message["type"] == "websocket.send":
+                await inbox.put({"type": "websocket.disconnect", "code": 1000})
+                raise Disconnected("Attempt to send on a closed protocol")
+
+        scope = {"type": "websocket", "path": "/ws/v1/nope", "query_string": b"", "headers": [],
+                 "subprotocols": []}
+        await asyncio.wait_for(application(scope, inbox.get, send), 10)
+
+    asyncio.run(scenario())
+
+    assert [m["type"] for m in sent][:2] == ["websocket.accept", "websocket.send"]
+    assert '"not_found"' in sent[1]["text"]
