@@ -63,7 +63,7 @@ class CancelSafeRedisChannelLayer(RedisChannelLayer):
         # A finished pop is not adopted: its result went to its receiver, or goes back (_popped).
         if pop is None or pop.task.done() or pop.task.get_loop() is not asyncio.get_running_loop():
             pop = self._pops[key] = _Pop(asyncio.ensure_future(super()._brpop_with_clean(index, channel, timeout)))
-            pop.task.add_done_callback(lambda done: self._popped(key, pop, index, channel))
+            pop.task.add_done_callback(lambda done: self._popped(pop, index, channel))
         pop.awaited = True
         try:
             return await asyncio.shield(pop.task)
@@ -71,9 +71,9 @@ class CancelSafeRedisChannelLayer(RedisChannelLayer):
             pop.awaited = False  # the next receiver adopts it; if none comes first, its message goes back
             raise
 
-    def _popped(self, key: tuple[int, str], pop: _Pop, index: int, channel: str) -> None:
-        if self._pops.get(key) is pop:
-            del self._pops[key]
+    def _popped(self, pop: _Pop, index: int, channel: str) -> None:
+        if self._pops.get((index, channel)) is pop:
+            del self._pops[(index, channel)]
         if not pop.awaited:
             self._give_back_later(pop.task, index, channel)
 
