@@ -28,11 +28,16 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 
 from api.authentication import authenticate_api_key, authenticate_api_key_for_job, bearer_token
-from api.errors import AuthenticationFailed, ServiceError, error_body, exception_handler
+from api.errors import (
+    AuthenticationFailed,
+    JobNotFound,
+    ServiceError,
+    ServiceUnavailable,
+    error_body,
+    exception_handler,
+)
 from api.models import ApiKey, Job
-from api.redis_client import get_async_redis
-from api.streaming.relay import JobStreamRelay
-from api.streaming.relay_events import STREAM_UNAVAILABLE, RelayEvents
+from api.streaming.follow import FollowsJob
 
 logger = logging.getLogger(__name__)
 
@@ -42,8 +47,8 @@ CLOSE_NOT_FOUND = 4404
 CLOSE_UNAVAILABLE = 1011  # RFC 6455: the server met a condition that kept it from serving
 
 
-class JobStreamConsumer(RelayEvents, AsyncWebsocketConsumer):
-    """Streams one existing job (the job group's events reach the relay through RelayEvents)."""
+class JobStreamConsumer(FollowsJob, AsyncWebsocketConsumer):
+    """Streams one existing job (its relay runs as a task of this consumer, see follow.py)."""
 
     api_key: ApiKey | None = None
 
@@ -69,17 +74,23 @@ class JobStreamConsumer(RelayEvents, AsyncWebsocketConsumer):
         await self.stream_job(job_id, after)
 
     async def stream_job(self, job_id: str, after: int) -> None:
-        """Join the job's group, then replay the stream (the order matters, see relay.py)."""
-        if not await self.join_job_group(job_id):
-            await self._error(STREAM_UNAVAILABLE, code="service_unavailable", close_code=CLOSE_UNAVAILABLE,
-                              error_type="server_error")
+        """Follow the job's stream until its final (see relay.py)."""
+        try:
+            await self.open_relay(job_id, after, self._send_message)
+        except ServiceUnavailable as exc:
+            await self._error(exc.message, code=exc.code, close_code=CLOSE_UNAVAILABLE, error_type=exc.error_type)
             return
-        self.relay = JobStreamRelay(job_id=job_id, after=after, redis_client=get_async_redis(),
-                                    send=self._send_message)
-        await self.relay.replay()
+        self.follow()
 
     async def disconnect(self, code: int) -> None:
-        await self.leave_job_group()
+        self.stop_following()
+
+    async def job_gone(self, exc: JobNotFound) -> None:
+        await self._error(exc.message, code=exc.code, param=exc.param, close_code=CLOSE_NOT_FOUND)
+
+    async def relay_failed(self) -> None:
+        await self._error("The job's stream failed; poll GET /api/v1/jobs/<id>.", code="service_unavailable",
+                          close_code=CLOSE_UNAVAILABLE, error_type="server_error")
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
         if self.relay is None or self.relay.done or self.api_key is None:
@@ -113,6 +124,7 @@ class JobStreamConsumer(RelayEvents, AsyncWebsocketConsumer):
     async def _send_message(self, message: dict[str, Any]) -> None:
         await self.send(text_data=json.dumps(message))
         if message["type"] == "final":
+            self.stop_following()
             await self.close()
 
     async def _authenticate(self) -> bool:

@@ -18,9 +18,6 @@ CANCEL_CHANNEL = "engine:cancel"
 JOB_STREAM_FIELD_SEQ = "seq"
 JOB_STREAM_FIELD_TEXT = "text"
 
-# Channel-layer group of a job's live chunks.
-JOB_GROUP_PREFIX = "job."
-
 # Per-key request-rate counter (fixed one-minute window).
 RATE_LIMIT_PREFIX = "quota:rpm:"
 
@@ -31,10 +28,6 @@ def worker_heartbeat_key(worker_id: str) -> str:
 
 def job_stream_key(job_id: str) -> str:
     return f"job:{job_id}:chunks"
-
-
-def job_group_name(job_id: str) -> str:
-    return f"{JOB_GROUP_PREFIX}{job_id}"
 
 
 def rate_limit_key(api_key_id: int, window: int) -> str:

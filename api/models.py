@@ -108,6 +108,8 @@ class Job(models.Model):
     worker_id = models.CharField(max_length=128, null=True, blank=True)
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     dispatch_count = models.PositiveIntegerField(default=0)
+    # Claims so far: a job that runs again (its worker died) restarts its stream (api/worker/admission.py).
+    attempts = models.PositiveIntegerField(default=0)
     cancel_requested = models.BooleanField(default=False)
     last_seq = models.PositiveIntegerField(default=0)
 

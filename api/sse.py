@@ -2,15 +2,15 @@
 
 The same stream as the WebSocket ``/ws/v1/jobs/<id>/``, for clients that only speak HTTP
 (``curl -N``, a browser's ``EventSource``, most HTTP libraries): every chunk exactly once and in
-order, then the final, through the same :class:`JobStreamRelay` (replay from the job's Redis
-stream, live from its channel-layer group). Each message is one event::
+order, then the final, through the same :class:`JobStreamRelay` (which reads the job's Redis
+stream). Each message is one event::
 
     id: 3
     event: delta
     data: {"type": "delta", "job_id": "...", "seq": 3, "text": " a", "completion_tokens": 3}
 
 ``event`` is ``delta``, ``final`` (then the response ends) or ``reset`` (the job restarts on
-another worker: drop the text so far). ``id`` is the chunk's seq, so a client that reconnects
+another worker: drop the text so far). ``id`` is the message's seq, so a client that reconnects
 with ``Last-Event-ID`` (EventSource does it by itself) resumes after it; ``?after=<seq>`` does the
 same on a first request. The final's id is ``<seq>:final``, and a request that comes back with it
 is answered 204, which tells an EventSource to stop reconnecting. A comment line every
@@ -32,21 +32,19 @@ from channels.exceptions import StopConsumer
 from channels.generic.http import AsyncHttpConsumer
 
 from api.consumers import authorize_job, scope_api_key
-from api.errors import AuthenticationFailed, JobNotFound, ServiceError, ServiceUnavailable
+from api.errors import AuthenticationFailed, JobNotFound, ServiceError, ServiceUnavailable, error_body
 from api.http_stream import HttpStreamMixin
-from api.redis_client import get_async_redis
-from api.streaming.relay import JobStreamRelay
-from api.streaming.relay_events import STREAM_UNAVAILABLE, RelayEvents
+from api.streaming.follow import FollowsJob
 
 FINAL_ID_SUFFIX = ":final"
 RETRY_MS = 1000  # how soon an EventSource reconnects after a dropped connection
 
 
-class JobEventsConsumer(HttpStreamMixin, RelayEvents, AsyncHttpConsumer):
+class JobEventsConsumer(HttpStreamMixin, FollowsJob, AsyncHttpConsumer):
 
     async def http_request(self, message: dict[str, Any]) -> None:
         """AsyncHttpConsumer's, except that the consumer stays alive once the request is in: the
-        job's group keeps delivering until the final ends the response (daphne then sends
+        relay keeps sending until the final ends the response (daphne then sends
         ``http.disconnect``, as it does when the client goes away)."""
         if "body" in message:
             self.body.append(message["body"])
@@ -55,7 +53,15 @@ class JobEventsConsumer(HttpStreamMixin, RelayEvents, AsyncHttpConsumer):
 
     async def disconnect(self) -> None:
         self.stop_keepalive()
-        await self.leave_job_group()
+        self.stop_following()
+
+    async def job_gone(self, exc: JobNotFound) -> None:
+        await self._event({"type": "error", **error_body(exc.message, error_type=exc.error_type, code=exc.code,
+                                                          param=exc.param)})
+
+    async def relay_failed(self) -> None:
+        await self._event({"type": "error", **error_body("The job's stream failed; poll GET /api/v1/jobs/<id>.",
+                                                          error_type="server_error", code="service_unavailable")})
 
     async def _open(self) -> None:
         if self.scope["method"] != "GET":
@@ -81,8 +87,10 @@ class JobEventsConsumer(HttpStreamMixin, RelayEvents, AsyncHttpConsumer):
             await self._stop()
             return
         # Before the 200: without Redis there is no stream to promise.
-        if not await self.join_job_group(job_id):
-            await self._reject(ServiceUnavailable(STREAM_UNAVAILABLE), headers={"Retry-After": "1"})
+        try:
+            await self.open_relay(job_id, after, self._event)
+        except ServiceUnavailable as exc:
+            await self._reject(exc, headers={"Retry-After": "1"})
             return
         await self.send_headers(status=200, headers=[
             (b"content-type", b"text/event-stream; charset=utf-8"),
@@ -90,23 +98,20 @@ class JobEventsConsumer(HttpStreamMixin, RelayEvents, AsyncHttpConsumer):
             (b"x-accel-buffering", b"no"),  # nginx would otherwise hold the events back
         ])
         await self.send_body(f"retry: {RETRY_MS}\n\n".encode(), more_body=True)
-        self.relay = JobStreamRelay(job_id=job_id, after=after, redis_client=get_async_redis(), send=self._event)
         self.start_keepalive()
-        await self.relay.replay()
+        self.follow()
 
     async def _event(self, message: dict[str, Any]) -> None:
         """The relay's send: one message as one event."""
         if self._ended:
             return
         kind = message["type"]
-        if kind == "final":
-            event_id = f"{message['seq']}{FINAL_ID_SUFFIX}"
-        elif kind == "reset":
-            event_id = "0"  # a reconnect now starts the new attempt from its beginning
+        if kind == "error":  # the job was deleted while it streamed: the response ends, no id
+            frame = f"event: error\ndata: {json.dumps(message)}\n\n".encode()
         else:
-            event_id = str(message["seq"])
-        frame = f"id: {event_id}\nevent: {kind}\ndata: {json.dumps(message)}\n\n".encode()
-        self._ended = kind == "final"
+            suffix = FINAL_ID_SUFFIX if kind == "final" else ""
+            frame = f"id: {message['seq']}{suffix}\nevent: {kind}\ndata: {json.dumps(message)}\n\n".encode()
+        self._ended = kind in ("final", "error")
         await self.send_body(frame, more_body=not self._ended)
 
     async def _reject(self, exc: ServiceError, *, status: int | None = None,

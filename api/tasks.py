@@ -1,11 +1,11 @@
 """Celery tasks.
 
-``run_job`` (and ``run_jobs``, the same for a few ids in one message) runs on engine workers (queue ``engine``, a non-forking pool). It hands the job id to
-the worker's admission thread, which claims what has arrived in one UPDATE and starts it in the
-in-process engine (api/streaming/admission.py). A duplicate delivery finds the job already
-claimed and does nothing; a job whose message was acknowledged but never claimed (the worker
-died in between) is still queued in the database, and the reconciler sends it again. ``reconcile_jobs``, ``expire_jobs``, ``rollup_usage`` and ``purge_jobs`` run on the light worker under beat,
-as does ``drop_job_stream`` when a delete schedules it.
+``run_job`` runs on engine workers (queue ``engine``, the solo pool): it claims the job and starts
+it in the worker's engine (api/worker/service.py). A duplicate delivery finds the job already
+claimed and does nothing; a job whose message was lost is still queued in the database, and the
+reconciler sends it again. ``reconcile_jobs``, ``expire_jobs``, ``rollup_usage`` and
+``purge_jobs`` run on the light worker under beat, as does ``drop_job_stream`` when a delete
+schedules it.
 """
 
 from __future__ import annotations
@@ -18,8 +18,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from api.services import job_deletion, job_lifecycle, quotas
-from api.streaming import worker
-from api.streaming.config import redispatch_after_s
+from api.worker import service as worker
 
 logger = logging.getLogger(__name__)
 
@@ -28,25 +27,14 @@ ENGINE_QUEUE = "engine"
 
 @shared_task(name="api.tasks.run_job", acks_late=True, ignore_result=True)
 def run_job(job_id: str) -> bool:
-    """Hand ``job_id`` to this worker's admission. False when this process has no engine or is
-    stopping (the job is then left to, or sent back to, the queue)."""
+    """Claim ``job_id`` and start it in this worker's engine. False when it is not this worker's
+    to run (see ``EngineWorkerService.admit``)."""
     service = worker.current()
     if service is None:
         # Not an engine worker (misrouted): leave the job queued; the reconciler re-dispatches it.
         logger.warning("run_job(%s) reached a process without an engine; ignored", job_id)
         return False
     return service.admit(str(job_id))
-
-
-@shared_task(name="api.tasks.run_jobs", acks_late=True, ignore_result=True)
-def run_jobs(job_ids: list[str]) -> int:
-    """``run_job`` for several jobs in one message (a web process's burst of submissions, see
-    api/services/dispatcher.py). Returns how many this worker admitted."""
-    service = worker.current()
-    if service is None:
-        logger.warning("run_jobs(%s jobs) reached a process without an engine; ignored", len(job_ids))
-        return 0
-    return sum(service.admit(str(job_id)) for job_id in job_ids)
 
 
 def dispatch_job(job_id: str) -> None:
@@ -68,7 +56,7 @@ def _declare_engine_queue() -> None:
 def reconcile_jobs() -> dict[str, int]:
     """Re-dispatch queued jobs that no worker claimed in time (their message was lost), and hand
     back running jobs whose worker's lease expired (the worker died) so they run again."""
-    after_s = redispatch_after_s()
+    after_s = float(settings.JOB_REDISPATCH_AFTER_S)
     requeued = 0
     for job_id in job_lifecycle.jobs_with_expired_lease():
         if job_lifecycle.job_requeue(job_id=job_id, worker_id=None, redispatch_after_s=0.0):

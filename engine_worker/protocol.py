@@ -52,6 +52,9 @@ class JobSpec:
     # (token id, bias) pairs: a JSON object would turn the ids into strings on the wire.
     logit_bias: tuple[tuple[int, float], ...] = ()
     logprobs: int | None = None  # SamplingParams.logprobs
+    # The seq of this run's first chunk. A job that runs again after its worker died continues
+    # the seqs of its earlier attempt, so a seq never names two different chunks.
+    first_seq: int = 1
 
 
 @dataclass(frozen=True)
@@ -127,9 +130,6 @@ class StepBatch:
     chunks: tuple[OutputChunk, ...] = ()
     finals: tuple[FinalResult, ...] = ()
     first_tokens: tuple[FirstToken, ...] = ()
-    # Jobs this worker started since the previous batch. A sink clears what an earlier attempt of
-    # each left in its stream before it writes this batch's chunks (none of theirs are older).
-    started: tuple[str, ...] = ()
 
     def __bool__(self) -> bool:
-        return bool(self.chunks or self.finals or self.first_tokens or self.started)
+        return bool(self.chunks or self.finals or self.first_tokens)

@@ -103,20 +103,12 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REDIS_URL = env_str("REDIS_URL", "redis://127.0.0.1:6379/0")
 
+# Job outputs travel through each job's Redis stream, read directly by the consumers that follow
+# it (api/streaming/relay.py); the channel layer carries only what the consumers send each other.
 CHANNEL_LAYERS = {
     "default": {
-        "BACKEND": "inference_service.channel_layer.CancelSafeRedisChannelLayer",  # see its docstring
-        # redis-py 8 defaults every socket to a 5 s timeout, the same as channels_redis's blocking
-        # wait for a consumer's next message (BZPOPMIN 5 s): a WebSocket quiet for 5 s then died
-        # with "Timeout reading". The socket must outlive the wait.
-        # capacity: channels_redis bounds each channel's queue, and the consumers of one daphne
-        # process share ONE queue (process-local channels), so the default of 100 was the backlog
-        # of a whole process: 32 streams falling three steps behind dropped messages, finals
-        # included, and clients waited 1-2 s for the relay's idle check to recover them.
-        "CONFIG": {
-            "hosts": [{"address": REDIS_URL, "socket_timeout": 30}],
-            "capacity": env_int("CHANNEL_LAYER_CAPACITY", 10_000, minimum=100),
-        },
+        "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
+        "CONFIG": {"hosts": [REDIS_URL]},
     }
 }
 
@@ -127,9 +119,8 @@ if env_bool("BROKER_SHARED_CLIENT", False) and REDIS_URL.startswith(("redis://",
     CELERY_BROKER_TRANSPORT = "inference_service.broker:Transport"
 CELERY_RESULT_BACKEND = None
 CELERY_TASK_IGNORE_RESULT = True
-# A message is acknowledged after its task ran. run_job only queues the id for the worker's
-# admission thread, so a job can be acked and not yet claimed; the DB row (still queued) and the
-# reconciler make the final call on whether it runs.
+# A message is acknowledged after its task ran: run_job has claimed its job by then (or found it
+# not claimable). A worker that dies before leaves the message to be delivered again.
 CELERY_TASK_ACKS_LATE = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
@@ -206,6 +197,23 @@ WEB_REQUEST_THREADS = env_int("WEB_REQUEST_THREADS", 8, minimum=1)
 # Warm each web process up before it serves (inference_service/warmup.py). serve_web turns it on
 # for its daphne processes; an ASGI app imported elsewhere (tests, a shell) leaves it off.
 WEB_WARM_UP = env_bool("WEB_WARM_UP", False)
+
+# Engine workers (api/worker/). WORKER_ID names a worker in heartbeats and job rows (default:
+# host-pid-random). A held job's lease (JOB_LEASE_S) is renewed every WORKER_HEARTBEAT_S; on
+# SIGTERM running jobs get WORKER_DRAIN_S to finish before they go back to the queue. A queued job
+# that no worker claimed JOB_REDISPATCH_AFTER_S after its dispatch is sent again (its message was
+# lost). Deltas are written at most every WORKER_STREAM_INTERVAL_MS (first tokens and finals at
+# once): 40 ms is about two steps of a small model, so streams stay smooth while each write carries
+# several tokens. WORKER_PREFETCH job messages are taken from the broker at once.
+WORKER_ID = env_str("WORKER_ID", "")
+WORKER_HEARTBEAT_S = env_float("WORKER_HEARTBEAT_S", 2.0, minimum=0.1)
+WORKER_DRAIN_S = env_float("WORKER_DRAIN_S", 30.0, minimum=0.0)
+JOB_REDISPATCH_AFTER_S = env_float("JOB_REDISPATCH_AFTER_S", 30.0, minimum=0.5)
+WORKER_STREAM_INTERVAL_MS = env_float("WORKER_STREAM_INTERVAL_MS", 40.0, minimum=0.0)
+WORKER_PREFETCH = env_int("WORKER_PREFETCH", 16, minimum=1)
+# How long a job's stream stays replayable after its last write; after that a client that
+# resumes gets the job's end from the database.
+JOB_STREAM_TTL_S = env_int("JOB_STREAM_TTL_S", 6 * 3600, minimum=1)
 
 LOGGING = {
     "version": 1,

@@ -39,7 +39,7 @@ from rest_framework import exceptions as drf_exceptions
 
 from api.authentication import authenticate_api_key
 from api.consumers import cancel_job, db_thread, scope_api_key
-from api.errors import ServiceError, error_body, exception_handler
+from api.errors import JobNotFound, ServiceError, ServiceUnavailable, error_body, exception_handler
 from api.http_stream import HttpStreamMixin, encode_headers
 from api.job_logprobs import chat_logprobs, job_logprobs, text_logprobs
 from api.models import ApiKey, Job
@@ -47,15 +47,13 @@ from api.openai_api.continuity import Diverged, StreamContinuity
 from api.openai_api.requests import Kind, OpenAIRequest, openai_request
 from api.openai_api.responses import ChunkWriter, StreamRestarted, completion_body, ending_error
 from api.parsers import RequestTooLarge, StrictJSONParser
-from api.redis_client import get_async_redis
 from api.services.jobs import JobSubmission
-from api.streaming.relay import JobStreamRelay
-from api.streaming.relay_events import RelayEvents
+from api.streaming.follow import FollowsJob
 
 logger = logging.getLogger(__name__)
 
 
-class CompletionConsumer(HttpStreamMixin, RelayEvents, AsyncHttpConsumer):
+class CompletionConsumer(HttpStreamMixin, FollowsJob, AsyncHttpConsumer):
     """Serves one request of ``kind`` (set by the route)."""
 
     kind: Kind = Kind.CHAT
@@ -88,7 +86,7 @@ class CompletionConsumer(HttpStreamMixin, RelayEvents, AsyncHttpConsumer):
 
     async def disconnect(self) -> None:
         self.stop_keepalive()
-        await self.leave_job_group()
+        self.stop_following()
         if self._job_id is not None and not self._ended and self._cancel_on_disconnect:
             self._ended = True
             try:
@@ -120,13 +118,11 @@ class CompletionConsumer(HttpStreamMixin, RelayEvents, AsyncHttpConsumer):
         rate = submission.rate_limit
         if rate is not None:
             self._headers.update({name.lower(): value for name, value in rate.headers().items()})
-        # Without Redis no live group: the relay then brings the end from the stream or the row.
-        await self.join_job_group(self._job_id)
+        # The job exists now: even without Redis the answer comes, from its row once it ends.
+        await self.open_relay(self._job_id, 0, self._on_message, look=False)
         if self._request.stream:
             await self._start_stream()
-        self.relay = JobStreamRelay(job_id=self._job_id, after=0, redis_client=get_async_redis(),
-                                    send=self._on_message)
-        await self.relay.replay()
+        self.follow()
 
     async def _start_stream(self) -> None:
         request = self._request
@@ -172,6 +168,20 @@ class CompletionConsumer(HttpStreamMixin, RelayEvents, AsyncHttpConsumer):
         except Diverged:  # text already sent cannot be taken back; the job itself goes on
             self._cancel_on_disconnect = False
             await self._end_stream(StreamRestarted(str(self._job_id)))
+
+    async def job_gone(self, exc: JobNotFound) -> None:
+        await self._end_with(exc)
+
+    async def relay_failed(self) -> None:
+        await self._end_with(ServiceUnavailable("The job's stream failed; poll GET /api/v1/jobs/<id>."))
+
+    async def _end_with(self, error: ServiceError) -> None:
+        if self._ended:
+            return
+        if self._writer is None:
+            await self._reject(error)
+        else:
+            await self._end_stream(error)
 
     async def _answer(self, final: dict[str, Any]) -> None:
         """The whole response of a request without ``stream``."""

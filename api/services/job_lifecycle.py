@@ -19,11 +19,10 @@ import uuid
 from dataclasses import dataclass
 from functools import cache
 
-from django.db import connection, connections, transaction
+from django.db import connection, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from api.db_rows import RowShape, build, row_shape
 from api.models import Job, JobStatus
 from engine_worker.protocol import FinalResult, JobSpec
 
@@ -42,106 +41,22 @@ def _from_unix(ts: float | None) -> dt.datetime | None:
 
 
 def job_claim(*, job_id: str, worker_id: str, lease_s: float) -> Job | None:
-    """queued → in_progress for ``worker_id``, unless cancellation was requested. Clears the
-    output of any earlier attempt. Returns the claimed job, or None if someone else has it, it was
-    cancelled, or it is finished."""
-    claimed = jobs_claim(job_ids=[job_id], worker_id=worker_id, lease_s=lease_s)
-    return claimed[0] if claimed else None
-
-
-def jobs_claim(*, job_ids: list[str], worker_id: str, lease_s: float, ahead: int = 0) -> list[Job]:
-    """:func:`job_claim` for several jobs in one statement: ``UPDATE ... RETURNING`` the claimed
-    rows (one round trip where the ORM needs four: BEGIN, UPDATE, a SELECT of the rows, COMMIT).
-    Returns the jobs this call claimed, in the order of ``job_ids``.
-
-    ``ahead`` (PostgreSQL): also claim up to that many other queued jobs from the head of the
-    queue (priority, then arrival), skipping rows another worker is claiming. Their own messages
-    arrive later and find them claimed, as any duplicate delivery does. A worker woken by one
-    message thus takes every job committed by then, instead of one job per message: its Celery
-    consumer handles a message in ~4 ms on the GPU host while the engine runs, and a burst of 32
-    submissions waited in line for it. They come after ``job_ids``' jobs, in queue order.
-
-    With no ``job_ids``, only the queue's head is claimed: a worker woken by the database's
-    notice that jobs were queued (api/streaming/queue_listener.py)."""
-    if connection.vendor != "postgresql":  # SKIP LOCKED: PostgreSQL's
-        ahead = 0
-    if not job_ids and ahead <= 0:
-        return []
+    """queued → in_progress for ``worker_id``, unless cancellation was requested, counting the
+    attempt. Clears the text and counts of any earlier attempt (its ``last_seq`` stays: the new
+    attempt's stream goes on after it). Returns the claimed job, or None if someone else has it,
+    it was cancelled, or it is finished."""
     now = timezone.now()
-    values = {"status": JobStatus.IN_PROGRESS.value, "worker_id": worker_id,
-              "lease_expires_at": now + dt.timedelta(seconds=lease_s), "started_at": now, "first_token_at": None,
-              "output_text": "", "last_seq": 0, "completion_tokens": 0}
-    if not connection.features.can_return_columns_from_insert:  # SQLite before 3.35: no RETURNING
-        return _jobs_claim_orm(job_ids, worker_id, now, values)
-    pk = Job._meta.pk
-    ids = list(dict.fromkeys(str(job_id) for job_id in job_ids))
-    id_params = [pk.get_db_prep_value(pk.to_python(job_id), connection) for job_id in ids]
-    placeholders = ", ".join(["%s"] * len(ids))
-    statement = _claim_statement(connection.alias)
-    head, params, which = "", [], []
-    if ahead > 0:
-        head = statement.head_sql.format(not_named=statement.not_named_sql.format(ids=placeholders) if ids else "")
-        params += [JobStatus.QUEUED.value, False, *id_params, ahead]
-        which.append(statement.in_head_sql)
-    params += [Job._meta.get_field(name).get_db_prep_save(values[name], connection) for name in _CLAIM_FIELDS]
-    if ids:
-        which.append(f"{statement.id_column} IN ({placeholders})")
-        params += id_params
-    params += [JobStatus.QUEUED.value, False]
-    with connection.cursor() as cursor:
-        cursor.execute(head + statement.sql.format(which=" OR ".join(which)), params)
-        rows = {str(job.id): job for job in (build(statement.shape, row, connection.alias) for row in cursor.fetchall())}
-    named = [rows.pop(job_id) for job_id in ids if job_id in rows]
-    return named + sorted(rows.values(), key=lambda job: (job.priority, job.queued_at))
-
-
-@dataclass(frozen=True)
-class _ClaimStatement:
-    sql: str  # the UPDATE, with a {which} placeholder: in_head_sql, "id IN (named ids)", or both ORed
-    id_column: str
-    # "WITH head AS MATERIALIZED (the queue's head{not_named})": status, cancel_requested, [ids,] limit.
-    # Materialized: as a plain subquery in the UPDATE's WHERE, PostgreSQL may run it more than once
-    # (once per row it checks), and then LIMIT bounds each run, not what the UPDATE claims.
-    head_sql: str
-    not_named_sql: str  # " AND id NOT IN ({ids})"
-    in_head_sql: str  # "id IN (SELECT id FROM head)"
-    shape: RowShape
-
-
-@cache
-def _claim_statement(alias: str) -> _ClaimStatement:
-    ops = connections[alias].ops
-    q = ops.quote_name
-    shape = row_shape(Job)
-    column = lambda name: q(Job._meta.get_field(name).column)  # noqa: E731
-    assignments = ", ".join(f"{column(name)} = %s" for name in _CLAIM_FIELDS)
-    table = q(Job._meta.db_table)
-    sql = (f"UPDATE {table} SET {assignments} WHERE ({{which}}) "
-           f"AND {column('status')} = %s AND {column('cancel_requested')} = %s RETURNING {shape.column_list(q)}")
-    head_sql = (f"WITH head AS MATERIALIZED (SELECT {column('id')} FROM {table} WHERE {column('status')} = %s "
-                f"AND {column('cancel_requested')} = %s{{not_named}} "
-                f"ORDER BY {column('priority')}, {column('queued_at')} LIMIT %s FOR UPDATE SKIP LOCKED) ")
-    return _ClaimStatement(sql=sql, id_column=column("id"), head_sql=head_sql,
-                           not_named_sql=f" AND {column('id')} NOT IN ({{ids}})",
-                           in_head_sql=f"{column('id')} IN (SELECT {column('id')} FROM head)", shape=shape)
-
-
-_CLAIM_FIELDS = ("status", "worker_id", "lease_expires_at", "started_at", "first_token_at", "output_text",
-                 "last_seq", "completion_tokens")
-
-
-def _jobs_claim_orm(job_ids: list[str], worker_id: str, now: dt.datetime, values: dict) -> list[Job]:
     with transaction.atomic():
-        claimed = Job.objects.filter(id__in=job_ids, status=JobStatus.QUEUED, cancel_requested=False).update(**values)
-        if not claimed:
-            return []
-        # The rows this UPDATE changed, and only those: they stay locked until the commit.
-        rows = {str(job.id): job for job in Job.objects.filter(id__in=job_ids, worker_id=worker_id, started_at=now)}
-    return [rows[str(job_id)] for job_id in dict.fromkeys(job_ids) if str(job_id) in rows]
+        claimed = Job.objects.filter(id=job_id, status=JobStatus.QUEUED, cancel_requested=False).update(
+            status=JobStatus.IN_PROGRESS, worker_id=worker_id, lease_expires_at=now + dt.timedelta(seconds=lease_s),
+            started_at=now, first_token_at=None, output_text="", completion_tokens=0, attempts=F("attempts") + 1,
+        )
+        # The row this UPDATE changed stays locked until the commit: nobody moved it meanwhile.
+        return Job.objects.get(id=job_id) if claimed else None
 
 
-def job_spec(job: Job) -> JobSpec:
-    """The wire form of a claimed job, for the engine."""
+def job_spec(job: Job, *, first_seq: int = 1) -> JobSpec:
+    """The wire form of a claimed job, for the engine; ``first_seq`` numbers its first chunk."""
     params = job.params or {}
     stop = params.get("stop") or ()
     return JobSpec(
@@ -161,6 +76,7 @@ def job_spec(job: Job) -> JobSpec:
         frequency_penalty=_param(params, "frequency_penalty", 0.0),
         logit_bias=tuple((int(token), float(bias)) for token, bias in (params.get("logit_bias") or {}).items()),
         logprobs=None if params.get("logprobs") is None else int(params["logprobs"]),
+        first_seq=first_seq,
     )
 
 

@@ -249,14 +249,12 @@ def jobs_dispatch(*, job_ids: list[str]) -> bool:
 
 
 def _publish(job_ids: list[str]) -> bool:
-    """One ``run_job`` message, or one ``run_jobs`` message for several ids. False if it failed."""
+    """One ``run_job`` message per id. False if a send failed."""
     try:
-        from api.tasks import run_job, run_jobs  # lazy: keeps Celery's import graph out of web start-up
+        from api.tasks import run_job  # lazy: keeps Celery's import graph out of web start-up
 
-        if len(job_ids) == 1:
-            run_job.delay(job_ids[0])
-        else:
-            run_jobs.delay(job_ids)
+        for job_id in job_ids:
+            run_job.delay(job_id)
     except Exception:  # noqa: BLE001 - any broker/import failure; the DB row is the truth
         logger.warning("Dispatch of %s failed; the reconciler will retry", ", ".join(job_ids), exc_info=True)
         return False

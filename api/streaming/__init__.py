@@ -1,2 +1,2 @@
-"""Streaming of job outputs: the engine worker's sink (Redis stream + channel layer + DB), the
-wire messages WebSocket clients receive, and the worker process's service object."""
+"""Following a job's stream on the web side: the relay that reads a job's Redis stream for one
+client, the message shapes of that stream, and the end of a job that never reached a worker."""

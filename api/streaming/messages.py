@@ -1,8 +1,9 @@
-"""The messages of a job's stream, in their three forms: Redis stream entry, channel-layer event
-and WebSocket JSON.
+"""The messages of a job's stream, in their two forms: Redis stream entry and client JSON.
 
-Stream entries (``job:<id>:chunks``) have the fields ``seq`` and ``text`` (api.keys), plus
-``type`` (``delta`` or ``final``) and, for a final, ``data`` (JSON of the final message).
+Stream entries (``job:<id>:chunks``) have the fields ``type`` (``delta``, ``reset`` or
+``final``) and ``seq``; a delta has ``text`` and ``completion_tokens`` (and ``logprobs`` when the
+job asks for them), a final ``data`` (the JSON of the final message). A ``reset`` is only ever
+a stream's first entry: the job runs again after its worker died (api/worker/admission.py).
 """
 
 from __future__ import annotations
@@ -10,14 +11,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from django.conf import settings
+
 from api.keys import JOB_STREAM_FIELD_SEQ, JOB_STREAM_FIELD_TEXT
 from engine_worker.protocol import FinalResult, OutputChunk
-from inference_service.env import env_int
-
-# Channel-layer event types (Channels maps "job.delta" to the consumer method job_delta).
-EVENT_DELTA = "job.delta"
-EVENT_FINAL = "job.final"
-EVENT_RESET = "job.reset"
 
 _STATUS_BY_REASON = {"stop": "completed", "length": "completed", "abort": "cancelled", "error": "failed"}
 
@@ -73,6 +70,11 @@ def chunk_entry(chunk: OutputChunk) -> dict[str, str]:
     return entry
 
 
+def reset_entry(seq: int) -> dict[str, str]:
+    """The first entry of a job's stream when the job runs again: clients drop their text."""
+    return {"type": "reset", JOB_STREAM_FIELD_SEQ: str(seq)}
+
+
 def final_from_job(job: Any) -> dict[str, Any]:
     """The final message of a finished ``api.models.Job``, from its row."""
     return final_message(
@@ -103,9 +105,9 @@ def entry_to_message(job_id: str, fields: dict[str, str]) -> dict[str, Any]:
 
 
 def stream_ttl_s() -> int:
-    """How long a job's stream stays replayable after its last write (``JOB_STREAM_TTL_S``,
-    default 6 h); after that a client that resumes gets the job's end from the database."""
-    return env_int("JOB_STREAM_TTL_S", 6 * 3600, minimum=1)
+    """How long a job's stream stays replayable after its last write (``JOB_STREAM_TTL_S``);
+    after that a client that resumes gets the job's end from the database."""
+    return int(settings.JOB_STREAM_TTL_S)
 
 
 # Bounds a stream's length (approximately); one entry per engine step per job, so a job under the

@@ -1,28 +1,32 @@
-"""Exactly-once, in-order delivery of one job's stream to one WebSocket client.
+"""Exactly-once, in-order delivery of one job's stream to one client.
 
-Two sources feed a client: the per-job Redis stream (complete, replayable) and the channel-layer
-group ``job.<id>`` (live, at most once: a message can be dropped when a client's channel is full).
-The relay subscribes to the group *before* reading the stream, so nothing falls between the two,
-then forwards only ``seq == last + 1``: older messages are duplicates and are dropped; a newer one
-means something was missed, and the gap is read from the stream first. The final message goes
-out after every chunk up to its ``seq``.
+A job's outputs live in its Redis stream ``job:<id>:chunks`` (messages.py): deltas with
+consecutive seqs, then one final. When a job runs again after its worker died, the new attempt
+starts the stream afresh with a ``reset`` entry, whose seq comes after every seq of the earlier
+attempt, and its deltas go on from there; so a seq names one chunk of one attempt, and a client
+resuming with ``after=<seq>`` is never given another attempt's text without a ``reset`` first.
 
-The group is at most once, so a relay that hears nothing for a second reads the stream itself:
-a dropped final still arrives. If the stream is gone (expired, or Redis was flushed) the job's
-row supplies the end: its text as one delta (only when the client has nothing yet) and the final.
+The relay reads the stream from its start with ``XREAD BLOCK`` and forwards, in order: every
+delta after the client's seq, a reset when the client holds text of an earlier attempt, and the
+final. Nothing else carries a job's chunks, so there is no second copy to reconcile.
+
+The job's row, not the stream, is the truth. When the stream cannot say what comes next (entries
+are missing: Redis was flushed, or the stream expired), or stays silent while the row says the job
+has ended, the relay ends from the row: the text the client lacks as one delta (a reset and the
+whole text, if what the client holds is not a prefix of the stored text) and the final.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import redis.asyncio as aioredis
 from channels.db import database_sync_to_async
 
+from api.errors import JobNotFound, ServiceUnavailable
 from api.keys import job_stream_key
 from api.models import Job
 from api.streaming import messages
@@ -31,11 +35,14 @@ logger = logging.getLogger(__name__)
 
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 
-# The live group is at most once: a message (even the final) is dropped when a client's channel
-# is over capacity. A relay that heard nothing for this long reads the stream itself, and every
-# few such ticks also asks the database (the stream may be gone: expired, or Redis was flushed).
-IDLE_CHECK_S = 1.0
-DB_CHECK_EVERY = 3
+# One read waits this long for new entries. While the stream is silent the row is read every few
+# such waits, so a job whose end never reached its stream still ends within seconds.
+BLOCK_S = 1.0
+ROW_CHECK_EVERY = 3
+READ_COUNT = 512
+
+# What a client hears when Redis cannot be reached: the job itself is safe in the database.
+STREAM_UNAVAILABLE = "The job's stream is unavailable right now; poll GET /api/v1/jobs/<id> or retry."
 
 
 class JobStreamRelay:
@@ -45,128 +52,130 @@ class JobStreamRelay:
         self.done = False
         self._redis = redis_client
         self._send = send
-        self._lock = asyncio.Lock()
-        self._sent_any = False
-        self._last_id = "-"  # stream id of the last entry at or below last_seq
-        self._heard_at = time.monotonic()
-        self._watchdog: asyncio.Task[None] | None = None
+        self._key = job_stream_key(job_id)
+        self._holds_unknown_text = after > 0  # text from before this connection, not seen here
+        self._sent: list[str] = []  # text sent since the client's last reset
+        self._tokens_sent = 0
+        self._lost = False  # the stream lacks entries this client needs: the row gives the end
+        self._first: list[tuple[str, dict[str, str]]] | None = None  # what open() read
+        self._read_failing = False
 
-    async def replay(self) -> None:
-        """Send what the stream holds after ``last_seq`` (and the final, if it is there), then
-        keep watching for what the live group might drop."""
-        async with self._lock:
-            final = await self._forward_stream(upto=None)
-            if final is not None:
-                await self._finish(final)
-                return
-        self._watchdog = asyncio.get_running_loop().create_task(self._watch())
+    async def open(self) -> None:
+        """Take a first look at the stream. Raises :class:`ServiceUnavailable` when Redis cannot
+        be reached: there is nothing to follow then (the job itself is safe in the database)."""
+        try:
+            reply = await self._redis.xread({self._key: "0-0"}, count=READ_COUNT)
+        except aioredis.RedisError as exc:
+            logger.warning("job %s: cannot read its stream", self.job_id, exc_info=True)
+            raise ServiceUnavailable(STREAM_UNAVAILABLE) from exc
+        self._first = reply[0][1] if reply else []
 
-    async def on_delta(self, seq: int, text: str, completion_tokens: int | None, logprobs: Any = None) -> None:
-        self._heard_at = time.monotonic()
-        async with self._lock:
-            if self.done or seq <= self.last_seq:
-                return
-            if seq > self.last_seq + 1:
-                await self._forward_stream(upto=seq - 1)
-            if seq == self.last_seq + 1:
-                await self._emit(messages.delta_message(self.job_id, seq, text, completion_tokens, logprobs))
-                # The stream entry of this seq is now behind us; the next read starts after it.
+    async def run(self) -> None:
+        """Forward the stream until the final is sent; returns then. Raises :class:`JobNotFound`
+        when the job is gone (deleted) before it could end. Cancel the task to stop early."""
+        entries, self._first = self._first or [], []
+        last_id = "0-0"
+        silent = 0
+        while True:
+            if entries:
+                silent = 0
+                for entry_id, fields in entries:
+                    last_id = entry_id
+                    await self._on_entry(fields)
+                    if self.done:
+                        return
             else:
-                logger.warning("job %s: chunks %s..%s missing from the stream", self.job_id, self.last_seq + 1, seq - 1)
+                if self._lost or silent % ROW_CHECK_EVERY == 0:
+                    await self._end_if_row_finished(last_id)
+                    if self.done:
+                        return
+                silent += 1
+            entries = await self._read(last_id, int(BLOCK_S * 1000))
 
-    async def on_final(self, final: dict[str, Any]) -> None:
-        self._heard_at = time.monotonic()
-        async with self._lock:
+    async def _read(self, last_id: str, block_ms: int | None) -> list[tuple[str, dict[str, str]]]:
+        try:
+            reply = await self._redis.xread({self._key: last_id}, count=READ_COUNT, block=block_ms)
+        except aioredis.RedisError as exc:
+            log = logger.debug if self._read_failing else logger.warning
+            log("job %s: stream read failed (%s); the row will tell its end", self.job_id, exc)
+            self._read_failing = True
+            await asyncio.sleep(BLOCK_S)
+            return []
+        self._read_failing = False
+        return reply[0][1] if reply else []
+
+    async def _on_entry(self, fields: dict[str, str]) -> None:
+        kind = fields.get("type", "delta")
+        seq = int(fields["seq"])
+        if kind == "reset":
+            if seq > self.last_seq:  # what the client holds (if anything) is an earlier attempt's
+                await self._reset(seq)
+                self._lost = False
+            return
+        if kind == "final":
+            if self._lost or seq > self.last_seq:  # chunks are missing: the row has them
+                self._lost = True
+                await self._end_from_row(await _load_job(self.job_id))  # written before the final
+            else:
+                await self._finish(messages.entry_to_message(self.job_id, fields))
+            return
+        if self._lost or seq <= self.last_seq:
+            return
+        if seq == self.last_seq + 1:
+            await self._emit(messages.entry_to_message(self.job_id, fields))
+        else:
+            logger.warning("job %s: chunks %s..%s are missing from its stream; ending from the database",
+                           self.job_id, self.last_seq + 1, seq - 1)
+            self._lost = True
+
+    async def _end_if_row_finished(self, last_id: str) -> None:
+        job = await _load_job(self.job_id)
+        if job is not None and not job.is_finished:
+            return
+        # The row is written before the stream's final: read what came meanwhile before deciding.
+        for _, fields in await self._read(last_id, None):
+            await self._on_entry(fields)
             if self.done:
                 return
-            if int(final["seq"]) > self.last_seq:
-                await self._forward_stream(upto=int(final["seq"]))
-            await self._finish(final)
+        await self._end_from_row(job)
 
-    async def on_reset(self) -> None:
-        """A new attempt of the job starts from scratch (its previous worker died)."""
-        async with self._lock:
-            if self._sent_any and not self.done:
-                await self._send({"type": "reset", "job_id": self.job_id})
-            self.last_seq = 0
-            self._last_id = "-"
+    async def _end_from_row(self, job: Job | None) -> None:
+        if job is None:
+            raise JobNotFound(self.job_id)
+        if not job.is_finished:
+            return
+        text = job.output_text
+        sent = "".join(self._sent)
+        if self._holds_unknown_text or not text.startswith(sent):
+            await self._reset(self.last_seq + 1)
+            sent = ""
+        if len(text) > len(sent):
+            logprobs = job.logprobs[self._tokens_sent:] if job.logprobs else None
+            await self._emit(messages.delta_message(self.job_id, self.last_seq + 1, text[len(sent):],
+                                                    job.completion_tokens, logprobs))
+        final = messages.final_from_job(job)
+        final["seq"] = self.last_seq
+        await self._finish(final)
 
-    def close(self) -> None:
-        if self._watchdog is not None:
-            self._watchdog.cancel()
-
-    # -- internals ----------------------------------------------------------------------------
-
-    async def _forward_stream(self, upto: int | None) -> dict[str, Any] | None:
-        """Forward stream deltas with ``last_seq < seq <= upto`` in order; return the final if
-        the stream has it."""
-        start = "-" if self._last_id == "-" else f"({self._last_id}"
-        try:
-            entries = await self._redis.xrange(job_stream_key(self.job_id), min=start)
-        except aioredis.RedisError:
-            logger.warning("job %s: stream read failed", self.job_id, exc_info=True)
-            return None
-        for entry_id, fields in entries:
-            message = messages.entry_to_message(self.job_id, fields)
-            if message["type"] == "final":
-                return message
-            seq = message["seq"]
-            if seq > self.last_seq + 1 or (upto is not None and seq > upto):
-                break
-            if seq == self.last_seq + 1:
-                await self._emit(message)
-            self._last_id = entry_id
-        return None
+    async def _reset(self, seq: int) -> None:
+        if self._sent or self._holds_unknown_text:
+            await self._send({"type": "reset", "job_id": self.job_id, "seq": seq})
+        self.last_seq = seq
+        self._sent = []
+        self._tokens_sent = 0
+        self._holds_unknown_text = False
 
     async def _emit(self, message: dict[str, Any]) -> None:
         self.last_seq = message["seq"]
-        self._sent_any = True
+        self._sent.append(message["text"])
+        self._tokens_sent = message.get("completion_tokens") or self._tokens_sent
         await self._send(message)
 
     async def _finish(self, final: dict[str, Any]) -> None:
         self.done = True
         await self._send(final)
 
-    async def _watch(self) -> None:
-        ticks = 0
-        while not self.done:
-            await asyncio.sleep(IDLE_CHECK_S)
-            if time.monotonic() - self._heard_at < IDLE_CHECK_S:
-                continue
-            ticks += 1
-            async with self._lock:
-                if self.done:
-                    return
-                before = self.last_seq
-                final = await self._forward_stream(upto=None)
-                if final is not None or self.last_seq != before:
-                    # The live group dropped these: the stream had them after a silence.
-                    logger.warning("job %s: %s chunks%s recovered from the stream after %.1f s without live messages",
-                                   self.job_id, self.last_seq - before, " and the final" if final else "",
-                                   time.monotonic() - self._heard_at)
-                if final is not None:
-                    await self._finish(final)
-                elif ticks % DB_CHECK_EVERY == 0:
-                    await self._finish_if_stream_lost()
-
-    async def _finish_if_stream_lost(self) -> None:
-        job = await _load_job(self.job_id)
-        if job is None or not job.is_finished:
-            return
-        try:
-            exists = bool(await self._redis.exists(job_stream_key(self.job_id)))
-        except aioredis.RedisError:
-            exists = False
-        if not exists:
-            await self._finish_from_row(job)
-
-    async def _finish_from_row(self, job: Job) -> None:
-        if self.last_seq == 0 and job.output_text:
-            await self._emit(messages.delta_message(self.job_id, max(job.last_seq, 1), job.output_text,
-                                                    logprobs=job.logprobs))
-        await self._finish(messages.final_from_job(job))
-
 
 @database_sync_to_async
 def _load_job(job_id: str) -> Job | None:
-    return Job.objects.filter(id=job_id).first()
+    return Job.objects.filter(id=job_id, deleted_at__isnull=True).first()

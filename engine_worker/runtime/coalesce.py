@@ -3,7 +3,8 @@
 The engine reports every running request after each step. A sink round trip per token would
 dominate a small model's step time, so the I/O thread folds everything that arrived since its
 last write (one step, or several when it lags) into one :class:`StepBatch`: at most one
-:class:`OutputChunk` per job, numbered 1, 2, 3... per job, plus first-token events and finals.
+:class:`OutputChunk` per job, numbered on from the job's first seq (1 for a first run), plus
+first-token events and finals.
 
 The streamed text is the single source of the stored text: a final's ``text`` is the join of the
 chunks this coalescer emitted, so a client that received every chunk has exactly the stored text.
@@ -29,7 +30,8 @@ class JobProgress:
 
     job_id: str
     prompt_tokens: int
-    seq: int = 0
+    seq: int = 0  # of the last chunk emitted
+    first_seq: int = 1
     parts: list[str] = field(default_factory=list)
     completion_tokens: int = 0
     cached_tokens: int = 0
@@ -48,26 +50,18 @@ class ChunkCoalescer:
     def __init__(self, clock: Callable[[], float] = time.time) -> None:
         self._clock = clock
         self._jobs: dict[str, JobProgress] = {}
-        self._started: list[str] = []
 
-    def track(self, job_id: str, prompt_tokens: int) -> None:
-        """Start following a job; its id goes out in the next batch's ``started``."""
-        self._jobs[job_id] = JobProgress(job_id=job_id, prompt_tokens=prompt_tokens)
-        self._started.append(job_id)
-
-    def has_started(self) -> bool:
-        """Whether jobs were tracked since the last :meth:`fold`."""
-        return bool(self._started)
-
-    def is_tracked(self, job_id: str) -> bool:
-        return job_id in self._jobs
+    def track(self, job_id: str, prompt_tokens: int, first_seq: int = 1) -> None:
+        """Start following a job whose first chunk will have seq ``first_seq``."""
+        self._jobs[job_id] = JobProgress(job_id=job_id, prompt_tokens=prompt_tokens, seq=first_seq - 1,
+                                         first_seq=first_seq)
 
     def awaits_first_text(self, job_id: str) -> bool:
         """Whether the job has had no chunk yet: its client has seen nothing. A first token can
         bring no text (the detokenizer holds a partial character, or the leading space it trims),
         and the text then comes with a later token."""
         job = self._jobs.get(job_id)
-        return job is not None and job.seq == 0
+        return job is not None and job.seq < job.first_seq
 
     def job_ids(self) -> list[str]:
         return list(self._jobs)
@@ -114,8 +108,7 @@ class ChunkCoalescer:
                     done.append(self._finish(job, out.finish_reason or "stop", out.error, out.completion_tokens))
         for job_id, texts in pending.items():
             chunks.append(self._emit(self._jobs[job_id], "".join(texts)))
-        started, self._started = tuple(self._started), []
-        return StepBatch(chunks=tuple(chunks), finals=tuple(done), first_tokens=tuple(first_tokens), started=started)
+        return StepBatch(chunks=tuple(chunks), finals=tuple(done), first_tokens=tuple(first_tokens))
 
     def cancel(self, job_id: str) -> FinalResult | None:
         """End a job as aborted with the text streamed so far; None if it is not tracked."""

@@ -4,10 +4,10 @@ Threads (DESIGN.md, "One thread owns the model"):
 
 * the engine thread (EngineCore's own) steps the scheduler; after each step it calls our output
   listener, which only enqueues;
-* the I/O thread (:class:`IOThread`) folds outputs into one chunk per job per batch and calls the
-  sink (Redis, database);
-* callers (a Celery task, a cancel subscriber, the heartbeat loop) use :meth:`submit`,
-  :meth:`cancel`, :meth:`hand_back`, :meth:`heartbeat`, which never block on the engine.
+* the I/O thread (:class:`IOThread`) folds outputs into one chunk per job per batch, calls the
+  sink (Redis, database) and, between batches, the worker's periodic duties (``on_tick``);
+* callers (the Celery consumer's thread, the periodic duties) use :meth:`submit`, :meth:`cancel`,
+  :meth:`hand_back`, :meth:`heartbeat`, which never block on the engine.
 
 This module imports neither Django nor Celery; the service plugs in through :class:`OutputSink`.
 """
@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from engine_worker.protocol import JobSpec, WorkerHeartbeat
@@ -44,15 +45,17 @@ class JobHost:
     """Admits :class:`JobSpec` s into one engine, many at once (continuous batching)."""
 
     def __init__(self, engine: HostedEngine, sink: OutputSink, *, model_name: str = "",
-                 context_length: int | None = None, stream_interval_s: float = 0.0) -> None:
+                 context_length: int | None = None, stream_interval_s: float = 0.0,
+                 on_tick: Callable[[], None] | None = None, tick_s: float = 0.5) -> None:
         """``stream_interval_s``: the least time between two sink writes of ordinary deltas
-        (first tokens, finals and commands go at once); 0 writes after every step."""
+        (first tokens, finals and commands go at once); 0 writes after every step. ``on_tick``:
+        the worker's periodic duties, run on the I/O thread at least every ``tick_s`` seconds."""
         self.engine = engine
         self.model_name = model_name
         self.context_length = context_length
         self._held: dict[str, float] = {}  # job id -> admitted at
         self._lock = threading.Condition()
-        self._io = IOThread(sink, self._finished, interval_s=stream_interval_s)
+        self._io = IOThread(sink, self._finished, interval_s=stream_interval_s, on_tick=on_tick, tick_s=tick_s)
         self._started = False
         self._closed = False
 
@@ -98,7 +101,7 @@ class JobHost:
                 return False
             self._held[spec.job_id] = time.time()
         # Track before submitting: the FIFO queue then orders the track before any output.
-        self._io.put(Track(spec.job_id, len(spec.prompt_token_ids)))
+        self._io.put(Track(spec.job_id, len(spec.prompt_token_ids), spec.first_seq))
         try:
             self.engine.submit(spec_to_request(spec))
         except BaseException:

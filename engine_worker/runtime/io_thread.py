@@ -6,6 +6,10 @@ takes whatever has accumulated, folds it with :class:`ChunkCoalescer` into one
 once per batch, off the engine thread, and never per token. Commands from other threads (track a
 new job, cancel, hand back) travel through the same FIFO queue, which orders them with respect
 to the outputs: a job is tracked before its first output can arrive.
+
+Between batches, and at least every ``tick_s`` when idle, it calls ``on_tick``: the worker's
+periodic duties (heartbeat, lease renewal, cancellations from outside) run here too, so one
+thread does all of the worker's I/O.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ logger = logging.getLogger(__name__)
 class Track:
     job_id: str
     prompt_tokens: int
+    first_seq: int = 1
 
 
 @dataclass(frozen=True)
@@ -53,10 +58,15 @@ class IOThread:
     """Owns the coalescer and calls the sink. ``on_finished(job_id)`` runs after a job's final
     was handed to the sink (or was handed back), so "no jobs held" means "all finals written"."""
 
-    def __init__(self, sink: OutputSink, on_finished: Callable[[str], None], *, interval_s: float = 0.0) -> None:
+    def __init__(self, sink: OutputSink, on_finished: Callable[[str], None], *, interval_s: float = 0.0,
+                 on_tick: Callable[[], None] | None = None, tick_s: float = 0.5) -> None:
+        """``on_tick`` is called from this thread between batches, at least every ``tick_s``
+        seconds; it must not raise (an exception is logged and the thread goes on)."""
         self._sink = sink
         self._on_finished = on_finished
         self._interval_s = interval_s
+        self._on_tick = on_tick
+        self._tick_s = tick_s
         self._last_publish = 0.0
         self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
         self._wake = threading.Event()  # set when something urgent is queued
@@ -91,11 +101,24 @@ class IOThread:
     def _run(self) -> None:
         stopping = False
         while not stopping:
-            items = [self._queue.get()]
+            try:
+                items = [self._queue.get(timeout=self._tick_s)]
+            except queue.Empty:
+                self._tick()
+                continue
             self._take_waiting(items)
             if self._interval_s > 0 and not self._urgent(items):
                 self._fold_until_due(items)
             stopping = self._process(items)
+            self._tick()
+
+    def _tick(self) -> None:
+        if self._on_tick is None:
+            return
+        try:
+            self._on_tick()
+        except Exception:
+            logger.exception("the worker's periodic duties failed; retrying at the next tick")
 
     def _fold_until_due(self, items: list[object]) -> None:
         """Ordinary deltas wait until ``interval_s`` after the previous write, folding the steps
@@ -147,7 +170,7 @@ class IOThread:
                 self._publish(self._coalescer.fold(steps, finals))
                 steps, finals = [], []
             if isinstance(item, Track):
-                self._coalescer.track(item.job_id, item.prompt_tokens)
+                self._coalescer.track(item.job_id, item.prompt_tokens, item.first_seq)
             elif isinstance(item, Cancel):
                 final = self._coalescer.cancel(item.job_id)
                 if final is not None:
@@ -158,7 +181,7 @@ class IOThread:
                 barriers.append(item.event)
             elif item is _STOP:
                 stopping = True
-        if steps or finals or self._coalescer.has_started():
+        if steps or finals:
             self._publish(self._coalescer.fold(steps, finals))
         for event in barriers:
             event.set()

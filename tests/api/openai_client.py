@@ -11,8 +11,7 @@ from channels.db import database_sync_to_async
 from channels.testing import ApplicationCommunicator
 
 from api.services.job_lifecycle import job_claim
-from api.streaming.fanout import process_group_sender
-from api.streaming.sink import RedisJobSink
+from api.worker.sink import RedisJobSink
 from engine_worker.protocol import FinalResult, OutputChunk, StepBatch
 from inference_service.asgi import application
 
@@ -108,8 +107,7 @@ def run_job(job_id: str, texts: list[str], *, finish_reason: str = "stop", error
     chunk, and all of them on the final."""
     job = job_claim(job_id=job_id, worker_id=WORKER, lease_s=30)
     assert job is not None, "the job was not claimable"
-    sink = RedisJobSink(worker_id=WORKER, redis_client=_redis(), sender=process_group_sender())
-    sink.publish(StepBatch(started=(job_id,)))
+    sink = RedisJobSink(worker_id=WORKER, redis_client=_redis())
     for seq, text in enumerate(texts, start=1):
         chunk_logprobs = None if logprobs is None else (logprobs[seq - 1],)
         sink.publish(StepBatch(chunks=(OutputChunk(job_id=job_id, seq=seq, text=text, completion_tokens=seq,

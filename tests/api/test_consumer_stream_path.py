@@ -1,20 +1,19 @@
-"""The WebSocket stream path through the real ASGI application, Redis and the channel layer:
-no per-message thread hop, and one Redis client per event loop shared by the consumers."""
+"""The WebSocket stream path through the real ASGI application and Redis: replayed and live
+chunks in order, one Redis client per event loop shared by the consumers, Redis down, and the
+final of a job cancelled in the queue."""
 
 from __future__ import annotations
 
 import asyncio
-from unittest import mock
 
 import pytest
-from channels.layers import get_channel_layer
 from channels.testing import WebsocketCommunicator
 
-from api.keys import job_group_name, job_stream_key
+from api.keys import job_stream_key
 from api.models import JobStatus
 from api.redis_client import get_async_redis
 from api.streaming import messages
-from engine_worker.protocol import OutputChunk
+from engine_worker.protocol import FinalResult, OutputChunk
 from inference_service.asgi import application
 from tests.api.factories import make_api_key, make_job
 
@@ -30,33 +29,34 @@ def _chunk(job_id: str, seq: int) -> OutputChunk:
     return OutputChunk(job_id=job_id, seq=seq, text=TEXTS[seq - 1], completion_tokens=seq)
 
 
-def test_live_deltas_reach_the_socket_without_a_thread_hop_per_message(redis_client):
+def test_replayed_and_live_deltas_reach_the_socket_in_order_and_the_final_closes_it(redis_client):
     api_key, secret = make_api_key()
     job = make_job(api_key=api_key, status=JobStatus.IN_PROGRESS)
     job_id = str(job.id)
+    key = job_stream_key(job_id)
     for seq in (1, 2):  # already produced when the client connects: replayed from the stream
-        redis_client.xadd(job_stream_key(job_id), messages.chunk_entry(_chunk(job_id, seq)))
+        redis_client.xadd(key, messages.chunk_entry(_chunk(job_id, seq)))
 
-    async def scenario() -> list[dict]:
+    async def scenario() -> tuple[list[dict], dict]:
         communicator = WebsocketCommunicator(application, f"/ws/v1/jobs/{job_id}/?api_key={secret}")
         connected, _ = await communicator.connect(timeout=10)
         assert connected
         received = [await communicator.receive_json_from(timeout=10) for _ in range(2)]
-        layer = get_channel_layer()
-        for seq in (3, 4):  # live: stream first, then the group, as the worker's sink does
-            redis_client.xadd(job_stream_key(job_id), messages.chunk_entry(_chunk(job_id, seq)))
-            await layer.group_send(job_group_name(job_id), {"type": messages.EVENT_DELTA, "seq": seq,
-                                                           "text": TEXTS[seq - 1], "completion_tokens": seq})
+        for seq in (3, 4):  # live, as the worker's sink writes them
+            redis_client.xadd(key, messages.chunk_entry(_chunk(job_id, seq)))
             received.append(await communicator.receive_json_from(timeout=10))
-        await communicator.disconnect()
-        return received
+        redis_client.xadd(key, messages.final_entry(FinalResult(
+            job_id=job_id, text="".join(TEXTS), finish_reason="length", prompt_tokens=3, completion_tokens=4,
+            last_seq=4)))
+        received.append(await communicator.receive_json_from(timeout=10))
+        closed = await communicator.receive_output(timeout=10)
+        return received, closed
 
-    with mock.patch("channels.consumer.aclose_old_connections") as hop:
-        received = asyncio.run(scenario())
-
-    assert [(m["type"], m["seq"], m["text"]) for m in received] == [("delta", i, TEXTS[i - 1]) for i in (1, 2, 3, 4)]
-    # Channels' own dispatch makes this hop for the connect and for every channel-layer message.
-    assert hop.call_count == 0
+    received, closed = asyncio.run(scenario())
+    assert [(m["type"], m["seq"]) for m in received] == [("delta", 1), ("delta", 2), ("delta", 3), ("delta", 4),
+                                                         ("final", 4)]
+    assert "".join(m.get("text", "") for m in received) == "".join(TEXTS)
+    assert closed["type"] == "websocket.close"
 
 
 def test_consumers_on_one_event_loop_share_one_redis_client(redis_client):
@@ -69,36 +69,8 @@ def test_consumers_on_one_event_loop_share_one_redis_client(redis_client):
     assert other_loop is not first  # a client's connections belong to the loop that made them
 
 
-def test_one_batch_message_feeds_every_socket_of_the_process_its_own_events(redis_client):
-    from api.streaming.group_batch import group_send_many
-
-    api_key, secret = make_api_key()
-    job_ids = [str(make_job(api_key=api_key, status=JobStatus.IN_PROGRESS).id) for _ in range(2)]
-
-    async def scenario() -> list[list[dict]]:
-        sockets = []
-        for job_id in job_ids:
-            communicator = WebsocketCommunicator(application, f"/ws/v1/jobs/{job_id}/?api_key={secret}")
-            assert (await communicator.connect(timeout=10))[0]
-            sockets.append(communicator)
-        events = []
-        for seq in (1, 2, 3):  # interleaved, as one sink batch of several steps would carry them
-            for job_id in job_ids:
-                redis_client.xadd(job_stream_key(job_id), messages.chunk_entry(_chunk(job_id, seq)))
-                events.append((job_group_name(job_id), {"type": messages.EVENT_DELTA, "seq": seq,
-                                                        "text": TEXTS[seq - 1], "completion_tokens": seq}))
-        await group_send_many(get_channel_layer(), events)
-        got = [[await s.receive_json_from(timeout=10) for _ in range(3)] for s in sockets]
-        for s in sockets:
-            await s.disconnect()
-        return got
-
-    got = asyncio.run(scenario())
-    for job_id, received in zip(job_ids, got, strict=True):
-        assert [(m["job_id"], m["seq"], m["text"]) for m in received] == [(job_id, i, TEXTS[i - 1]) for i in (1, 2, 3)]
-
-
 def test_without_redis_the_socket_gets_an_error_and_close_code_1011_not_a_crash(redis_client, monkeypatch):
+    import redis.asyncio
     import redis.exceptions
 
     api_key, secret = make_api_key()
@@ -107,7 +79,7 @@ def test_without_redis_the_socket_gets_an_error_and_close_code_1011_not_a_crash(
     async def down(*_args, **_kwargs):
         raise redis.exceptions.ConnectionError("Redis is down")
 
-    monkeypatch.setattr(get_channel_layer(), "group_add", down)
+    monkeypatch.setattr(redis.asyncio.Redis, "xread", down)
 
     async def scenario():
         communicator = WebsocketCommunicator(application, f"/ws/v1/jobs/{job_id}/?api_key={secret}")
@@ -135,7 +107,7 @@ def test_a_watcher_of_a_queued_job_gets_its_final_as_soon_as_it_is_cancelled(red
         communicator = WebsocketCommunicator(application, f"/ws/v1/jobs/{job_id}/?api_key={secret}")
         connected, _ = await communicator.connect(timeout=10)
         assert connected
-        await asyncio.sleep(0.2)  # subscribed and replayed (nothing yet)
+        await asyncio.sleep(0.2)  # following its (still empty) stream
         started = asyncio.get_running_loop().time()
         # As a view would (its connection closed after), on a thread of its own.
         await database_sync_to_async(job_cancel, thread_sensitive=False)(job_id=job_id, owner=api_key.owner)

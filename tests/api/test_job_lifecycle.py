@@ -220,105 +220,11 @@ def test_progress_of_several_running_jobs_is_written_in_one_update():
     assert (other.output_text, other.first_token_at) == ("", None)
 
 
-def test_a_batch_claim_takes_only_claimable_jobs_in_the_order_given():
-    a, b, c = make_job(), make_job(), make_job()
-    cancelled, running = make_job(cancel_requested=True), make_job()
-    assert lc.job_claim(job_id=str(running.id), worker_id="other", lease_s=30) is not None
-    ids = [str(c.id), str(cancelled.id), str(a.id), str(running.id), str(b.id), str(a.id)]
-    claimed = lc.jobs_claim(job_ids=ids, worker_id="w1", lease_s=30)
-    assert [str(job.id) for job in claimed] == [str(c.id), str(a.id), str(b.id)]
-    assert all(job.status == JobStatus.IN_PROGRESS and job.worker_id == "w1" for job in claimed)
-    running.refresh_from_db()
-    assert running.worker_id == "other"
-    # A second delivery of the same batch claims nothing.
-    assert lc.jobs_claim(job_ids=ids, worker_id="w2", lease_s=30) == []
-    assert lc.jobs_claim(job_ids=[], worker_id="w2", lease_s=30) == []
+def test_a_claim_counts_attempts_clears_the_earlier_text_and_keeps_its_last_seq():
+    job = make_job(attempts=1, output_text="old", completion_tokens=4, last_seq=4)
+    claimed = lc.job_claim(job_id=str(job.id), worker_id="w1", lease_s=30)
+    assert (claimed.attempts, claimed.output_text, claimed.completion_tokens) == (2, "", 0)
+    assert claimed.last_seq == 4  # the new attempt's stream goes on after it (api/worker/admission.py)
+    assert (claimed.status, claimed.worker_id) == (JobStatus.IN_PROGRESS, "w1")
 
 
-def test_a_claim_is_one_update_returning_the_orms_instances():
-    from django.db import connection
-    from django.forms.models import model_to_dict
-    from django.test.utils import CaptureQueriesContext
-
-    from api.models import Job
-
-    jobs = [make_job(), make_job()]
-    with CaptureQueriesContext(connection) as queries:
-        claimed = lc.jobs_claim(job_ids=[str(j.id) for j in jobs], worker_id="w1", lease_s=30)
-
-    # One round trip: no BEGIN/SELECT/COMMIT around the UPDATE.
-    assert len(queries.captured_queries) == 1
-    assert queries.captured_queries[0]["sql"].startswith("UPDATE") and " RETURNING " in queries.captured_queries[0]["sql"]
-    for job in claimed:
-        stored = Job.objects.get(id=job.id)
-        assert model_to_dict(job) == model_to_dict(stored)
-        assert (job.started_at, job.lease_expires_at, job.created_at) == (
-            stored.started_at, stored.lease_expires_at, stored.created_at)
-        assert not job._state.adding
-
-
-
-@pytest.mark.skipif(connection.vendor != "postgresql", reason="SKIP LOCKED is PostgreSQL's")
-def test_a_claim_ahead_also_takes_the_queue_head_in_order_and_at_most_ahead_jobs():
-    now = timezone.now()
-    named = make_job(priority=10, queued_at=now)
-    later = make_job(priority=10, queued_at=now + dt.timedelta(seconds=2))
-    urgent = make_job(priority=0, queued_at=now + dt.timedelta(seconds=3))
-    earlier = make_job(priority=10, queued_at=now - dt.timedelta(seconds=1))
-    make_job(priority=5, cancel_requested=True)  # never claimed
-    last = make_job(priority=20)
-
-    claimed = lc.jobs_claim(job_ids=[str(named.id)], worker_id="w1", lease_s=30, ahead=3)
-
-    # The delivered job first, then the head of the queue: priority, then arrival.
-    assert [j.id for j in claimed] == [named.id, urgent.id, earlier.id, later.id]
-    assert all(j.status == JobStatus.IN_PROGRESS and j.worker_id == "w1" for j in claimed)
-    last.refresh_from_db()
-    assert last.status == JobStatus.QUEUED
-    # Its own message, when it comes, finds the job claimed: nothing happens twice.
-    assert lc.jobs_claim(job_ids=[str(later.id)], worker_id="w2", lease_s=30) == []
-
-
-@pytest.mark.skipif(connection.vendor != "postgresql", reason="SKIP LOCKED is PostgreSQL's")
-def test_a_claim_of_the_queue_head_alone_takes_at_most_ahead_jobs_in_queue_order():
-    now = timezone.now()
-    later = make_job(priority=10, queued_at=now + dt.timedelta(seconds=2))
-    urgent = make_job(priority=0, queued_at=now + dt.timedelta(seconds=3))
-    earlier = make_job(priority=10, queued_at=now)
-
-    claimed = lc.jobs_claim(job_ids=[], worker_id="w1", lease_s=30, ahead=2)
-
-    assert [j.id for j in claimed] == [urgent.id, earlier.id]
-    later.refresh_from_db()
-    assert later.status == JobStatus.QUEUED
-    assert lc.jobs_claim(job_ids=[], worker_id="w1", lease_s=30, ahead=0) == []
-
-
-@pytest.mark.skipif(connection.vendor != "postgresql", reason="SKIP LOCKED is PostgreSQL's")
-def test_a_claim_ahead_skips_a_job_another_worker_is_claiming(transactional_db):
-    import threading
-
-    from django.db import transaction
-
-    busy, free = make_job(), make_job(queued_at=timezone.now() + dt.timedelta(seconds=1))
-    locked, release = threading.Event(), threading.Event()
-
-    def other_worker() -> None:
-        with transaction.atomic():
-            list(type(busy).objects.select_for_update().filter(id=busy.id))
-            locked.set()
-            release.wait(10)
-        connection.close()
-
-    thread = threading.Thread(target=other_worker)
-    thread.start()
-    assert locked.wait(10)
-    try:
-        claimed = lc.jobs_claim(job_ids=[], worker_id="w1", lease_s=30, ahead=2)
-    finally:
-        release.set()
-        thread.join(10)
-
-    assert [j.id for j in claimed] == [free.id]  # not blocked by, and not taking, the locked row
-    busy.refresh_from_db()
-    assert busy.status == JobStatus.QUEUED

@@ -5,7 +5,6 @@ stream and channel layer), in OpenAI's shapes."""
 from __future__ import annotations
 
 import asyncio
-from unittest import mock
 
 import pytest
 from channels.db import database_sync_to_async
@@ -230,8 +229,8 @@ def _restarted_stream(second_attempt: list[str]):
     streams ``second_attempt`` and finishes. Returns the job and the response."""
     from api.redis_client import get_redis
     from api.services.job_lifecycle import job_claim
-    from api.streaming.fanout import process_group_sender
-    from api.streaming.sink import RedisJobSink
+    from api.worker.admission import stream_restart
+    from api.worker.sink import RedisJobSink
     from engine_worker.protocol import FinalResult, OutputChunk, StepBatch
     from tests.api.openai_client import WORKER
 
@@ -239,15 +238,19 @@ def _restarted_stream(second_attempt: list[str]):
 
     @database_sync_to_async
     def publish(job_id: str, worker: str, texts: list[str], *, claim: bool = False, final: bool = False) -> None:
+        """What a worker does: claim (a job that ran before restarts its stream), stream, finish."""
+        first = 1
         if claim:
-            job_claim(job_id=job_id, worker_id=worker, lease_s=30)
-        sink = RedisJobSink(worker_id=worker, redis_client=get_redis(), sender=process_group_sender())
-        sink.publish(StepBatch(started=(job_id,), chunks=tuple(
-            OutputChunk(job_id=job_id, seq=i, text=t, completion_tokens=i) for i, t in enumerate(texts, 1))))
+            job = job_claim(job_id=job_id, worker_id=worker, lease_s=30)
+            if job.attempts > 1:
+                first = stream_restart(redis_client=get_redis(), job=job)
+        sink = RedisJobSink(worker_id=worker, redis_client=get_redis())
+        sink.publish(StepBatch(chunks=tuple(
+            OutputChunk(job_id=job_id, seq=first + i, text=t, completion_tokens=i + 1) for i, t in enumerate(texts))))
         if final:
             sink.publish(StepBatch(finals=(FinalResult(
                 job_id=job_id, text="".join(texts), finish_reason="stop", prompt_tokens=3,
-                completion_tokens=len(texts), last_seq=len(texts)),)))
+                completion_tokens=len(texts), last_seq=first + len(texts) - 1),)))
 
     async def scenario():
         exchange = Exchange(CHAT, {"model": "tiny", "messages": [{"role": "user", "content": "hi"}],
@@ -310,17 +313,13 @@ def test_an_idle_stream_gets_keep_alive_comments(monkeypatch):
 
 def test_with_the_streams_redis_unreachable_a_waiting_request_still_answers_from_the_row(monkeypatch):
     import redis.asyncio as aioredis
-    from channels.layers import get_channel_layer
-    from redis.exceptions import ConnectionError as RedisConnectionError
 
-    from api.openai_api import consumer as consumer_module
+    from api.streaming import follow as follow_module
     from api.streaming import relay as relay_module
 
-    monkeypatch.setattr(relay_module, "IDLE_CHECK_S", 0.05)  # the relay's checks, sooner
+    monkeypatch.setattr(relay_module, "BLOCK_S", 0.05)  # the relay's checks of the row, sooner
     dead = aioredis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.2, retry=None)  # nothing listens
-    monkeypatch.setattr(consumer_module, "get_async_redis", lambda: dead)
-    layer = get_channel_layer()
-    monkeypatch.setattr(layer, "group_add", mock.AsyncMock(side_effect=RedisConnectionError("down")))
+    monkeypatch.setattr(follow_module, "get_async_redis", lambda: dead)
 
     job, response = _exchange_with_worker(CHAT, {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]},
                                           ["Hello", " again"], timeout=30)

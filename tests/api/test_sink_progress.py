@@ -9,8 +9,8 @@ import pytest
 
 from api.models import Job, JobStatus
 from api.services import job_lifecycle
-from api.streaming import sink as sink_module
-from api.streaming.sink import RedisJobSink
+from api.worker import sink as sink_module
+from api.worker.sink import RedisJobSink
 from engine_worker.protocol import OutputChunk, StepBatch
 from tests.api.factories import make_job
 
@@ -29,7 +29,7 @@ def test_jobs_that_start_on_different_steps_share_one_progress_write(redis_clien
     clock = Clock()
     monkeypatch.setattr(sink_module.time, "monotonic", clock)
     jobs = [str(make_job(status=JobStatus.IN_PROGRESS, worker_id="w").id) for _ in range(3)]
-    sink = RedisJobSink(worker_id="w", redis_client=redis_client, sender=None, progress_interval_s=1.0)
+    sink = RedisJobSink(worker_id="w", redis_client=redis_client, progress_interval_s=1.0)
     writes = mock.Mock(wraps=job_lifecycle.jobs_record_progress)
     monkeypatch.setattr(job_lifecycle, "jobs_record_progress", writes)
 
@@ -53,20 +53,6 @@ def test_jobs_that_start_on_different_steps_share_one_progress_write(redis_clien
         assert row.output_text == "".join(f"<{n}>" for n in range(1, row.last_seq + 1))
 
 
-def test_a_started_job_s_earlier_stream_is_cleared_before_its_first_chunk(redis_client):
-    from api.keys import job_stream_key
-
-    job_id = str(make_job(status=JobStatus.IN_PROGRESS, worker_id="w").id)
-    key = job_stream_key(job_id)
-    redis_client.xadd(key, {"type": "delta", "seq": "1", "text": "old attempt"})
-    sink = RedisJobSink(worker_id="w", redis_client=redis_client, sender=None)
-
-    sink.publish(StepBatch(chunks=(OutputChunk(job_id=job_id, seq=1, text="new", completion_tokens=1),),
-                           started=(job_id,)))
-
-    assert [fields["text"] for _, fields in redis_client.xrange(key)] == ["new"]
-
-
 def test_first_token_times_wait_for_the_progress_write_and_keep_each_job_s_own_time(redis_client, monkeypatch):
     # A batch with first tokens writes nothing to the database: the batches queued behind it (the
     # next admission's first tokens, on a burst) would wait for that UPDATE. The times go out with
@@ -79,7 +65,7 @@ def test_first_token_times_wait_for_the_progress_write_and_keep_each_job_s_own_t
     clock = Clock()
     monkeypatch.setattr(sink_module.time, "monotonic", clock)
     early, late = (str(make_job(status=JobStatus.IN_PROGRESS, worker_id="w").id) for _ in range(2))
-    sink = RedisJobSink(worker_id="w", redis_client=redis_client, sender=None, progress_interval_s=1.0)
+    sink = RedisJobSink(worker_id="w", redis_client=redis_client, progress_interval_s=1.0)
 
     def chunks(seq: int) -> tuple[OutputChunk, ...]:
         return tuple(OutputChunk(job_id=j, seq=seq, text=f"<{seq}>", completion_tokens=seq) for j in (early, late))
@@ -101,7 +87,7 @@ def test_a_job_that_finishes_before_the_progress_write_gets_its_first_token_time
     from engine_worker.protocol import FinalResult, FirstToken
 
     job_id = str(make_job(status=JobStatus.IN_PROGRESS, worker_id="w").id)
-    sink = RedisJobSink(worker_id="w", redis_client=redis_client, sender=None, progress_interval_s=60.0)
+    sink = RedisJobSink(worker_id="w", redis_client=redis_client, progress_interval_s=60.0)
     sink.publish(StepBatch(chunks=(OutputChunk(job_id=job_id, seq=1, text="a", completion_tokens=1),),
                            first_tokens=(FirstToken(job_id=job_id, at=1_800_000_000.0),)))
     sink.publish(StepBatch(finals=(FinalResult(job_id=job_id, text="ab", finish_reason="length", prompt_tokens=3,

@@ -40,7 +40,7 @@ except QuotaExceeded as exc:
 active, tokens = _key_usage(api_key=key, now=timezone.now())
 positions = [job_queue_position(job=job) for job in jobs]
 from api.services import job_lifecycle as lc
-claimed = lc.jobs_claim(job_ids=[str(jobs[0].id)], worker_id="w", lease_s=30)
+claimed = [lc.job_claim(job_id=str(jobs[0].id), worker_id="w", lease_s=30)]
 claim_same = model_to_dict(claimed[0]) == model_to_dict(Job.objects.get(id=jobs[0].id)) and \
     claimed[0].started_at == Job.objects.get(id=jobs[0].id).started_at is not None
 written = lc.jobs_record_progress(worker_id="w", progress=[
@@ -58,7 +58,7 @@ connection.features.can_return_columns_from_insert = False
 key.max_concurrent_jobs = 10; key.save()
 old = [job_create(owner=user, api_key=key, request=JobRequest(prompt="hi", max_tokens=7)) for _ in range(2)]
 fallback = [[s.queue_position for s in old],
-            [str(j.id) for j in lc.jobs_claim(job_ids=[str(s.job.id) for s in old], worker_id="w", lease_s=30)]
+            [str(lc.job_claim(job_id=str(s.job.id), worker_id="w", lease_s=30).id) for s in old]
             == [str(s.job.id) for s in old]]
 print(json.dumps({
     "positions": positions, "insert_positions": [s.queue_position for s in submissions],

@@ -7,10 +7,9 @@ import asyncio
 import json
 
 import pytest
-from channels.layers import get_channel_layer
 from channels.testing import ApplicationCommunicator
 
-from api.keys import job_group_name, job_stream_key
+from api.keys import job_stream_key
 from api.models import JobStatus
 from api.streaming import messages
 from engine_worker.protocol import FinalResult, OutputChunk
@@ -152,22 +151,16 @@ def test_live_chunks_and_the_final_arrive_as_the_worker_publishes_them(redis_cli
     async def scenario() -> Response:
         communicator, start = await _open(_scope(f"/api/v1/jobs/{job_id}/events", secret=secret, query=f"api_key={secret}"))
         chunks = [(await communicator.receive_output(timeout=10))["body"] for _ in range(2)]  # retry, chunk 1
-        layer = get_channel_layer()
-        for seq in (2, 3):  # stream first, then the group, as the worker's sink does
+        for seq in (2, 3):  # live, as the worker's sink writes them
             redis_client.xadd(job_stream_key(job_id), _chunk(job_id, seq))
-            await layer.group_send(job_group_name(job_id), {"type": messages.EVENT_DELTA, "seq": seq,
-                                                           "text": TEXTS[seq - 1], "completion_tokens": seq})
             chunks.append((await communicator.receive_output(timeout=10))["body"])
-        final = messages.final_from_result(_final(job_id, 3))
         redis_client.xadd(job_stream_key(job_id), messages.final_entry(_final(job_id, 3)))
-        await layer.group_send(job_group_name(job_id), {"type": messages.EVENT_FINAL, "message": final})
         rest = await _read_to_end(communicator, start)
         return Response(start, [*chunks, rest.body])
 
     response = asyncio.run(scenario())
     assert _deltas(response) == [("1", 1, "Once"), ("2", 2, " upon"), ("3", 3, " a")]
     assert [e.get("event") for e in response.events()][-1] == "final"
-    assert not redis_client.keys(f"*group:{job_group_name(job_id)}")  # left the group at the end
 
 
 def test_a_quiet_stream_sends_keep_alive_comments(redis_client, monkeypatch):
@@ -184,7 +177,6 @@ def test_a_quiet_stream_sends_keep_alive_comments(redis_client, monkeypatch):
 
     bodies = asyncio.run(scenario())
     assert bodies == [b"retry: 1000\n\n", b": keep-alive\n\n", b": keep-alive\n\n"]
-    assert not redis_client.keys(f"*group:{job_group_name(job_id)}")  # a client that left leaves the group
 
 
 def _error(response: Response) -> dict:
@@ -232,16 +224,16 @@ def test_other_http_paths_still_reach_django(redis_client):
 
 
 def test_without_redis_the_stream_is_a_503_before_any_event(redis_client, monkeypatch):
+    import redis.asyncio
     import redis.exceptions
 
     api_key, secret = make_api_key()
     job_id = _finished_job(redis_client, api_key)
-    layer = get_channel_layer()
 
     async def down(*_args, **_kwargs):
         raise redis.exceptions.ConnectionError("Redis is down")
 
-    monkeypatch.setattr(layer, "group_add", down)
+    monkeypatch.setattr(redis.asyncio.Redis, "xread", down)
     response = get(_scope(f"/api/v1/jobs/{job_id}/events", secret=secret))
     assert response.status == 503 and response.headers["retry-after"] == "1"
     assert _error(response)["code"] == "service_unavailable"

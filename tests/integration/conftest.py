@@ -65,6 +65,7 @@ def fast_timings(monkeypatch):
     for name, value in FAST_ENV.items():
         monkeypatch.setenv(name, value)
     monkeypatch.setattr(settings, "JOB_LEASE_S", float(FAST_ENV["JOB_LEASE_S"]))
+    monkeypatch.setattr(settings, "JOB_REDISPATCH_AFTER_S", float(FAST_ENV["JOB_REDISPATCH_AFTER_S"]))
 
 
 @pytest.fixture

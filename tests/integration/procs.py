@@ -84,18 +84,6 @@ def _ppid(pid: int) -> int | None:
         return None
 
 
-def exited(pid: int) -> bool:
-    """Gone, or a zombie waiting to be reaped."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except OSError:
-        return True
-
-
-OUTPUT_PROCESS = "api.streaming.sink_process"
-INTAKE_PROCESS = "api.streaming.intake_process"
-
-
 def start_worker(env: dict[str, str], worker_id: str, log_dir: Path) -> Proc:
     argv = [sys.executable, "manage.py", "run_engine_worker", "--worker-id", worker_id, "--loglevel", "INFO"]
     return Proc(f"worker-{worker_id}", argv, env, log_dir)

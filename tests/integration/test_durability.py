@@ -15,7 +15,7 @@ from api.keys import job_stream_key, worker_heartbeat_key
 from api.models import JobStatus
 from api.tasks import reconcile_jobs
 from tests.integration.jobs import job, queue_job, wait_status
-from tests.integration.procs import INTAKE_PROCESS, OUTPUT_PROCESS, exited, wait_for
+from tests.integration.procs import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -31,13 +31,7 @@ def test_job_of_a_worker_killed_with_sigkill_completes_on_a_new_worker(workers, 
     beat = wait_for(lambda: _heartbeat_running(redis_db, "w-killed", job_id), 30, "a heartbeat with the job")
     assert beat["model"] == "tiny" and beat["device"] == "cpu" and beat["memory"]["active_bytes"] > 0
     wait_for(lambda: job(job_id).lease_expires_at > lease, 30, "the lease to be renewed")
-    [output_pid] = first.children(OUTPUT_PROCESS)  # the worker publishes through its output process
-    [intake_pid] = first.children(INTAKE_PROCESS)  # and consumes the engine queue in its intake process
     first.kill9()
-    # Its output process reads the end of the pipe, writes what it had and exits; its intake
-    # process reads the end of its stdin and stops consuming.
-    wait_for(lambda: exited(output_pid), 30, "the killed worker's output process to exit")
-    wait_for(lambda: exited(intake_pid), 30, "the killed worker's intake process to exit")
 
     # Nothing finishes it while no worker holds the lease: it stays in_progress until the lease
     # expires and the reconciler hands it on.
@@ -47,12 +41,14 @@ def test_job_of_a_worker_killed_with_sigkill_completes_on_a_new_worker(workers, 
     assert done.worker_id == "w-new"
     assert done.completion_tokens == 1200
     assert done.finish_reason == "length"
-    # Handed on by the reconciler's requeue: its notice (migration 0003) wakes w-new, which may
-    # claim the job before the reconciler's new message is sent (dispatch_count then stays 1).
-    # The stream holds exactly the new attempt: seq 1..last_seq, and its text is the stored text.
-    entries = redis_db.xrange(job_stream_key(job_id))
-    deltas = [f for _, f in entries if f["type"] == "delta"]
-    assert [int(f["seq"]) for f in deltas] == list(range(1, done.last_seq + 1))
+    assert done.attempts == 2
+    # The stream holds exactly the new attempt: a reset past every seq of the first, then its
+    # chunks numbered on from there, whose text is the stored text.
+    entries = [fields for _, fields in redis_db.xrange(job_stream_key(job_id))]
+    assert entries[0]["type"] == "reset"
+    deltas = [f for f in entries if f["type"] == "delta"]
+    reset_seq = int(entries[0]["seq"])
+    assert reset_seq > 3 and [int(f["seq"]) for f in deltas] == list(range(reset_seq + 1, done.last_seq + 1))
     assert "".join(f["text"] for f in deltas) == done.output_text
 
 
@@ -77,9 +73,7 @@ def test_jobs_queued_when_redis_is_flushed_still_complete(workers, redis_db):
 
 
 def test_duplicate_delivery_of_a_running_job_does_nothing(workers, redis_db):
-    # This worker consumes the engine queue in its own process (no intake process), the other mode.
-    dup = workers.start("w-dup", WORKER_INTAKE_PROCESS="0")
-    assert dup.children(INTAKE_PROCESS) == []
+    workers.start("w-dup")
     job_id = queue_job("Once upon a time", max_tokens=200)
     wait_status(job_id, (JobStatus.IN_PROGRESS, JobStatus.COMPLETED))
     from api.services.jobs import job_dispatch
@@ -102,15 +96,8 @@ def test_sigterm_drains_briefly_hands_back_the_rest_and_exits_cleanly(workers, r
     # alone, and Celery's warm shutdown alone takes ~1.5 s).
     long_id = queue_job("Once upon a time", max_tokens=3000)
     wait_for(lambda: redis_db.xlen(job_stream_key(long_id)) >= 3, 120, "the long job to stream")
-    [output_pid] = leaving.children(OUTPUT_PROCESS)
-    [intake_pid] = leaving.children(INTAKE_PROCESS)
     started = time.monotonic()
     assert leaving.stop(timeout=60) == 0, leaving.log_tail()
-    assert exited(intake_pid)
-    # The worker closed its output process's pipe and waited for it: the short job's final and
-    # everything else it piped were written before the worker exited.
-    assert exited(output_pid)
-    assert b"output process of w-leaving" in leaving.log_path.read_bytes()
     assert time.monotonic() - started < 30
     handed_back = job(long_id)
     assert handed_back.status == JobStatus.QUEUED and handed_back.worker_id is None
@@ -119,19 +106,3 @@ def test_sigterm_drains_briefly_hands_back_the_rest_and_exits_cleanly(workers, r
     workers.start("w-taking-over")
     done = wait_status(long_id, (JobStatus.COMPLETED,))
     assert (done.worker_id, done.completion_tokens) == ("w-taking-over", 3000)
-
-
-def test_a_queued_job_whose_message_never_comes_runs_at_the_databases_notice(workers):
-    # Without the notice, a job with no Celery message waits for the reconciler.
-    workers.start("w-quiet", WORKER_QUEUE_NOTIFY="0")
-    waiting = queue_job("Once upon a time", max_tokens=16, dispatch=False)
-    time.sleep(3.0)
-    assert job(waiting).status == JobStatus.QUEUED
-
-    # A worker that listens claims the queue's head when the next job is queued: both run, and
-    # neither was ever sent through Celery.
-    workers.start("w-notice")
-    later = queue_job("The quick brown fox", max_tokens=16, dispatch=False)
-    for job_id in (waiting, later):
-        done = wait_status(job_id, (JobStatus.COMPLETED,), timeout=120)
-        assert (done.worker_id, done.dispatch_count, done.completion_tokens) == ("w-notice", 0, 16)

@@ -261,16 +261,32 @@ def test_jobs_of_an_engine_that_dies_get_no_final_and_are_handed_back_at_once(en
     host.stop()
 
 
-def test_a_started_job_is_announced_once_in_a_batch_before_its_first_chunk(engine, tiny_model):
-    # The sink clears an earlier attempt's stream when it sees the id in ``started``: that must
-    # come before (or with) the new attempt's first chunk, and only once per attempt.
+def test_a_job_that_runs_again_numbers_its_chunks_on_from_its_first_seq(engine, tiny_model):
+    # A job's new attempt goes on after the seqs of its earlier one (api/worker/admission.py).
     _, tokenizer = tiny_model
     sink = MemorySink()
     host = make_host(engine, sink)
-    assert host.submit(spec(tokenizer, "job-a", PROMPTS[0], max_tokens=8))
-    sink.wait_final("job-a", 60)
+    assert host.submit(spec(tokenizer, "again", PROMPTS[0], max_tokens=8, first_seq=12))
+    final = sink.wait_final("again", 60)
     host.stop()
 
-    announced = [i for i, b in enumerate(sink.batches) if "job-a" in b.started]
-    first_chunk = next(i for i, b in enumerate(sink.batches) if any(c.job_id == "job-a" for c in b.chunks))
-    assert len(announced) == 1 and announced[0] <= first_chunk
+    seqs = [c.seq for c in sink.chunks("again")]
+    assert seqs == list(range(12, 12 + len(seqs))) and seqs
+    assert final.last_seq == seqs[-1]
+    assert final.text == "".join(c.text for c in sink.chunks("again"))
+
+
+def test_the_periodic_duties_run_on_the_io_thread_while_idle_and_between_batches(engine, tiny_model):
+    _, tokenizer = tiny_model
+    sink = MemorySink()
+    ticks: list[str] = []
+    host = JobHost(engine, sink, on_tick=lambda: ticks.append(threading.current_thread().name), tick_s=0.05)
+    host.start()
+    time.sleep(0.3)
+    idle_ticks = len(ticks)
+    assert host.submit(spec(tokenizer, "t", PROMPTS[1], max_tokens=8))
+    sink.wait_final("t", 60)
+    host.stop()
+
+    assert idle_ticks >= 3  # nothing to write, and the duties still ran
+    assert len(ticks) > idle_ticks and set(ticks) == {"worker-io"}

@@ -1,24 +1,17 @@
-"""The engine worker's output sink: database, per-job Redis stream, channel-layer group.
+"""The engine worker's output sink: the database and each job's Redis stream.
 
 For each :class:`StepBatch` (one or more engine steps, at most one chunk per job), in this order:
 
-0. the streams of jobs the worker just started are cleared of an earlier attempt's entries (live
-   clients are told to reset);
 1. database: finals (the job's status, text and usage);
-2. one Redis pipeline: XADD every chunk and final to its job's stream, refresh the streams' TTL;
-3. the channel layer: one group message per chunk and final (live fan-out, at most once);
-4. database: the text so far of running jobs and the first-token times seen since the last write,
+2. one Redis pipeline: XADD every chunk and final to its job's stream, refresh the streams' TTL
+   (the clients following a job read its stream, api/streaming/relay.py);
+3. database: the text so far of running jobs and the first-token times seen since the last write,
    all of them in one UPDATE every ``progress_interval_s`` (for polling clients). A job that
    finishes first gets its first-token time with its final.
 
-Finals reach the database first so a client that sees ``final`` and then reads the job finds it
-finished; the stream before the group so a consumer that notices a gap can fill it from the
-stream; bookkeeping that no client waits for comes last, off the time to first token. First-token
-times wait for the progress write because batches queue behind this one: on the GPU host, with
-one UPDATE per admission batch, a 32-job burst's batches took 6-10 ms each in this sink (5-8 of
-them in that UPDATE), about as long as the engine's admission steps between them. Runs in the
-worker's output process (sink_process.py), or with ``WORKER_OUTPUT_PROCESS=0`` on the worker's
-I/O thread; never on the engine thread.
+Finals reach the database before the stream, so a client that sees ``final`` and then reads the
+job finds it finished; bookkeeping that no client waits for comes last. Runs on the worker's I/O
+thread, never on the engine thread.
 """
 
 from __future__ import annotations
@@ -30,23 +23,18 @@ from typing import Any
 import redis
 from django.db import DatabaseError, close_old_connections
 
-from api.keys import job_group_name, job_stream_key
+from api.keys import job_stream_key
 from api.services import job_lifecycle
 from api.streaming import messages
-from api.streaming.fanout import GroupSender
-from engine_worker.protocol import OutputChunk, StepBatch
+from engine_worker.protocol import StepBatch
 
 logger = logging.getLogger(__name__)
 
 
 class RedisJobSink:
-    def __init__(
-        self, *, worker_id: str, redis_client: redis.Redis, sender: GroupSender | None,
-        progress_interval_s: float = 1.0,
-    ) -> None:
+    def __init__(self, *, worker_id: str, redis_client: redis.Redis, progress_interval_s: float = 1.0) -> None:
         self.worker_id = worker_id
         self._redis = redis_client
-        self._sender = sender
         self._progress_interval_s = progress_interval_s
         self._texts: dict[str, list[str]] = {}
         self._unsaved: set[str] = set()  # jobs with text the database does not have yet
@@ -55,10 +43,8 @@ class RedisJobSink:
         self._first_at: dict[str, float] = {}  # first-token times the database does not have yet
 
     def publish(self, batch: StepBatch) -> None:
-        self._reset_streams(batch)
         self._database(self._write_finals, batch)
         self._write_streams(batch)
-        self._fan_out(batch)
         self._database(self._write_bookkeeping, batch)
 
     # -- database -----------------------------------------------------------------------------
@@ -134,59 +120,3 @@ class RedisJobSink:
             pipe.execute()
         except redis.RedisError:
             logger.exception("stream write failed for %s jobs; polling and the final in the DB still work", len(keys))
-
-    def _reset_streams(self, batch: StepBatch) -> None:
-        """Clear the streams of jobs started here (an earlier attempt's entries) before any chunk
-        of theirs is written; this batch and later ones hold their first chunks."""
-        if not batch.started:
-            return
-        try:
-            streams_reset(redis_client=self._redis, sender=self._sender, job_ids=list(batch.started))
-        except redis.RedisError:
-            logger.warning("could not reset the streams of %s jobs", len(batch.started), exc_info=True)
-
-    # -- channel layer ------------------------------------------------------------------------
-
-    def _fan_out(self, batch: StepBatch) -> None:
-        if self._sender is None:
-            return
-        events: list[tuple[str, dict[str, Any]]] = [
-            (job_group_name(c.job_id), _delta_event(c)) for c in batch.chunks
-        ]
-        events += [
-            (job_group_name(r.job_id), {"type": messages.EVENT_FINAL, "message": messages.final_from_result(r)})
-            for r in batch.finals
-        ]
-        try:
-            self._sender.send(events)
-        except (redis.RedisError, OSError, TimeoutError):
-            logger.exception("live fan-out of %s events failed; clients fill gaps from the stream", len(events))
-
-
-def _delta_event(chunk: OutputChunk) -> dict[str, Any]:
-    event = {"type": messages.EVENT_DELTA, "seq": chunk.seq, "text": chunk.text,
-             "completion_tokens": chunk.completion_tokens}
-    if chunk.logprobs is not None:
-        event["logprobs"] = chunk.logprobs
-    return event
-
-
-def stream_reset(*, redis_client: redis.Redis, sender: GroupSender | None, job_id: str) -> bool:
-    """Start a job's stream afresh for a new attempt (the previous worker died or handed it
-    back): delete the old entries and tell live clients to discard what they have. A first
-    attempt has no stream, and then this costs one DEL. Returns whether there was one."""
-    return bool(streams_reset(redis_client=redis_client, sender=sender, job_ids=[job_id]))
-
-
-def streams_reset(*, redis_client: redis.Redis, sender: GroupSender | None, job_ids: list[str]) -> list[str]:
-    """:func:`stream_reset` for several jobs in one Redis round trip; returns the ids that had a
-    stream (their live clients were told to reset)."""
-    if not job_ids:
-        return []
-    pipe = redis_client.pipeline(transaction=False)
-    for job_id in job_ids:
-        pipe.delete(job_stream_key(job_id))
-    existed = [job_id for job_id, deleted in zip(job_ids, pipe.execute(), strict=True) if deleted]
-    if existed and sender is not None:
-        sender.send([(job_group_name(job_id), {"type": messages.EVENT_RESET}) for job_id in existed])
-    return existed

@@ -1,9 +1,9 @@
-"""``run_jobs``: the worker side of a message that carries several job ids."""
+"""``run_job``: the engine worker's side of a job's message."""
 
 from __future__ import annotations
 
 from api import tasks
-from api.streaming import worker
+from api.worker import service as worker
 
 
 class AdmittingService:
@@ -18,17 +18,17 @@ class AdmittingService:
         return True
 
 
-def test_every_id_of_the_message_is_admitted_in_order():
+def test_the_job_of_a_message_is_admitted_by_this_processs_worker():
     service = AdmittingService(refuse={"b"})
     worker.install(service)
     try:
-        assert tasks.run_jobs(["a", "b", "c"]) == 2
+        assert [tasks.run_job(job_id) for job_id in ("a", "b", "c")] == [True, False, True]
     finally:
         worker.install(None)
     assert service.admitted == ["a", "c"]
 
 
-def test_a_process_without_an_engine_leaves_the_jobs_queued(caplog):
+def test_a_process_without_an_engine_leaves_the_job_queued(caplog):
     worker.install(None)
-    assert tasks.run_jobs(["a", "b"]) == 0
+    assert tasks.run_job("a") is False
     assert "without an engine" in caplog.text

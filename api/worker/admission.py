@@ -1,0 +1,42 @@
+"""Taking one delivered job into this worker's engine: claim, restart its stream, submit.
+
+The claim is one conditional UPDATE (job_lifecycle.job_claim): a duplicate delivery, a cancelled
+or a finished job claims nothing and is ignored. A job that ran before (its worker died, or handed
+it back) starts its stream afresh: the old entries go, and a ``reset`` entry whose seq follows
+every seq of the earlier attempt tells the clients following it to drop what they have
+(api/streaming/relay.py); the new attempt's chunks are numbered on from there.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import redis
+
+from api.keys import job_stream_key
+from api.models import Job
+from api.streaming import messages
+
+logger = logging.getLogger(__name__)
+
+
+def stream_restart(*, redis_client: redis.Redis, job: Job) -> int:
+    """Start the stream of a job that ran before anew; returns the seq its first chunk takes.
+
+    The reset's seq is past both the stream's last seq and the row's (the row may be ahead when
+    the stream was lost). With Redis down nothing is written, and the chunks still continue the
+    row's seqs."""
+    key = job_stream_key(str(job.id))
+    try:
+        last = redis_client.xrevrange(key, count=1)
+        stream_seq = int(last[0][1].get("seq", 0)) if last else 0
+        reset_seq = max(stream_seq, job.last_seq) + 1
+        pipe = redis_client.pipeline(transaction=True)
+        pipe.delete(key)
+        pipe.xadd(key, messages.reset_entry(reset_seq), maxlen=messages.STREAM_MAXLEN, approximate=True)
+        pipe.expire(key, messages.stream_ttl_s())
+        pipe.execute()
+    except redis.RedisError:
+        logger.warning("job %s: could not restart its stream", job.id, exc_info=True)
+        reset_seq = job.last_seq + 1
+    return reset_seq + 1

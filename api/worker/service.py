@@ -1,0 +1,130 @@
+"""The engine worker's service object: one per worker process, used by the Celery task.
+
+It owns the :class:`JobHost` (engine thread + I/O thread) and the worker's periodic duties
+(control.py, run on the I/O thread). ``run_job`` (api/tasks.py) calls :meth:`admit` on the
+Celery consumer's thread: one claim and a hand-over to the engine, which batches the job with
+those it is running.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+
+import redis
+from django.db import DatabaseError, close_old_connections
+
+from api.services import job_lifecycle
+from api.worker.admission import stream_restart
+from api.worker.config import WorkerConfig
+from api.worker.control import WorkerControl
+from engine_worker.errors import RequestError
+from engine_worker.runtime import HostedEngine, JobHost, OutputSink
+
+logger = logging.getLogger(__name__)
+
+_current: EngineWorkerService | None = None
+
+
+def install(service: EngineWorkerService | None) -> None:
+    global _current
+    _current = service
+
+
+def current() -> EngineWorkerService | None:
+    """The service of this process, if it is an engine worker."""
+    return _current
+
+
+class EngineWorkerService:
+    def __init__(
+        self, *, config: WorkerConfig, engine: HostedEngine, sink: OutputSink, redis_client: redis.Redis,
+        dispatch: Callable[[str], None], context_length: int | None = None,
+    ) -> None:
+        self.config = config
+        self._redis = redis_client
+        self._dispatch = dispatch
+        self.host = JobHost(engine, sink, model_name=Path(config.model_path).name, context_length=context_length,
+                            stream_interval_s=config.stream_interval_s, on_tick=self._tick)
+        self.control = WorkerControl(worker_id=config.worker_id, host=self.host, redis_client=redis_client,
+                                     heartbeat_s=config.heartbeat_s, lease_s=config.lease_s)
+        self._stopping = False
+
+    @property
+    def worker_id(self) -> str:
+        return self.config.worker_id
+
+    def start(self) -> None:
+        self.control.beat()  # visible to /health and the dashboard before the first job arrives
+        self.host.start()
+
+    # -- jobs ---------------------------------------------------------------------------------
+
+    def admit(self, job_id: str) -> bool:
+        """Claim ``job_id`` and start it in the engine. False when it is not ours to run: someone
+        else holds it, it was cancelled or finished, or this worker is stopping (the job is then
+        sent back to the queue for another worker)."""
+        if self.host.holds(job_id):
+            return False  # delivered twice
+        if self._stopping or not self.host.engine_running():
+            self._redispatch(job_id)
+            return False
+        try:
+            job = job_lifecycle.job_claim(job_id=job_id, worker_id=self.worker_id, lease_s=self.config.lease_s)
+        except DatabaseError:  # it stays queued in the database; the reconciler sends it again
+            logger.warning("could not claim job %s", job_id, exc_info=True)
+            close_old_connections()
+            return False
+        if job is None:
+            return False
+        try:
+            first_seq = stream_restart(redis_client=self._redis, job=job) if job.attempts > 1 else 1
+            spec = job_lifecycle.job_spec(job, first_seq=first_seq)  # malformed params raise ValueError/TypeError
+            if self.host.submit(spec):
+                return True
+            self._hand_back([job_id])  # draining
+        except (RequestError, ValueError, TypeError) as exc:  # this job cannot run anywhere: it fails alone
+            logger.warning("job %s cannot run: %s", job_id, exc)
+            job_lifecycle.job_fail(job_id=job_id, worker_id=self.worker_id, error=str(exc))
+        except Exception:  # the engine's trouble, not the job's: another worker may run it
+            logger.exception("could not start job %s here; handing it back", job_id)
+            self._hand_back([job_id])
+        return False
+
+    def cancel(self, job_id: str) -> bool:
+        return self.host.cancel(job_id)
+
+    # -- shutdown -----------------------------------------------------------------------------
+
+    def shutdown(self) -> list[str]:
+        """Let running jobs finish for up to ``drain_s`` seconds, hand the rest back to the queue
+        (and re-dispatch them), write every output and stop the I/O thread. Returns the
+        handed-back ids. The engine itself is stopped by the caller."""
+        self._stopping = self.control.stopping = True
+        remaining = self.host.drain(self.config.drain_s)
+        if remaining:
+            logger.info("handing back %s unfinished jobs", len(remaining))
+        handed_back = self._hand_back(remaining)
+        self.host.stop()
+        self.control.close()
+        return handed_back
+
+    def _redispatch(self, job_id: str) -> None:
+        """Send a still-queued job back to the broker for another worker."""
+        try:
+            self._dispatch(job_id)
+        except Exception:  # any broker failure: the job is queued in the DB, the reconciler sends it
+            logger.warning("could not re-dispatch job %s; the reconciler will", job_id, exc_info=True)
+
+    def _hand_back(self, job_ids: list[str]) -> list[str]:
+        released = self.host.hand_back(job_ids) if job_ids else []
+        for job_id in set(job_ids):
+            if job_lifecycle.job_requeue(
+                job_id=job_id, worker_id=self.worker_id, redispatch_after_s=self.config.redispatch_after_s
+            ):
+                self._redispatch(job_id)
+        return released
+
+    def _tick(self) -> None:
+        self.control.tick()
