@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
+from typing import Any
 
 from django.conf import settings
 from django.db import models
@@ -70,9 +71,36 @@ class JobStatus(models.TextChoices):
     CANCELLED = "cancelled"
     EXPIRED = "expired"
 
+    @classmethod
+    def for_finish_reason(cls, reason: str | None) -> JobStatus:
+        """The status a job ends in for the engine's finish reason (engine_worker.protocol's
+        FINISH_REASONS): ``stop`` and ``length`` complete it, ``abort`` cancels it, and ``error``
+        (or anything unknown) fails it."""
+        if reason in ("stop", "length"):
+            return cls.COMPLETED
+        if reason == "abort":
+            return cls.CANCELLED
+        return cls.FAILED
+
 
 ACTIVE_STATUSES = (JobStatus.QUEUED, JobStatus.IN_PROGRESS)
 TERMINAL_STATUSES = (JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED, JobStatus.EXPIRED)
+
+# What a job's ``params`` hold for the sampling settings its request left out (max_tokens has its
+# own default, settings.DEFAULT_MAX_TOKENS, bounded by the key and the context).
+SAMPLING_DEFAULTS: dict[str, Any] = {
+    "temperature": 0.0,
+    "top_p": 1.0,
+    "top_k": 0,
+    "min_p": 0.0,
+    "repetition_penalty": 1.0,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+    "logit_bias": {},
+    "logprobs": None,
+    "seed": None,
+    "stop": [],
+}
 
 
 class Job(models.Model):
@@ -86,7 +114,7 @@ class Job(models.Model):
     prompt = models.TextField(blank=True)
     messages = models.JSONField(null=True, blank=True)
     prompt_token_ids = models.JSONField(default=list)
-    # max_tokens, temperature, top_p, top_k, min_p, repetition_penalty, seed, stop (list of str)
+    # max_tokens and the sampling settings (SAMPLING_DEFAULTS' keys); stop is a list of strings.
     params = models.JSONField(default=dict)
     # The client's own labels (api/job_metadata.py): returned with the job, a filter of the list.
     metadata = models.JSONField(default=dict, blank=True)

@@ -48,7 +48,7 @@ from api.openai_api.requests import Kind, OpenAIRequest, openai_request
 from api.openai_api.responses import ChunkWriter, StreamRestarted, completion_body, ending_error
 from api.parsers import RequestTooLarge, StrictJSONParser
 from api.redis_client import get_async_redis
-from api.services.jobs import JobSubmission
+from api.services.jobs import JobSubmission, job_create
 from api.streaming.relay import JobStreamRelay
 from api.streaming.relay_events import RelayEvents
 
@@ -119,7 +119,7 @@ class CompletionConsumer(HttpStreamMixin, RelayEvents, AsyncHttpConsumer):
         self._headers = {"x-job-id": self._job_id}
         rate = submission.rate_limit
         if rate is not None:
-            self._headers.update({name.lower(): value for name, value in rate.headers().items()})
+            self._headers.update(rate.headers())
         # Without Redis no live group: the relay then brings the end from the stream or the row.
         await self.join_job_group(self._job_id)
         if self._request.stream:
@@ -247,8 +247,6 @@ def _submit(kind: Kind, raw_key: str | None, content_type: str | None, body: byt
             idempotency_key: str | None) -> tuple[ApiKey, OpenAIRequest, JobSubmission]:
     """Authenticate, parse, validate and create the job: one thread hop. Raises what the REST
     API's view would (AuthenticationFailed first, as DRF authenticates before it parses)."""
-    from api.services.jobs import job_create
-
     api_key = authenticate_api_key(raw_key)
     media_type = (content_type or "application/json").split(";")[0].strip().lower()
     if media_type != "application/json":

@@ -11,6 +11,7 @@ import json
 from typing import Any
 
 from api.keys import JOB_STREAM_FIELD_SEQ, JOB_STREAM_FIELD_TEXT
+from api.models import JobStatus
 from engine_worker.protocol import FinalResult, OutputChunk
 from inference_service.env import env_int
 
@@ -18,9 +19,6 @@ from inference_service.env import env_int
 EVENT_DELTA = "job.delta"
 EVENT_FINAL = "job.final"
 EVENT_RESET = "job.reset"
-
-_STATUS_BY_REASON = {"stop": "completed", "length": "completed", "abort": "cancelled", "error": "failed"}
-
 
 def delta_message(job_id: str, seq: int, text: str, completion_tokens: int | None = None,
                   logprobs: Any = None) -> dict[str, Any]:
@@ -59,7 +57,7 @@ def final_message(
 def final_from_result(result: FinalResult) -> dict[str, Any]:
     return final_message(
         job_id=result.job_id, seq=result.last_seq,
-        status=_STATUS_BY_REASON.get(result.finish_reason, "failed"),
+        status=JobStatus.for_finish_reason(result.finish_reason).value,
         finish_reason=result.finish_reason, prompt_tokens=result.prompt_tokens,
         completion_tokens=result.completion_tokens, cached_tokens=result.cached_tokens, error=result.error,
     )
