@@ -24,7 +24,6 @@ from django.db import connection, connections, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from api.db_rows import RowShape, build, row_shape
 from api.models import SAMPLING_DEFAULTS, Job, JobStatus
 from engine_worker.protocol import FinalResult, JobSpec
 
@@ -81,9 +80,7 @@ def jobs_claim(*, job_ids: list[str], worker_id: str, lease_s: float, ahead: int
         which.append(f"{statement.id_column} IN ({placeholders})")
         params += id_params
     params += [JobStatus.QUEUED.value, False]
-    with connection.cursor() as cursor:
-        cursor.execute(head + statement.sql.format(which=" OR ".join(which)), params)
-        rows = {str(job.id): job for job in (build(statement.shape, row, connection.alias) for row in cursor.fetchall())}
+    rows = {str(job.id): job for job in Job.objects.raw(head + statement.sql.format(which=" OR ".join(which)), params)}
     named = [rows.pop(job_id) for job_id in ids if job_id in rows]
     return named + sorted(rows.values(), key=lambda job: (job.priority, job.queued_at))
 
@@ -98,25 +95,23 @@ class _ClaimStatement:
     head_sql: str
     not_named_sql: str  # " AND id NOT IN ({ids})"
     in_head_sql: str  # "id IN (SELECT id FROM head)"
-    shape: RowShape
 
 
 @cache
 def _claim_statement(alias: str) -> _ClaimStatement:
     ops = connections[alias].ops
     q = ops.quote_name
-    shape = row_shape(Job)
     column = lambda name: q(Job._meta.get_field(name).column)  # noqa: E731
     assignments = ", ".join(f"{column(name)} = %s" for name in _CLAIM_FIELDS)
     table = q(Job._meta.db_table)
     sql = (f"UPDATE {table} SET {assignments} WHERE ({{which}}) "
-           f"AND {column('status')} = %s AND {column('cancel_requested')} = %s RETURNING {shape.column_list(q)}")
+           f"AND {column('status')} = %s AND {column('cancel_requested')} = %s RETURNING *")
     head_sql = (f"WITH head AS MATERIALIZED (SELECT {column('id')} FROM {table} WHERE {column('status')} = %s "
                 f"AND {column('cancel_requested')} = %s{{not_named}} "
                 f"ORDER BY {column('priority')}, {column('queued_at')} LIMIT %s FOR UPDATE SKIP LOCKED) ")
     return _ClaimStatement(sql=sql, id_column=column("id"), head_sql=head_sql,
                            not_named_sql=f" AND {column('id')} NOT IN ({{ids}})",
-                           in_head_sql=f"{column('id')} IN (SELECT {column('id')} FROM head)", shape=shape)
+                           in_head_sql=f"{column('id')} IN (SELECT {column('id')} FROM head)")
 
 
 _CLAIM_FIELDS = ("status", "worker_id", "lease_expires_at", "started_at", "first_token_at", "output_text",
