@@ -31,6 +31,8 @@ from api.authentication import authenticate_api_key, authenticate_api_key_for_jo
 from api.errors import AuthenticationFailed, ServiceError, error_body, exception_handler
 from api.models import ApiKey, Job
 from api.redis_client import get_async_redis
+from api.serializers import JobCreateSerializer
+from api.services.jobs import JobRequest, job_cancel, job_create
 from api.streaming.relay import JobStreamRelay
 from api.streaming.relay_events import STREAM_UNAVAILABLE, RelayEvents
 
@@ -208,16 +210,11 @@ def authorize_job(raw_key: str | None, job_id: str) -> tuple[ApiKey, bool]:
 
 @db_thread
 def cancel_job(api_key: ApiKey, job_id: str) -> None:
-    from api.services.jobs import job_cancel
-
     job_cancel(job_id=job_id, owner=api_key.owner)
 
 
 @db_thread
 def _create_job(api_key: ApiKey, body: Any) -> Job:
-    from api.serializers import JobCreateSerializer
-    from api.services.jobs import JobRequest, job_create
-
     if not isinstance(body, dict):
         raise ServiceError("The message must be a JSON object (a job body).", code="invalid_request")
     serializer = JobCreateSerializer(data=body)

@@ -200,27 +200,6 @@ class Job(models.Model):
         return round((self.completion_tokens - 1) / seconds, 3)
 
 
-class KeyDayTokens(models.Model):
-    """Tokens (prompt + completion) of a key's jobs that are no longer queued or running, by the UTC
-    day the jobs were created: what the daily token quota charges for finished work.
-
-    On PostgreSQL a trigger on the job table keeps it (migration 0002), whatever changes a job:
-    the worker's completion, a cancel's partial usage, an operator's requeue, a delete. The quota
-    gate of every submission then reads this one row instead of summing the key's jobs of the day,
-    which took 49 ms at 100,000 jobs (bench/quota_gate_bench.py), inside the key's lock. SQLite
-    has no trigger here and sums the jobs."""
-
-    api_key = models.ForeignKey(ApiKey, on_delete=models.CASCADE, related_name="day_tokens")
-    day = models.DateField()
-    tokens = models.BigIntegerField(default=0)
-
-    class Meta:
-        constraints = [models.UniqueConstraint(fields=["api_key", "day"], name="key_day_tokens_unique")]
-
-    def __str__(self) -> str:
-        return f"{self.api_key_id} {self.day}: {self.tokens}"
-
-
 class UsageRecord(models.Model):
     """Tokens and requests of one key on one UTC day, rolled up from its jobs' engine counts."""
 
