@@ -90,13 +90,13 @@ def _drop_stream_now_and_later(job_id: str) -> None:
 
 
 def drop_stream(job_id: str) -> None:
-    """Delete a job's Redis stream. No reader can reach it meanwhile (every stream read first
-    checks the job, which is not found once deleted), and it expires on its own
-    (JOB_STREAM_TTL_S after its last write) if Redis cannot be reached now."""
+    """Delete a job's Redis stream, best effort: it expires on its own (JOB_STREAM_TTL_S after its
+    last write) if Redis cannot be reached now. For a deleted job no reader can reach it meanwhile
+    (every stream read first checks the job, which is not found once deleted)."""
     try:
         get_redis().delete(keys.job_stream_key(job_id))
     except redis.RedisError:
-        logger.warning("Could not delete the stream of deleted job %s", job_id, exc_info=True)
+        logger.warning("Could not delete the stream of job %s", job_id, exc_info=True)
 
 
 def jobs_purge_finished(*, older_than_days: int, now: dt.datetime | None = None) -> int:

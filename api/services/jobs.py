@@ -40,6 +40,7 @@ from api.errors import (
 from api.models import SAMPLING_DEFAULTS, ApiKey, Job, JobStatus
 from api.redis_client import get_redis
 from api.selectors.jobs import job_queue_position
+from api.services.job_deletion import drop_stream
 from api.services.quotas import RateLimitState, quota_consume_request, quota_gate
 from api.streaming.job_end import stream_job_end
 from api.tokenization import get_tokenizer
@@ -300,15 +301,11 @@ def job_requeue(*, job_id: uuid.UUID | str) -> Job:
         raise JobNotFound(job_id)
     if not updated:
         raise JobNotRequeueable(status="deleted" if job.deleted_at is not None else job.status)
-    job_id_str = str(job.id)
-
-    def _restart() -> None:
-        # The old run's chunks would replay as this run's: drop them before the new run starts.
-        try:
-            get_redis().delete(keys.job_stream_key(job_id_str))
-        except redis.RedisError:
-            logger.warning("Could not delete the stream of requeued job %s", job_id_str, exc_info=True)
-        job_dispatch(job_id=job_id_str)
-
-    transaction.on_commit(_restart)
+    transaction.on_commit(partial(_restart, str(job.id)))
     return job
+
+
+def _restart(job_id: str) -> None:
+    # The old run's chunks would replay as this run's: drop them before the new run starts.
+    drop_stream(job_id)
+    job_dispatch(job_id=job_id)
