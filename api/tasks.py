@@ -40,8 +40,7 @@ def run_job(job_id: str) -> bool:
 
 @shared_task(name="api.tasks.run_jobs", acks_late=True, ignore_result=True)
 def run_jobs(job_ids: list[str]) -> int:
-    """``run_job`` for several jobs in one message (a web process's burst of submissions, see
-    api/services/dispatcher.py). Returns how many this worker admitted."""
+    """``run_job`` for several jobs in one message. Returns how many this worker admitted."""
     service = worker.current()
     if service is None:
         logger.warning("run_jobs(%s jobs) reached a process without an engine; ignored", len(job_ids))

@@ -1,4 +1,5 @@
-"""Reads of jobs: lookups scoped to an owner, the text so far, queue position, the engine spec."""
+"""Reads of jobs: lookups scoped to an owner, the list and its filters, the text so far, the queue
+position, the detail that GET /jobs/<id> shows, and the counts the dashboard and metrics show."""
 
 from __future__ import annotations
 
