@@ -186,6 +186,11 @@ DEFAULT_KEY_MAX_TOKENS_PER_JOB = env_int("DEFAULT_KEY_MAX_TOKENS_PER_JOB", MAX_T
 # this long without a heartbeat before the reconciler re-dispatches them.
 JOB_QUEUE_TIMEOUT_S = env_int("JOB_QUEUE_TIMEOUT_S", 3600, minimum=1)
 JOB_LEASE_S = env_float("JOB_LEASE_S", 30.0, minimum=1.0)
+# How long a job's Redis stream stays replayable after its last write; a client that resumes later
+# gets the job's end from the database.
+JOB_STREAM_TTL_S = env_int("JOB_STREAM_TTL_S", 6 * 3600, minimum=1)
+# The event streams (SSE, OpenAI's) send a comment this often, so proxies keep idle ones open.
+SSE_KEEPALIVE_S = env_float("SSE_KEEPALIVE_S", 15.0, minimum=0.01)
 # Finished jobs' rows are deleted this many days after they ended (0: kept). At least 2, so the
 # quotas and the usage roll-up never lose rows they still read (api/services/job_deletion.py).
 JOB_RETENTION_DAYS = env_int("JOB_RETENTION_DAYS", 0, minimum=0)

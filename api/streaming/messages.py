@@ -10,10 +10,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from django.conf import settings
+
 from api.keys import JOB_STREAM_FIELD_SEQ, JOB_STREAM_FIELD_TEXT
 from api.models import JobStatus
 from engine_worker.protocol import FinalResult, OutputChunk
-from inference_service.env import env_int
 
 # Channel-layer event types (Channels maps "job.delta" to the consumer method job_delta).
 EVENT_DELTA = "job.delta"
@@ -103,7 +104,7 @@ def entry_to_message(job_id: str, fields: dict[str, str]) -> dict[str, Any]:
 def stream_ttl_s() -> int:
     """How long a job's stream stays replayable after its last write (``JOB_STREAM_TTL_S``,
     default 6 h); after that a client that resumes gets the job's end from the database."""
-    return env_int("JOB_STREAM_TTL_S", 6 * 3600, minimum=1)
+    return settings.JOB_STREAM_TTL_S
 
 
 # Bounds a stream's length (approximately); one entry per engine step per job, so a job under the
