@@ -37,6 +37,8 @@ from api.errors import (
     exception_handler,
 )
 from api.models import ApiKey, Job
+from api.serializers import JobCreateSerializer
+from api.services.jobs import JobRequest, job_cancel, job_create
 from api.streaming.follow import FollowsJob
 
 logger = logging.getLogger(__name__)
@@ -220,16 +222,11 @@ def authorize_job(raw_key: str | None, job_id: str) -> tuple[ApiKey, bool]:
 
 @db_thread
 def cancel_job(api_key: ApiKey, job_id: str) -> None:
-    from api.services.jobs import job_cancel
-
     job_cancel(job_id=job_id, owner=api_key.owner)
 
 
 @db_thread
 def _create_job(api_key: ApiKey, body: Any) -> Job:
-    from api.serializers import JobCreateSerializer
-    from api.services.jobs import JobRequest, job_create
-
     if not isinstance(body, dict):
         raise ServiceError("The message must be a JSON object (a job body).", code="invalid_request")
     serializer = JobCreateSerializer(data=body)

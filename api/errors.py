@@ -167,12 +167,18 @@ class QuotaExceeded(ServiceError):
         return max(1, int(self.reset_s + 0.999))
 
     def headers(self) -> dict[str, str]:
-        return {
-            "Retry-After": str(self.retry_after),
-            "x-ratelimit-limit": str(self.limit),
-            "x-ratelimit-remaining": str(max(0, self.remaining)),
-            "x-ratelimit-reset": f"{self.reset_s:.0f}s",
-        }
+        return {"Retry-After": str(self.retry_after),
+                **rate_limit_headers(limit=self.limit, remaining=self.remaining, reset_s=self.reset_s)}
+
+
+def rate_limit_headers(*, limit: int, remaining: int, reset_s: float) -> dict[str, str]:
+    """The ``x-ratelimit-*`` headers of a quota: on a 429, and on an accepted submission for the
+    request rate."""
+    return {
+        "x-ratelimit-limit": str(limit),
+        "x-ratelimit-remaining": str(max(0, remaining)),
+        "x-ratelimit-reset": f"{reset_s:.0f}s",
+    }
 
 
 class ServiceUnavailable(ServiceError):

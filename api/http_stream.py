@@ -8,12 +8,9 @@ import asyncio
 import json
 from typing import Any
 
+from django.conf import settings
+
 from api.errors import ServiceError, error_body
-from inference_service.env import env_float
-
-
-def keepalive_s() -> float:
-    return env_float("SSE_KEEPALIVE_S", 15.0, minimum=0.01)
 
 
 class HttpStreamMixin:
@@ -33,7 +30,7 @@ class HttpStreamMixin:
             self._keepalive.cancel()
 
     async def _keep_alive(self) -> None:
-        interval = keepalive_s()
+        interval = settings.SSE_KEEPALIVE_S
         while not self._ended:
             await asyncio.sleep(interval)
             if not self._ended:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
+from typing import Any
 
 from django.conf import settings
 from django.db import models
@@ -70,9 +71,36 @@ class JobStatus(models.TextChoices):
     CANCELLED = "cancelled"
     EXPIRED = "expired"
 
+    @classmethod
+    def for_finish_reason(cls, reason: str | None) -> JobStatus:
+        """The status a job ends in for the engine's finish reason (engine_worker.protocol's
+        FINISH_REASONS): ``stop`` and ``length`` complete it, ``abort`` cancels it, and ``error``
+        (or anything unknown) fails it."""
+        if reason in ("stop", "length"):
+            return cls.COMPLETED
+        if reason == "abort":
+            return cls.CANCELLED
+        return cls.FAILED
+
 
 ACTIVE_STATUSES = (JobStatus.QUEUED, JobStatus.IN_PROGRESS)
 TERMINAL_STATUSES = (JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED, JobStatus.EXPIRED)
+
+# What a job's ``params`` hold for the sampling settings its request left out (max_tokens has its
+# own default, settings.DEFAULT_MAX_TOKENS, bounded by the key and the context).
+SAMPLING_DEFAULTS: dict[str, Any] = {
+    "temperature": 0.0,
+    "top_p": 1.0,
+    "top_k": 0,
+    "min_p": 0.0,
+    "repetition_penalty": 1.0,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+    "logit_bias": {},
+    "logprobs": None,
+    "seed": None,
+    "stop": [],
+}
 
 
 class Job(models.Model):
@@ -86,7 +114,7 @@ class Job(models.Model):
     prompt = models.TextField(blank=True)
     messages = models.JSONField(null=True, blank=True)
     prompt_token_ids = models.JSONField(default=list)
-    # max_tokens, temperature, top_p, top_k, min_p, repetition_penalty, seed, stop (list of str)
+    # max_tokens and the sampling settings (SAMPLING_DEFAULTS' keys); stop is a list of strings.
     params = models.JSONField(default=dict)
     # The client's own labels (api/job_metadata.py): returned with the job, a filter of the list.
     metadata = models.JSONField(default=dict, blank=True)
@@ -172,27 +200,6 @@ class Job(models.Model):
         if seconds <= 0:
             return None
         return round((self.completion_tokens - 1) / seconds, 3)
-
-
-class KeyDayTokens(models.Model):
-    """Tokens (prompt + completion) of a key's jobs that are no longer queued or running, by the UTC
-    day the jobs were created: what the daily token quota charges for finished work.
-
-    On PostgreSQL a trigger on the job table keeps it (migration 0002), whatever changes a job:
-    the worker's completion, a cancel's partial usage, an operator's requeue, a delete. The quota
-    gate of every submission then reads this one row instead of summing the key's jobs of the day,
-    which took 49 ms at 100,000 jobs (bench/quota_gate_bench.py), inside the key's lock. SQLite
-    has no trigger here and sums the jobs."""
-
-    api_key = models.ForeignKey(ApiKey, on_delete=models.CASCADE, related_name="day_tokens")
-    day = models.DateField()
-    tokens = models.BigIntegerField(default=0)
-
-    class Meta:
-        constraints = [models.UniqueConstraint(fields=["api_key", "day"], name="key_day_tokens_unique")]
-
-    def __str__(self) -> str:
-        return f"{self.api_key_id} {self.day}: {self.tokens}"
 
 
 class UsageRecord(models.Model):

@@ -11,7 +11,6 @@ from rest_framework import serializers
 
 from api.job_metadata import MetadataField
 from api.models import JobStatus
-from api.serializer_copies import ShallowFieldCopies
 
 MAX_STOP_SEQUENCES = 4
 MAX_STOP_LENGTH = 256
@@ -132,12 +131,12 @@ class RejectUnknownFieldsMixin:
         return super().to_internal_value(data)  # type: ignore[misc]
 
 
-class MessageSerializer(ShallowFieldCopies, RejectUnknownFieldsMixin, serializers.Serializer):
+class MessageSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
     role = serializers.ChoiceField(choices=["system", "user", "assistant"])
     content = StrictCharField(allow_blank=True, trim_whitespace=False)
 
 
-class JobCreateSerializer(ShallowFieldCopies, RejectUnknownFieldsMixin, serializers.Serializer):
+class JobCreateSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
     """Body of POST /api/v1/jobs. Exactly one of ``prompt`` and ``messages``."""
 
     prompt = StrictCharField(required=False, trim_whitespace=False)
@@ -247,7 +246,7 @@ class JobSerializer(serializers.Serializer):
     error = serializers.CharField(allow_null=True)
 
 
-class JobCreatedSerializer(ShallowFieldCopies, serializers.Serializer):
+class JobCreatedSerializer(serializers.Serializer):
     id = serializers.UUIDField()
     object = serializers.CharField(default="job")
     status = serializers.ChoiceField(choices=JobStatus.choices)

@@ -7,8 +7,7 @@ lookup, the request serializer, tokenization, the rate limit, the INSERT with th
 of ``job_create``, and the whole request through Django and DRF (the test client: middleware,
 DRF's dispatch, authentication, the view, the response). What the whole costs beyond its parts is
 the frameworks' share. ``bench/web_post_cpu.py`` gives the same request's CPU through daphne. Work
-done on other threads is not counted: the tokenizer's Rust pool, the dispatcher thread's Celery
-publish. Not the issue's benchmark. Uses the service benchmark's databases (BENCH_DATABASE_URL,
+done on other threads is not counted: the tokenizer's Rust pool. Not the issue's benchmark. Uses the service benchmark's databases (BENCH_DATABASE_URL,
 default PostgreSQL's ``service_bench``; BENCH_REDIS_URL, default redis://127.0.0.1:6379/11).
 """
 
@@ -36,15 +35,14 @@ def main() -> None:
     os.environ["REDIS_URL"] = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/11")
     os.environ["MODEL_PATH"] = str(ensure_default_model(os.environ.get("MODEL_PATH")).resolve())
     owner, api_key, secret = django_with_bench_key("post_parts_cpu")
-    from django.utils import timezone
+    from django.db import transaction
     from rest_framework.test import APIClient
 
     from api.authentication import authenticate_api_key
-    from api.models import Job
+    from api.models import SAMPLING_DEFAULTS, Job
     from api.serializers import JobCreateSerializer
-    from api.services.job_insert import job_insert_within_quota
-    from api.services.jobs import SAMPLING_DEFAULTS, JobRequest, _tokenize, job_create
-    from api.services.quotas import quota_consume_request
+    from api.services.jobs import JobRequest, _tokenize, job_create
+    from api.services.quotas import quota_consume_request, quota_gate
 
     body = {"prompt": PROMPT, "max_tokens": 64, "temperature": 0.0}
 
@@ -61,6 +59,12 @@ def main() -> None:
                    params={**SAMPLING_DEFAULTS, "max_tokens": 64}, priority=api_key.priority,
                    request_fingerprint=request.fingerprint(), dispatch_count=1)
 
+    def insert_with_quota_gate() -> None:  # job_create's transaction
+        with transaction.atomic():
+            job = new_job()
+            job.save(force_insert=True)
+            quota_gate(api_key_id=api_key.id, prompt_tokens=len(token_ids), max_tokens=64, now=job.created_at)
+
     client = APIClient(SERVER_NAME="127.0.0.1")
     client.credentials(HTTP_AUTHORIZATION=f"Bearer {secret}")
     assert client.post("/api/v1/jobs", body, format="json").status_code == 202
@@ -69,7 +73,7 @@ def main() -> None:
         "validate": validate,
         "tokenize": lambda: _tokenize(request),
         "rate_limit": lambda: quota_consume_request(api_key=api_key),
-        "insert_with_quota_gate": lambda: job_insert_within_quota(new_job(), now=timezone.now()),
+        "insert_with_quota_gate": insert_with_quota_gate,
         "job_create": lambda: job_create(owner=owner, api_key=api_key, request=request),
         "whole_request_django_drf": lambda: client.post("/api/v1/jobs", body, format="json"),
     }

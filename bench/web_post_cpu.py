@@ -15,7 +15,7 @@ is JSON.
 
 Uses the service benchmark's databases: BENCH_DATABASE_URL (default: PostgreSQL's
 ``service_bench`` on 127.0.0.1) and BENCH_REDIS_URL (default redis://127.0.0.1:6379/11), which it
-flushes. Environment settings (``JOB_DISPATCH_THREAD=1``, say) reach the web processes.
+flushes. Environment settings (``DB_POOL=1``, say) reach the web processes.
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ def main() -> None:
             t0 = time.perf_counter()
             asyncio.run(_burst(args.port, key, body, args.burst_size))
             wall = time.perf_counter() - t0
-            time.sleep(0.3)  # the answers are out; let a dispatcher thread finish its sends
+            time.sleep(0.3)  # the answers are out; let the last sends reach the broker
             after = service.cpu_seconds()["daphne"]
             queued_messages = broker.llen(ENGINE_QUEUE)  # no worker consumes them
             Job.objects.all().delete()
@@ -90,9 +90,9 @@ def main() -> None:
         "processes": args.processes,
         "cpu_ms_per_post": round(1000 * cpu_s / posts, 3),
         "burst_wall_ms_p50": round(1000 * statistics.median(walls), 1),
-        # Celery messages a burst became (the dispatcher thread sends the ids waiting together).
+        # Celery messages a burst became (one per job).
         "engine_messages_per_burst_p50": statistics.median(messages),
-        "env_settings": {k: os.environ[k] for k in ("JOB_DISPATCH_THREAD", "WEB_REQUEST_THREADS") if k in os.environ},
+        "env_settings": {k: os.environ[k] for k in ("DB_POOL",) if k in os.environ},
         "env": environment(),
     }
     print(f"web CPU per POST {result['cpu_ms_per_post']:.3f} ms, burst wall p50 {result['burst_wall_ms_p50']} ms, "

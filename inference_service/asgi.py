@@ -1,15 +1,19 @@
-"""ASGI entry point: HTTP goes to Django, WebSockets to the Channels consumers in api.routing."""
+"""ASGI entry point (daphne): HTTP to Django's own handler, except the job event streams; WebSockets
+to the Channels consumers of api.routing.
+
+Loading it is a web process's start: it also loads the prompt tokenizer (api/tokenization.py), so
+that no client's first submission waits seconds for it.
+"""
 
 from __future__ import annotations
 
 import os
 
-import django
+from django.core.asgi import get_asgi_application
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "inference_service.settings")
-
-# Django must be set up before anything imports models (the consumers do).
-django.setup(set_prefix=False)
+# Sets Django up, which the consumers' imports of the models below need.
+django_http = get_asgi_application()
 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.conf import settings  # noqa: E402
@@ -18,15 +22,8 @@ from django.urls import re_path  # noqa: E402
 
 from api.routing import http_stream_urlpatterns, websocket_urlpatterns  # noqa: E402
 from api.tokenization import load_tokenizer_at_start  # noqa: E402
-from inference_service.asgi_handler import OneHopASGIHandler  # noqa: E402
 
-django_http = OneHopASGIHandler(threads=settings.WEB_REQUEST_THREADS)
 load_tokenizer_at_start()
-if settings.WEB_WARM_UP:
-    from inference_service import warmup
-
-    warmup.warm_up_http(django_http)
-    warmup.schedule_websocket_warm_up()
 
 http_app = ASGIStaticFilesHandler(django_http) if settings.SERVE_STATIC else django_http
 

@@ -10,7 +10,7 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "inference_service.settings")
 
 app = Celery("inference_service")
 app.config_from_object("django.conf:settings", namespace="CELERY")
-app.conf.task_routes = {"api.tasks.run_job": {"queue": "engine"}, "api.tasks.run_jobs": {"queue": "engine"}}
+app.conf.task_routes = {"api.tasks.run_job": {"queue": "engine"}}
 app.conf.beat_schedule = {
     # Re-dispatches queued jobs nobody holds and running jobs whose lease expired.
     "reconcile-jobs": {"task": "api.tasks.reconcile_jobs", "schedule": 10.0},

@@ -2,18 +2,18 @@
 
 daphne serves one process: Django's sync views and the Channels consumers share one GIL, so a
 burst of submissions queues behind itself however many cores are free. This launcher starts
-``--processes`` daphne children (``daphne --fd``) on the port. A child that dies is restarted
-(after a short pause, so a crash loop does not spin); SIGTERM/SIGINT stop all of them.
+``--processes`` daphne children (``daphne --fd``) on the port; any other argument is passed to
+daphne. A child that dies is restarted (after a short pause, so a crash loop does not spin);
+SIGTERM/SIGINT stop all of them.
 
     python -m inference_service.serve_web -b 127.0.0.1 -p 8000 --processes 2
 
 On Linux every child gets a listening socket of its own, all bound with SO_REUSEPORT, and the
-kernel spreads new connections over them. One socket shared by all children spread nothing:
-Twisted accepts every pending connection on each wake-up, so in a burst the first child awake took
-nearly all of it (31 of 32 POSTs on two children) and ran those requests one after another while
-the others idled. The supervisor keeps every socket open, so connections that reach a dead child's
-socket wait for its replacement instead of being refused. Elsewhere (macOS's SO_REUSEPORT does not
-balance) the children share one socket.
+kernel spreads new connections over them. With one shared socket it would not: Twisted accepts
+every pending connection on each wake-up, so the first child awake would take nearly all of a
+burst while the others idle. The supervisor keeps every socket open, so connections that reach a
+dead child's socket wait for its replacement instead of being refused. Elsewhere (macOS's
+SO_REUSEPORT does not balance) the children share one socket.
 
 WebSockets need no affinity: a socket lives in the child that accepted it, and the Redis channel
 layer delivers a job's messages to whichever child holds its group members.
@@ -38,13 +38,7 @@ STOP_TIMEOUT_S = 30.0
 
 
 def default_processes() -> int:
-    """``WEB_PROCESSES`` if set, else one per core up to 4 (the engine worker needs cores too)."""
-    raw = os.environ.get("WEB_PROCESSES", "").strip()
-    if raw:
-        value = int(raw)
-        if value < 1:
-            raise ValueError("WEB_PROCESSES must be at least 1")
-        return value
+    """One per core up to 4 (the engine worker needs cores too)."""
     return max(1, min(4, os.cpu_count() or 1))
 
 
@@ -118,15 +112,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("-b", "--bind", default="127.0.0.1")
     parser.add_argument("-p", "--port", type=int, default=8000)
-    parser.add_argument("--processes", type=int, default=None, help="daphne processes (default: WEB_PROCESSES or cores, max 4)")
+    parser.add_argument("--processes", type=int, default=default_processes(),
+                        help="daphne processes (default: one per core, at most 4)")
     args, daphne_args = parser.parse_known_args(argv)
-    processes = args.processes if args.processes is not None else default_processes()
+    processes = args.processes
     if processes < 1:
         parser.error("--processes must be at least 1")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    # Each daphne process warms its request path up before serving (inference_service/warmup.py);
-    # WEB_WARM_UP=0 leaves the first requests to pay for it.
-    os.environ.setdefault("WEB_WARM_UP", "1")
     sockets = listening_sockets(args.bind, args.port, processes)
     supervisor = Supervisor(sockets, processes, daphne_args)
     signal.signal(signal.SIGTERM, supervisor.stop)

@@ -85,8 +85,8 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     )
 if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql" and env_bool("DB_POOL", False):
     # For the web process (daphne): Django runs each sync view on a thread of its own, so
-    # CONN_MAX_AGE cannot keep connections; without a pool every request opens one (a PostgreSQL
-    # backend start: ~8 ms of server CPU, the largest single cost of a POST /api/v1/jobs). With
+    # CONN_MAX_AGE cannot keep connections; without a pool every request opens one, and a
+    # PostgreSQL backend's start costs the server more CPU than the rest of a submission. With
     # psycopg's pool (needs psycopg[pool]) a request borrows an open connection and returns it.
     # Long-running processes (the engine worker) keep persistent connections instead: leave
     # DB_POOL off for them (Django refuses a pool together with CONN_MAX_AGE != 0).
@@ -113,10 +113,6 @@ CHANNEL_LAYERS = {
 }
 
 CELERY_BROKER_URL = REDIS_URL
-# kombu's Redis transport with one client per channel (inference_service/broker.py): less CPU per
-# message, but no end-to-end gain measured yet, so off unless asked for.
-if env_bool("BROKER_SHARED_CLIENT", False) and REDIS_URL.startswith(("redis://", "rediss://")):
-    CELERY_BROKER_TRANSPORT = "inference_service.broker:Transport"
 CELERY_RESULT_BACKEND = None
 CELERY_TASK_IGNORE_RESULT = True
 # A message is acknowledged after its task ran: run_job has claimed its job by then (or found it
@@ -181,22 +177,16 @@ DEFAULT_KEY_MAX_TOKENS_PER_JOB = env_int("DEFAULT_KEY_MAX_TOKENS_PER_JOB", MAX_T
 # this long without a heartbeat before the reconciler re-dispatches them.
 JOB_QUEUE_TIMEOUT_S = env_int("JOB_QUEUE_TIMEOUT_S", 3600, minimum=1)
 JOB_LEASE_S = env_float("JOB_LEASE_S", 30.0, minimum=1.0)
+# How long a job's Redis stream stays replayable after its last write; a client that resumes later
+# gets the job's end from the database.
+JOB_STREAM_TTL_S = env_int("JOB_STREAM_TTL_S", 6 * 3600, minimum=1)
+# The event streams (SSE, OpenAI's) send a comment this often, so proxies keep idle ones open.
+SSE_KEEPALIVE_S = env_float("SSE_KEEPALIVE_S", 15.0, minimum=0.01)
 # Finished jobs' rows are deleted this many days after they ended (0: kept). At least 2, so the
 # quotas and the usage roll-up never lose rows they still read (api/services/job_deletion.py).
 JOB_RETENTION_DAYS = env_int("JOB_RETENTION_DAYS", 0, minimum=0)
 if 0 < JOB_RETENTION_DAYS < 2:
     raise ImproperlyConfigured(f"JOB_RETENTION_DAYS={JOB_RETENTION_DAYS} must be 0 (keep every job) or >= 2")
-# New jobs are published to the engine queue from one thread per web process, after the answer
-# (up to 8 ids per message), or with this off on the request's thread once the row commits. On
-# PostgreSQL the commit's notice wakes the workers, so the message is only the delivery that
-# never gets lost, and the thread saves the request its cost; with SQLite the message is what
-# wakes a worker, so it goes at once (api/services/dispatcher.py).
-JOB_DISPATCH_THREAD = env_bool("JOB_DISPATCH_THREAD", DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql")
-# Threads per web process that run requests' sync code (inference_service/asgi_handler.py).
-WEB_REQUEST_THREADS = env_int("WEB_REQUEST_THREADS", 8, minimum=1)
-# Warm each web process up before it serves (inference_service/warmup.py). serve_web turns it on
-# for its daphne processes; an ASGI app imported elsewhere (tests, a shell) leaves it off.
-WEB_WARM_UP = env_bool("WEB_WARM_UP", False)
 
 # Engine workers (api/worker/). WORKER_ID names a worker in heartbeats and job rows (default:
 # host-pid-random). A held job's lease (JOB_LEASE_S) is renewed every WORKER_HEARTBEAT_S; on

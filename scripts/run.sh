@@ -75,9 +75,10 @@ if [ -z "$WEB_DB_POOL" ]; then
   WEB_DB_POOL=0
   if [[ "${DATABASE_URL:-}" == postgres* ]] && $BIN/python -c "import psycopg_pool" 2>/dev/null; then WEB_DB_POOL=1; fi
 fi
-# Several daphne processes on one socket (WEB_PROCESSES, default: one per core up to 4): one
-# daphne runs every view and consumer under a single GIL, and a burst of submissions queued there.
-start web env DB_POOL="$WEB_DB_POOL" $BIN/python -m inference_service.serve_web -b "$HOST" -p "$PORT"
+# Several daphne processes on one port (WEB_PROCESSES, default: one per core up to 4): one daphne
+# runs every view and consumer under a single GIL, and a burst of submissions queued there.
+start web env DB_POOL="$WEB_DB_POOL" $BIN/python -m inference_service.serve_web -b "$HOST" -p "$PORT" \
+  ${WEB_PROCESSES:+--processes "$WEB_PROCESSES"}
 # On a small machine the worker shares the cores with daphne, Redis and the database; OpenBLAS's
 # spinning threads would take them all (measured: 3x the worker's CPU time on 2 cores). Leave
 # one core to the rest unless OPENBLAS_NUM_THREADS is set.

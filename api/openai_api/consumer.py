@@ -47,7 +47,7 @@ from api.openai_api.continuity import Diverged, StreamContinuity
 from api.openai_api.requests import Kind, OpenAIRequest, openai_request
 from api.openai_api.responses import ChunkWriter, StreamRestarted, completion_body, ending_error
 from api.parsers import RequestTooLarge, StrictJSONParser
-from api.services.jobs import JobSubmission
+from api.services.jobs import JobSubmission, job_create
 from api.streaming.follow import FollowsJob
 
 logger = logging.getLogger(__name__)
@@ -117,7 +117,7 @@ class CompletionConsumer(HttpStreamMixin, FollowsJob, AsyncHttpConsumer):
         self._headers = {"x-job-id": self._job_id}
         rate = submission.rate_limit
         if rate is not None:
-            self._headers.update({name.lower(): value for name, value in rate.headers().items()})
+            self._headers.update(rate.headers())
         # The job exists now: even without Redis the answer comes, from its row once it ends.
         await self.open_relay(self._job_id, 0, self._on_message, look=False)
         if self._request.stream:
@@ -257,8 +257,6 @@ def _submit(kind: Kind, raw_key: str | None, content_type: str | None, body: byt
             idempotency_key: str | None) -> tuple[ApiKey, OpenAIRequest, JobSubmission]:
     """Authenticate, parse, validate and create the job: one thread hop. Raises what the REST
     API's view would (AuthenticationFailed first, as DRF authenticates before it parses)."""
-    from api.services.jobs import job_create
-
     api_key = authenticate_api_key(raw_key)
     media_type = (content_type or "application/json").split(";")[0].strip().lower()
     if media_type != "application/json":

@@ -1,4 +1,5 @@
-"""Reads of jobs: lookups scoped to an owner, the text so far, queue position, the engine spec."""
+"""Reads of jobs: lookups scoped to an owner, the list and its filters, the text so far, the queue
+position, the detail that GET /jobs/<id> shows, and the counts the dashboard and metrics show."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 import redis
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import connection
-from django.db.models import BooleanField, Count, QuerySet, Sum
+from django.db.models import BooleanField, Count, Q, QuerySet, Sum
 from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
@@ -58,29 +59,13 @@ def _with_metadata_pair(jobs: QuerySet[Job], i: int, key: str, value: str) -> Qu
     return jobs.alias(**{f"_metadata_{i}": pair}).filter(**{f"_metadata_{i}": True})
 
 
-def jobs_ahead_sql(table: str, alias: str | None = None) -> str:
-    """``SELECT COUNT(*)`` of the queued jobs ahead of one in admission order (priority, then
-    arrival). Parameters: the queued status, the job's priority twice, its ``queued_at``."""
-    source = f"{table} AS {alias}" if alias else table
-    col = f"{alias}." if alias else ""
-    return (f"SELECT COUNT(*) FROM {source} WHERE {col}status = %s AND "
-            f"({col}priority < %s OR ({col}priority = %s AND {col}queued_at < %s))")
-
-
-def jobs_ahead_params(job: Job) -> list:
-    return [JobStatus.QUEUED.value, job.priority, job.priority, connection.ops.adapt_datetimefield_value(job.queued_at)]
-
-
 def job_queue_position(*, job: Job) -> int | None:
     """How many queued jobs are ahead of this one (0: next to be admitted), in the engine's
     admission order (priority, then arrival). None once the job has left the queue."""
     if job.status != JobStatus.QUEUED:
         return None
-    # Raw SQL: every submission answers with its position, and the ORM's compile of this COUNT
-    # cost more CPU than running it (the index on (status, priority, queued_at) serves it).
-    with connection.cursor() as cursor:
-        cursor.execute(jobs_ahead_sql(connection.ops.quote_name(Job._meta.db_table)), jobs_ahead_params(job))
-        return int(cursor.fetchone()[0])
+    ahead = Q(priority__lt=job.priority) | Q(priority=job.priority, queued_at__lt=job.queued_at)
+    return Job.objects.filter(ahead, status=JobStatus.QUEUED).count()  # index job_status_queue_order
 
 
 def job_streamed_text(*, job_id: str) -> str | None:

@@ -1,10 +1,9 @@
 """Removing jobs' content: a user's delete of one finished job, and the operator's retention purge.
 
 A user's delete keeps the row as a tombstone. Its prompt, messages, token ids, output, error,
-stop strings, metadata, log probabilities and idempotency key are cleared and ``deleted_at`` is set; its status, token counts
-and timings stay. The key's daily token quota (KeyDayTokens and its trigger on PostgreSQL, the sum
-of the day's jobs on SQLite) and the usage roll-up count those rows, so a delete never gives a
-quota back. Every user-facing read (the job, the list, cancel, the WebSocket and the events
+stop strings, metadata, log probabilities and idempotency key are cleared and ``deleted_at`` is
+set; its status, token counts and timings stay. The key's daily token quota and the usage roll-up
+count those rows (services/quotas.py), so a delete never gives a quota back. Every user-facing read (the job, the list, cancel, the WebSocket and the events
 stream) treats a tombstone as not found, and the job's Redis stream, which holds the same text,
 goes once the delete commits. A job still queued or running cannot be deleted: it must end first,
 or a worker could write its output after the content was cleared.
@@ -16,8 +15,7 @@ the cache evicts them; they are never served as text, and only to a prompt that 
 Retention (``JOB_RETENTION_DAYS``, off at 0) deletes the rows of jobs that finished that many days
 ago, tombstones included. It is at least 2 days, so the rows a quota or the usage roll-up still
 reads (today's, and yesterday's in the first hour of a day: api/tasks.py) are never among them;
-the usage records of those days stay. The daily-token rows of days before the cutoff go too:
-nothing reads them.
+the usage records of those days stay.
 """
 
 from __future__ import annotations
@@ -34,8 +32,9 @@ from django.utils import timezone
 
 from api import keys
 from api.errors import JobNotDeletable, JobNotFound
-from api.models import TERMINAL_STATUSES, Job, KeyDayTokens
+from api.models import TERMINAL_STATUSES, Job
 from api.redis_client import get_redis
+from inference_service.celery import app as celery_app
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +42,8 @@ logger = logging.getLogger(__name__)
 _CONTENT_PARAMS = ("stop",)
 PURGE_BATCH = 1000
 STREAM_REDROP_S = 10
+# Sent by name, as the web side sends every task (services/jobs.py); it runs drop_stream below.
+DROP_JOB_STREAM_TASK = "api.tasks.drop_job_stream"
 
 
 def job_delete(*, job_id: uuid.UUID | str, owner: AbstractBaseUser | None) -> Job:
@@ -83,31 +84,27 @@ def _drop_stream_now_and_later(job_id: str) -> None:
     # final reach the stream: a client that saw the job end and deleted it at once can be a few
     # milliseconds ahead of those writes, which would make the stream again. So once more, later.
     try:
-        from api.tasks import drop_job_stream  # lazy: keeps Celery's import graph out of web start-up
-
-        drop_job_stream.apply_async(args=[job_id], countdown=STREAM_REDROP_S)
+        celery_app.send_task(DROP_JOB_STREAM_TASK, args=[job_id], countdown=STREAM_REDROP_S)
     except Exception:  # noqa: BLE001 - any broker failure; the stream still expires by itself
         logger.warning("Could not schedule the second drop of deleted job %s's stream", job_id, exc_info=True)
 
 
 def drop_stream(job_id: str) -> None:
-    """Delete a job's Redis stream. No reader can reach it meanwhile (every stream read first
-    checks the job, which is not found once deleted), and it expires on its own
-    (JOB_STREAM_TTL_S after its last write) if Redis cannot be reached now."""
+    """Delete a job's Redis stream, best effort: it expires on its own (JOB_STREAM_TTL_S after its
+    last write) if Redis cannot be reached now. For a deleted job no reader can reach it meanwhile
+    (every stream read first checks the job, which is not found once deleted)."""
     try:
         get_redis().delete(keys.job_stream_key(job_id))
     except redis.RedisError:
-        logger.warning("Could not delete the stream of deleted job %s", job_id, exc_info=True)
+        logger.warning("Could not delete the stream of job %s", job_id, exc_info=True)
 
 
 def jobs_purge_finished(*, older_than_days: int, now: dt.datetime | None = None) -> int:
     """Delete the rows of jobs that finished more than ``older_than_days`` days before ``now``
-    (at least 2), in batches; returns how many. The day-token rows of days before the cutoff go
-    first, so the deletes' trigger has nothing left to update for them."""
+    (at least 2), in batches; returns how many."""
     if older_than_days < 2:
         raise ValueError("jobs are kept at least 2 days: the quotas and the usage roll-up read them")
     cutoff = (now or timezone.now()) - dt.timedelta(days=older_than_days)
-    KeyDayTokens.objects.filter(day__lt=cutoff.date()).delete()
     purged = 0
     while True:
         ids = list(

@@ -19,22 +19,15 @@ import uuid
 from dataclasses import dataclass
 from functools import cache
 
+from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from api.models import Job, JobStatus
+from api.models import SAMPLING_DEFAULTS, Job, JobStatus
 from engine_worker.protocol import FinalResult, JobSpec
 
 logger = logging.getLogger(__name__)
-
-_STATUS_BY_FINISH_REASON = {
-    "stop": JobStatus.COMPLETED,
-    "length": JobStatus.COMPLETED,
-    "abort": JobStatus.CANCELLED,
-    "error": JobStatus.FAILED,
-}
-
 
 def _from_unix(ts: float | None) -> dt.datetime | None:
     return None if ts is None else dt.datetime.fromtimestamp(ts, tz=dt.UTC)
@@ -56,33 +49,31 @@ def job_claim(*, job_id: str, worker_id: str, lease_s: float) -> Job | None:
 
 
 def job_spec(job: Job, *, first_seq: int = 1) -> JobSpec:
-    """The wire form of a claimed job, for the engine; ``first_seq`` numbers its first chunk."""
-    params = job.params or {}
-    stop = params.get("stop") or ()
+    """The wire form of a claimed job, for the engine; ``first_seq`` numbers its first chunk. A
+    setting the row lacks (a job written by hand, say) takes the service's default, as a
+    submission would have stored it."""
+    params = {**SAMPLING_DEFAULTS, "max_tokens": settings.DEFAULT_MAX_TOKENS,
+              **{name: value for name, value in (job.params or {}).items() if value is not None}}
+    stop = params["stop"]
     return JobSpec(
         job_id=str(job.id),
         prompt_token_ids=tuple(int(t) for t in job.prompt_token_ids),
-        max_tokens=int(params.get("max_tokens", 256)),
-        temperature=_param(params, "temperature", 0.0),
-        top_p=_param(params, "top_p", 1.0),
-        top_k=int(_param(params, "top_k", 0)),
-        min_p=_param(params, "min_p", 0.0),
-        repetition_penalty=_param(params, "repetition_penalty", 1.0),
-        seed=None if params.get("seed") is None else int(params["seed"]),
+        max_tokens=int(params["max_tokens"]),
+        temperature=float(params["temperature"]),
+        top_p=float(params["top_p"]),
+        top_k=int(params["top_k"]),
+        min_p=float(params["min_p"]),
+        repetition_penalty=float(params["repetition_penalty"]),
+        seed=None if params["seed"] is None else int(params["seed"]),
         stop=(stop,) if isinstance(stop, str) else tuple(stop),
         priority=int(job.priority),
         ignore_eos=bool(params.get("ignore_eos", False)),
-        presence_penalty=_param(params, "presence_penalty", 0.0),
-        frequency_penalty=_param(params, "frequency_penalty", 0.0),
-        logit_bias=tuple((int(token), float(bias)) for token, bias in (params.get("logit_bias") or {}).items()),
-        logprobs=None if params.get("logprobs") is None else int(params["logprobs"]),
+        presence_penalty=float(params["presence_penalty"]),
+        frequency_penalty=float(params["frequency_penalty"]),
+        logit_bias=tuple((int(token), float(bias)) for token, bias in params["logit_bias"].items()),
+        logprobs=None if params["logprobs"] is None else int(params["logprobs"]),
         first_seq=first_seq,
     )
-
-
-def _param(params: dict, name: str, default: float) -> float:
-    value = params.get(name)
-    return default if value is None else float(value)
 
 
 @dataclass(frozen=True)
@@ -190,7 +181,7 @@ def _final_params(r: FinalResult) -> tuple:
     completion_tokens, finished_at, last_seq, first_token_at, abort, logprobs as JSON) of one final."""
     pk, stamp = Job._meta.pk, Job._meta.get_field("finished_at")
     return (pk.get_db_prep_value(uuid.UUID(r.job_id), connection),
-            _STATUS_BY_FINISH_REASON.get(r.finish_reason, JobStatus.FAILED).value, r.text, r.finish_reason, r.error,
+            JobStatus.for_finish_reason(r.finish_reason).value, r.text, r.finish_reason, r.error,
             r.prompt_tokens, r.cached_tokens, r.completion_tokens,
             stamp.get_db_prep_value(_from_unix(r.finished_at) or timezone.now(), connection), r.last_seq,
             stamp.get_db_prep_value(_from_unix(r.first_token_at), connection), r.finish_reason == "abort",

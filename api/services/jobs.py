@@ -1,5 +1,12 @@
 """Jobs on the web side: create (validate, tokenize, quota, insert, dispatch on commit), cancel,
-requeue. Worker-side transitions (claim, progress, completion) live in job_lifecycle.py."""
+requeue. Worker-side transitions (claim, progress, completion) live in job_lifecycle.py.
+
+A job reaches an engine worker as one Celery message, ``api.tasks.run_job`` with its id on the
+``engine`` queue (inference_service/celery.py routes it), sent once the row that says it is queued
+has committed. The message is sent by task name: the task runs in the engine workers, and nothing
+of theirs is imported here. A send that fails leaves the job queued, and the reconciler
+(api/tasks.py) sends it again: the row is the truth, the broker only delivers.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +19,7 @@ from functools import partial
 from typing import Any, NamedTuple
 
 import redis
+from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import IntegrityError, transaction
 from django.db.models import F
@@ -29,34 +37,18 @@ from api.errors import (
     PromptTooLong,
     TokenIdOutOfRange,
 )
-from api.models import ApiKey, Job, JobStatus
+from api.models import SAMPLING_DEFAULTS, ApiKey, Job, JobStatus
 from api.redis_client import get_redis
-from api.services.dispatcher import dispatcher
-from api.services.job_insert import can_insert_within_quota, job_insert, job_insert_within_quota
-from api.services.quotas import (
-    RateLimitState,
-    quota_check_job,
-    quota_consume_request,
-    quota_raise_if_exceeded,
-)
+from api.selectors.jobs import job_queue_position
+from api.services.job_deletion import drop_stream
+from api.services.quotas import RateLimitState, quota_consume_request, quota_gate
 from api.streaming.job_end import stream_job_end
 from api.tokenization import get_tokenizer
+from inference_service.celery import app as celery_app
 
 logger = logging.getLogger(__name__)
 
-SAMPLING_DEFAULTS: dict[str, Any] = {
-    "temperature": 0.0,
-    "top_p": 1.0,
-    "top_k": 0,
-    "min_p": 0.0,
-    "repetition_penalty": 1.0,
-    "presence_penalty": 0.0,
-    "frequency_penalty": 0.0,
-    "logit_bias": {},
-    "logprobs": None,
-    "seed": None,
-    "stop": [],
-}
+RUN_JOB_TASK = "api.tasks.run_job"
 REQUEUEABLE_STATUSES = (JobStatus.FAILED, JobStatus.EXPIRED, JobStatus.CANCELLED)
 MAX_IDEMPOTENCY_KEY_LENGTH = 255
 
@@ -97,8 +89,8 @@ class JobRequest:
 
 
 class JobSubmission(NamedTuple):
-    """What :func:`job_create` did. For a new job, ``queue_position`` (jobs ahead of it when it
-    was inserted) and ``rate_limit`` (where the key stands after this request) come with it; for
+    """What :func:`job_create` did. For a new job, ``queue_position`` (jobs ahead of it once it
+    was queued) and ``rate_limit`` (where the key stands after this request) come with it; for
     an idempotent replay of an earlier job they are None (nothing was inserted or counted)."""
 
     job: Job
@@ -124,51 +116,31 @@ def job_create(
             return JobSubmission(existing, False)
 
     prompt_token_ids, param = _tokenize(request)
-    context = get_tokenizer().info.context_length
     _check_logit_bias(request.sampling.get("logit_bias"))
-    if request.max_tokens is not None:
-        max_tokens = request.max_tokens
-        if max_tokens > api_key.max_tokens_per_job:
-            raise MaxTokensTooLarge(limit=api_key.max_tokens_per_job, requested=max_tokens)
-    else:
-        # Unspecified: the default, within the key's limit and what the context leaves.
-        room = context - len(prompt_token_ids)
-        if room < 1:
-            raise PromptTooLong(limit=context, prompt_tokens=len(prompt_token_ids), max_tokens=None, param=param)
-        max_tokens = min(_default_max_tokens(), api_key.max_tokens_per_job, room)
-    if len(prompt_token_ids) + max_tokens > context:
-        raise PromptTooLong(limit=context, prompt_tokens=len(prompt_token_ids), max_tokens=max_tokens, param=param)
+    max_tokens = _max_tokens(request, api_key=api_key, prompt_tokens=len(prompt_token_ids), param=param)
     rate_limit = quota_consume_request(api_key=api_key)
 
-    params = {**SAMPLING_DEFAULTS, **request.sampling, "max_tokens": max_tokens}
     # A key's priority class is the most urgent its jobs can be; a request may only ask for less.
     priority = max(api_key.priority, request.priority if request.priority is not None else api_key.priority)
-    job = Job(
-        owner=owner,
-        api_key=api_key,
-        prompt=request.prompt or "",
-        messages=request.messages,
-        prompt_token_ids=prompt_token_ids,
-        params=params,
-        priority=priority,
-        metadata=request.metadata,
-        idempotency_key=idempotency_key,
-        request_fingerprint=request.fingerprint(),
-        dispatch_count=1,  # sent once committed; job_dispatch takes it back if the send fails
-    )
     try:
-        if can_insert_within_quota():
-            # PostgreSQL: INSERT, quota gate and COMMIT in one round trip (job_insert.py).
-            now = timezone.now()
-            queue_position, usage = job_insert_within_quota(job, now=now)
-            quota_raise_if_exceeded(usage, prompt_tokens=len(prompt_token_ids), max_tokens=max_tokens, now=now)
-            dispatcher.submit(str(job.id))
-        else:
-            with transaction.atomic():
-                queue_position = job_insert(job)
-                # Locks the key's row and counts this job in: a QuotaExceeded rolls the insert back.
-                quota_check_job(api_key=api_key, prompt_tokens=len(prompt_token_ids), max_tokens=max_tokens)
-                transaction.on_commit(partial(dispatcher.submit, str(job.id)))
+        with transaction.atomic():
+            job = Job.objects.create(
+                owner=owner,
+                api_key=api_key,
+                prompt=request.prompt or "",
+                messages=request.messages,
+                prompt_token_ids=prompt_token_ids,
+                params={**SAMPLING_DEFAULTS, **request.sampling, "max_tokens": max_tokens},
+                priority=priority,
+                metadata=request.metadata,
+                idempotency_key=idempotency_key,
+                request_fingerprint=request.fingerprint(),
+                dispatch_count=1,  # the send on commit; job_dispatch takes it back if the send fails
+            )
+            # Locks the key's row and counts this job in: a QuotaExceeded rolls the insert back.
+            quota_gate(api_key_id=api_key.id, prompt_tokens=len(prompt_token_ids), max_tokens=max_tokens,
+                       now=job.created_at)
+            transaction.on_commit(partial(job_dispatch, job_id=str(job.id), counted=True))
     except ApiKey.DoesNotExist:
         # The key was deleted after this request authenticated with it: as for any unknown key.
         raise AuthenticationFailed("Invalid API key.", code="invalid_api_key") from None
@@ -180,13 +152,25 @@ def job_create(
         if existing is None:
             raise
         return JobSubmission(existing, False)
-    return JobSubmission(job, True, queue_position, rate_limit)
+    return JobSubmission(job, True, job_queue_position(job=job), rate_limit)
 
 
-def _default_max_tokens() -> int:
-    from django.conf import settings
-
-    return settings.DEFAULT_MAX_TOKENS
+def _max_tokens(request: JobRequest, *, api_key: ApiKey, prompt_tokens: int, param: str) -> int:
+    """The job's max_tokens: the request's, or the default within the key's limit and what the
+    context leaves. Raises MaxTokensTooLarge or PromptTooLong for a job the engine could not run."""
+    context = get_tokenizer().info.context_length
+    if request.max_tokens is not None:
+        max_tokens = request.max_tokens
+        if max_tokens > api_key.max_tokens_per_job:
+            raise MaxTokensTooLarge(limit=api_key.max_tokens_per_job, requested=max_tokens)
+    else:
+        room = context - prompt_tokens
+        if room < 1:
+            raise PromptTooLong(limit=context, prompt_tokens=prompt_tokens, max_tokens=None, param=param)
+        max_tokens = min(settings.DEFAULT_MAX_TOKENS, api_key.max_tokens_per_job, room)
+    if prompt_tokens + max_tokens > context:
+        raise PromptTooLong(limit=context, prompt_tokens=prompt_tokens, max_tokens=max_tokens, param=param)
+    return max_tokens
 
 
 def _check_idempotency_key(key: str) -> None:
@@ -226,38 +210,21 @@ def _tokenize(request: JobRequest) -> tuple[list[int], str]:
 
 
 def job_dispatch(*, job_id: str, counted: bool = False) -> bool:
-    """Send a job id to the engine queue. Never raises: if the broker is down the job stays queued
-    in the DB and the reconciler dispatches it later. Returns whether the message was sent.
+    """Send a queued job to the engine queue and count the send in its ``dispatch_count``. Never
+    raises: with the broker down the job stays queued and the reconciler sends it later. Returns
+    whether the message was sent.
 
-    ``counted``: the row's ``dispatch_count`` already includes this send (job_create writes 1 in
-    its INSERT, saving an UPDATE per submission); it is taken back if the send fails."""
-    if counted:
-        return jobs_dispatch(job_ids=[job_id])
-    if not _publish([job_id]):
-        return False
-    Job.objects.filter(id=job_id).update(dispatch_count=F("dispatch_count") + 1)
-    return True
-
-
-def jobs_dispatch(*, job_ids: list[str]) -> bool:
-    """:func:`job_dispatch` (``counted``) for one or several jobs in one message. A failed send
-    takes back every count, and the reconciler sends them again."""
-    if _publish(job_ids):
-        return True
-    Job.objects.filter(id__in=job_ids, dispatch_count__gt=0).update(dispatch_count=F("dispatch_count") - 1)
-    return False
-
-
-def _publish(job_ids: list[str]) -> bool:
-    """One ``run_job`` message per id. False if a send failed."""
+    ``counted``: the row's ``dispatch_count`` already includes this send (job_create inserts it
+    so, which saves an UPDATE per submission); it is taken back if the send fails."""
     try:
-        from api.tasks import run_job  # lazy: keeps Celery's import graph out of web start-up
-
-        for job_id in job_ids:
-            run_job.delay(job_id)
-    except Exception:  # noqa: BLE001 - any broker/import failure; the DB row is the truth
-        logger.warning("Dispatch of %s failed; the reconciler will retry", ", ".join(job_ids), exc_info=True)
+        celery_app.send_task(RUN_JOB_TASK, args=[job_id])
+    except Exception:  # noqa: BLE001 - any broker failure; the DB row is the truth
+        logger.warning("Dispatch of job %s failed; the reconciler will retry", job_id, exc_info=True)
+        if counted:
+            Job.objects.filter(id=job_id, dispatch_count__gt=0).update(dispatch_count=F("dispatch_count") - 1)
         return False
+    if not counted:
+        Job.objects.filter(id=job_id).update(dispatch_count=F("dispatch_count") + 1)
     return True
 
 
@@ -334,15 +301,11 @@ def job_requeue(*, job_id: uuid.UUID | str) -> Job:
         raise JobNotFound(job_id)
     if not updated:
         raise JobNotRequeueable(status="deleted" if job.deleted_at is not None else job.status)
-    job_id_str = str(job.id)
-
-    def _restart() -> None:
-        # The old run's chunks would replay as this run's: drop them before the new run starts.
-        try:
-            get_redis().delete(keys.job_stream_key(job_id_str))
-        except redis.RedisError:
-            logger.warning("Could not delete the stream of requeued job %s", job_id_str, exc_info=True)
-        job_dispatch(job_id=job_id_str)
-
-    transaction.on_commit(_restart)
+    transaction.on_commit(partial(_restart, str(job.id)))
     return job
+
+
+def _restart(job_id: str) -> None:
+    # The old run's chunks would replay as this run's: drop them before the new run starts.
+    drop_stream(job_id)
+    job_dispatch(job_id=job_id)

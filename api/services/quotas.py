@@ -1,5 +1,17 @@
-"""Per-key quotas: request rate (Redis), tokens per day and concurrent jobs (DB), and the daily
-usage roll-up. Token usage comes from the engine's own counts recorded on each Job."""
+"""Per-key quotas: the request rate (Redis), the submission gate on concurrent jobs and tokens per
+day (the database), and the daily usage roll-up.
+
+A key's usage is counted from its jobs, as the engine reported them. A job queued or running is
+one concurrent job and reserves prompt + max_tokens of the day's tokens; a finished one charges
+its prompt and completion tokens. Tokens count on the UTC day the job was created. A deleted job
+keeps its counts (job_deletion.py), so a delete never gives tokens back.
+
+The gate (:func:`quota_gate`) runs inside the submission's transaction, after the job's INSERT.
+It locks the key's row, so the key's submissions pass it one at a time, and only then reads the
+usage, so it counts every job that the key's earlier submissions committed: two submissions never
+both take the last slot. On SQLite, which has no row locks, the write lock that every transaction
+takes at its start (``transaction_mode=IMMEDIATE``, settings.py) serializes them instead.
+"""
 
 from __future__ import annotations
 
@@ -7,16 +19,14 @@ import datetime as dt
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any
 
 import redis
 from django.db import connection
 from django.db.models import Count, Q, Sum
-from django.utils import timezone
 
 from api import keys
-from api.errors import QuotaExceeded
-from api.models import ACTIVE_STATUSES, ApiKey, Job, KeyDayTokens, UsageRecord
+from api.errors import QuotaExceeded, rate_limit_headers
+from api.models import ACTIVE_STATUSES, ApiKey, Job, UsageRecord
 from api.redis_client import get_redis
 
 logger = logging.getLogger(__name__)
@@ -31,12 +41,7 @@ class RateLimitState:
     reset_s: float
 
     def headers(self) -> dict[str, str]:
-        """The same x-ratelimit-* headers a 429 carries (QuotaExceeded.headers)."""
-        return {
-            "x-ratelimit-limit": str(self.limit),
-            "x-ratelimit-remaining": str(max(0, self.remaining)),
-            "x-ratelimit-reset": f"{self.reset_s:.0f}s",
-        }
+        return rate_limit_headers(limit=self.limit, remaining=self.remaining, reset_s=self.reset_s)
 
 
 def quota_consume_request(*, api_key: ApiKey, now: float | None = None) -> RateLimitState | None:
@@ -80,186 +85,88 @@ def quota_request_rate_state(*, api_key: ApiKey, now: float | None = None) -> Ra
     return RateLimitState(limit=limit, remaining=limit - count, reset_s=(window + 1) * RATE_WINDOW_S - now)
 
 
-def _day_bounds(now: dt.datetime) -> tuple[dt.datetime, dt.datetime]:
-    start = now.astimezone(dt.UTC).replace(hour=0, minute=0, second=0, microsecond=0)
-    return start, start + dt.timedelta(days=1)
-
-
-# (jobs queued or running, tokens charged since UTC midnight) of one key. Raw SQL because this
-# runs inside every submission's locked section, and compiling the equivalent ORM aggregate cost
-# ~3 ms of CPU per POST (more than the query itself). Tokens are the engine's counts for finished
-# jobs plus a reservation of prompt + max_tokens for jobs still queued or running.
-#
-# PostgreSQL reads the finished jobs' tokens from KeyDayTokens (kept by a trigger, see the model)
-# and sums only the key's active jobs, whatever the day's volume. SQLite sums the day's jobs.
-# On PostgreSQL a submission's gate runs migration 0004's api_key_gate function, which repeats the
-# PostgreSQL query: change both together (tests/api/test_submission_round_trip.py compares them).
-_KEY_USAGE_SQL = {
-    "postgresql": """
-SELECT
-  COUNT(*) AS active_jobs,
-  COALESCE(SUM(CASE WHEN created_at >= %s THEN {prompt_len} + {max_tokens} ELSE 0 END), 0)
-    + COALESCE((SELECT tokens FROM {day_table} WHERE api_key_id = %s AND day = %s), 0) AS tokens_used
-FROM {table}
-WHERE api_key_id = %s AND status IN ({active})
-""",
-    "sqlite": """
-SELECT
-  COALESCE(SUM(CASE WHEN status IN ({active}) THEN 1 ELSE 0 END), 0) AS active_jobs,
-  COALESCE(SUM(CASE
-    WHEN created_at < %s THEN 0
-    WHEN status IN ({active}) THEN {prompt_len} + {max_tokens}
-    ELSE prompt_tokens + completion_tokens END), 0) AS tokens_used
-FROM {table}
-WHERE api_key_id = %s AND (status IN ({active}) OR created_at >= %s)
-""",
-}
-_JSON_SQL = {
-    "postgresql": ("jsonb_array_length(prompt_token_ids)", "CAST(params->>'max_tokens' AS integer)"),
-    "sqlite": ("json_array_length(prompt_token_ids)", "CAST(json_extract(params, '$.max_tokens') AS integer)"),
-}
-
-
-def _key_usage_sql() -> str:
-    prompt_len, max_tokens = _JSON_SQL[connection.vendor]
-    active = ", ".join(f"'{status.value}'" for status in ACTIVE_STATUSES)
-    quote = connection.ops.quote_name
-    return _KEY_USAGE_SQL[connection.vendor].format(
-        active=active, prompt_len=prompt_len, max_tokens=max_tokens, table=quote(Job._meta.db_table),
-        day_table=quote(KeyDayTokens._meta.db_table))
-
-
-def _key_usage_params(*, api_key_id: Any, now: dt.datetime) -> list[Any]:
-    start = _day_bounds(now)[0]
-    if connection.vendor == "postgresql":
-        return [start, api_key_id, start.date(), api_key_id]
-    adapted = connection.ops.adapt_datetimefield_value(start)  # SQLite compares text
-    return [adapted, api_key_id, adapted]
-
-
-def _key_usage(*, api_key: ApiKey, now: dt.datetime) -> tuple[int, int]:
-    """(jobs queued or running, tokens charged since UTC midnight) of a key, in one query."""
-    with connection.cursor() as cursor:
-        cursor.execute(_key_usage_sql(), _key_usage_params(api_key_id=api_key.id, now=now))
-        active, tokens = cursor.fetchone()
-    return int(active), int(tokens)
-
-
-def api_key_tokens_used_today(*, api_key: ApiKey, now: dt.datetime | None = None) -> int:
-    return _key_usage(api_key=api_key, now=now or timezone.now())[1]
-
-
 @dataclass(frozen=True)
 class KeyUsage:
-    """A key's limits (from its locked row) and its usage, this submission's job included."""
+    """A key's concurrency and daily token limits, and its usage against them."""
 
     max_concurrent_jobs: int
     tokens_per_day: int
     active_jobs: int
     tokens_used: int
 
-    def exceeded(self) -> bool:
-        return self.active_jobs > self.max_concurrent_jobs or self.tokens_used > self.tokens_per_day
-
 
 def quota_key_usage(*, api_key: ApiKey, now: dt.datetime) -> KeyUsage:
-    """The key's concurrency and daily token limits (as loaded) and its usage now, counted as the
-    gate counts it: a snapshot, no lock taken."""
-    active, tokens = _key_usage(api_key=api_key, now=now)
+    """The key's limits (as loaded) and its usage now, counted as the gate counts it: a snapshot,
+    no lock taken."""
+    active, tokens = _usage(api_key_id=api_key.id, now=now)
     return KeyUsage(api_key.max_concurrent_jobs, api_key.tokens_per_day, active, tokens)
+
+
+def quota_gate(*, api_key_id: int, prompt_tokens: int, max_tokens: int, now: dt.datetime) -> None:
+    """Lock the key's row until the caller's transaction ends, and raise QuotaExceeded if the key's
+    usage, with the job this transaction just inserted, breaks its concurrency or daily token
+    quota; the caller's transaction then rolls the job back. The limits are read from the locked
+    row (an operator may have just changed them). Raises ApiKey.DoesNotExist if the key is gone."""
+    # NO KEY UPDATE: serializes the key's submissions without blocking the foreign-key checks
+    # (KEY SHARE) of the jobs that reference the key.
+    max_jobs, max_tokens_per_day = (ApiKey.objects.select_for_update(no_key=True).filter(id=api_key_id)
+                                    .values_list("max_concurrent_jobs", "tokens_per_day").get())
+    # A statement of its own, after the lock was granted: its snapshot includes the jobs that the
+    # lock's previous holders committed.
+    active, tokens = _usage(api_key_id=api_key_id, now=now)
+    if active > max_jobs:
+        raise QuotaExceeded(
+            f"Too many concurrent jobs: this API key may have {max_jobs} queued or running jobs at once.",
+            code="concurrent_jobs_exceeded", limit=max_jobs, remaining=0, reset_s=1.0)
+    if tokens > max_tokens_per_day:
+        needed = prompt_tokens + max_tokens
+        before = tokens - needed
+        raise QuotaExceeded(
+            f"Daily token quota reached: {before} of {max_tokens_per_day} tokens used today and this "
+            f"job may need {needed}.",
+            code="tokens_per_day_exceeded", limit=max_tokens_per_day,
+            remaining=max(0, max_tokens_per_day - before), reset_s=quota_day_reset_s(now))
 
 
 def quota_day_reset_s(now: dt.datetime) -> float:
     """Seconds until the daily token quota starts again (UTC midnight)."""
-    return (_day_bounds(now)[1] - now).total_seconds()
+    return (_day_start(now) + dt.timedelta(days=1) - now).total_seconds()
 
 
-def quota_check_job(*, api_key: ApiKey, prompt_tokens: int, max_tokens: int) -> None:
-    """Lock the key's row (until the caller's transaction ends) and raise QuotaExceeded if the
-    job just inserted by this transaction breaks the key's concurrency or daily token quota.
-
-    Call it after the INSERT, in the same transaction, and let the exception roll the insert back.
-    The usage is read once the lock is granted, so it counts every job committed by the key's
-    earlier submissions plus this one: two submissions cannot both take the last slot. The limits
-    come from the locked row (an operator may have just changed them). On PostgreSQL outside a
-    transaction, ``job_insert_within_quota`` does all of this in one round trip instead."""
-    now = timezone.now()
-    usage = _lock_key_and_usage(api_key=api_key, now=now)
-    quota_raise_if_exceeded(usage, prompt_tokens=prompt_tokens, max_tokens=max_tokens, now=now)
+def _day_start(now: dt.datetime) -> dt.datetime:
+    return now.astimezone(dt.UTC).replace(hour=0, minute=0, second=0, microsecond=0)
 
 
-def quota_raise_if_exceeded(usage: KeyUsage, *, prompt_tokens: int, max_tokens: int, now: dt.datetime) -> None:
-    """QuotaExceeded (429) if ``usage`` breaks the concurrency or the daily token quota."""
-    if usage.active_jobs > usage.max_concurrent_jobs:
-        raise QuotaExceeded(
-            f"Too many concurrent jobs: this API key may have {usage.max_concurrent_jobs} queued or running jobs at once.",
-            code="concurrent_jobs_exceeded",
-            limit=usage.max_concurrent_jobs,
-            remaining=0,
-            reset_s=1.0,
-        )
-    if usage.tokens_used > usage.tokens_per_day:
-        needed = prompt_tokens + max_tokens
-        before = usage.tokens_used - needed
-        _, end = _day_bounds(now)
-        raise QuotaExceeded(
-            f"Daily token quota reached: {before} of {usage.tokens_per_day} tokens used today and this "
-            f"job may need {needed}.",
-            code="tokens_per_day_exceeded",
-            limit=usage.tokens_per_day,
-            remaining=max(0, usage.tokens_per_day - before),
-            reset_s=(end - now).total_seconds(),
-        )
+# (jobs queued or running, tokens charged since UTC midnight) of one key: the usage rule of the
+# module docstring. SQL rather than the ORM because the gate runs it while it holds the key's
+# lock, and compiling the equivalent aggregate took several times as long as running it.
+_USAGE_SQL = """
+SELECT
+  COUNT(CASE WHEN status IN ({active}) THEN 1 END),
+  COALESCE(SUM(CASE
+    WHEN created_at < %s THEN 0
+    WHEN status IN ({active}) THEN {prompt_length} + {max_tokens}
+    ELSE prompt_tokens + completion_tokens END), 0)
+FROM {table}
+WHERE api_key_id = %s AND (status IN ({active}) OR created_at >= %s)
+"""
+# The job's prompt length and max_tokens, which it keeps in JSON columns, in each backend's words.
+_JSON_SQL = {
+    "postgresql": ("jsonb_array_length(prompt_token_ids)", "CAST(params->>'max_tokens' AS integer)"),
+    "sqlite": ("json_array_length(prompt_token_ids)", "CAST(json_extract(params, '$.max_tokens') AS integer)"),
+}
 
 
-# NO KEY UPDATE: serializes the key's submissions without blocking the foreign-key checks
-# (KEY SHARE) of jobs that reference the key.
-_LOCK_KEY_SQL = "SELECT max_concurrent_jobs, tokens_per_day FROM {table} WHERE id = %s FOR NO KEY UPDATE"
-
-
-def _lock_key_sql() -> str:
-    return _LOCK_KEY_SQL.format(table=connection.ops.quote_name(ApiKey._meta.db_table))
-
-
-def _lock_key_and_usage(*, api_key: ApiKey, now: dt.datetime) -> KeyUsage:
-    """The key's limits and usage, the key row locked.
-
-    The lock is held until the submission commits, so every round trip inside it is paid by every
-    submission of the key queued behind it. On PostgreSQL the lock and the usage query travel as
-    one round trip: two statements in one simple-protocol call, each with its own snapshot, so the
-    usage is read after the lock was granted (a single statement would read it from before)."""
-    usage_params = _key_usage_params(api_key_id=api_key.id, now=now)
-    lock_sql = _lock_key_sql()
+def _usage(*, api_key_id: int, now: dt.datetime) -> tuple[int, int]:
+    prompt_length, max_tokens = _JSON_SQL[connection.vendor]
+    sql = _USAGE_SQL.format(active=", ".join(f"'{status.value}'" for status in ACTIVE_STATUSES),
+                            prompt_length=prompt_length, max_tokens=max_tokens,
+                            table=connection.ops.quote_name(Job._meta.db_table))
+    start = connection.ops.adapt_datetimefield_value(_day_start(now))  # SQLite compares them as text
     with connection.cursor() as cursor:
-        if connection.vendor == "postgresql":
-            cursor.execute(f"{lock_sql}; {_key_usage_sql()}", [api_key.id, *usage_params])
-            limits = cursor.fetchone()
-            cursor.nextset()
-            usage = cursor.fetchone()
-        else:  # SQLite: no row locks; its single writer serializes the submissions
-            cursor.execute(lock_sql.removesuffix(" FOR NO KEY UPDATE"), [api_key.id])
-            limits = cursor.fetchone()
-            cursor.execute(_key_usage_sql(), usage_params)
-            usage = cursor.fetchone()
-    if limits is None:
-        raise ApiKey.DoesNotExist(f"API key {api_key.id} no longer exists")
-    return KeyUsage(int(limits[0]), int(limits[1]), int(usage[0]), int(usage[1]))
-
-
-def quota_gate_sql() -> str:
-    """The statement :func:`job_insert_within_quota` runs after the INSERT (PostgreSQL): the key's
-    gate, migration 0004's ``api_key_gate`` function. It locks the key's row, then reads the key's
-    limits and usage once the lock is granted and deletes the job again if it breaks a quota, so
-    the lock is held for no client round trip, only until the ``COMMIT`` that follows in the same
-    call, and the gate's plans are the connection's, not made again under the lock. Its row gives
-    the :class:`KeyUsage`, and the job was deleted exactly when ``KeyUsage.exceeded()``; no row
-    means the key no longer exists. Parameters: :func:`quota_gate_params`."""
-    return "SELECT * FROM api_key_gate(%s, %s, %s, %s)"
-
-
-def quota_gate_params(*, api_key_id: Any, job_id: Any, now: dt.datetime) -> list[Any]:
-    start = _day_bounds(now)[0]
-    return [api_key_id, job_id, start, start.date()]
+        cursor.execute(sql, [start, api_key_id, start])
+        active, tokens = cursor.fetchone()
+    return int(active), int(tokens)
 
 
 def usage_rollup(*, day: dt.date) -> int:

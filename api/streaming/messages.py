@@ -14,9 +14,8 @@ from typing import Any
 from django.conf import settings
 
 from api.keys import JOB_STREAM_FIELD_SEQ, JOB_STREAM_FIELD_TEXT
+from api.models import JobStatus
 from engine_worker.protocol import FinalResult, OutputChunk
-
-_STATUS_BY_REASON = {"stop": "completed", "length": "completed", "abort": "cancelled", "error": "failed"}
 
 
 def delta_message(job_id: str, seq: int, text: str, completion_tokens: int | None = None,
@@ -56,7 +55,7 @@ def final_message(
 def final_from_result(result: FinalResult) -> dict[str, Any]:
     return final_message(
         job_id=result.job_id, seq=result.last_seq,
-        status=_STATUS_BY_REASON.get(result.finish_reason, "failed"),
+        status=JobStatus.for_finish_reason(result.finish_reason).value,
         finish_reason=result.finish_reason, prompt_tokens=result.prompt_tokens,
         completion_tokens=result.completion_tokens, cached_tokens=result.cached_tokens, error=result.error,
     )

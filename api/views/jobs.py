@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from django.conf import settings
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import status
 from rest_framework.pagination import PageNumberPagination
@@ -39,8 +40,6 @@ class JobPagination(PageNumberPagination):
     max_page_size = JOBS_MAX_PAGE_SIZE
 
     def get_page_size(self, request: Request) -> int | None:
-        from django.conf import settings
-
         self.page_size = settings.JOBS_PAGE_SIZE
         return super().get_page_size(request)
 

@@ -204,20 +204,12 @@ def _install(prefix: str, only: tuple[str, ...] | None = None, skip: tuple[str, 
 
         mod.HTTPChannel.connectionMade = traced_made
 
-    def patch_asgi_handler(mod) -> None:
-        respond = mod.OneHopASGIHandler._respond
-
-        def traced_respond(self, scope, body_file):
-            marks.d = {**scope.get("_trace", {}), "respond": time.time(), "respond_cpu": time.thread_time()}
-            return respond(self, scope, body_file)
-
-        mod.OneHopASGIHandler._respond = traced_respond
-
     def patch_views(mod) -> None:
         post = mod.JobListCreateView.post
 
         def traced_post(self, request):
-            getattr(marks, "d", {})["view"] = time.time()
+            marks.d = {**getattr(request._request, "scope", {}).get("_trace", {}), "view": time.time(),
+                       "view_cpu": time.thread_time()}
             response = post(self, request)
             d = getattr(marks, "d", {})
             emit("post", job=str(response.data.get("id")), end=time.time(), **d)
@@ -227,7 +219,7 @@ def _install(prefix: str, only: tuple[str, ...] | None = None, skip: tuple[str, 
 
     def patch_jobs(mod) -> None:
         for name, label in (("_tokenize", "tokenized"), ("quota_consume_request", "rate"),
-                            ("job_insert_within_quota", "inserted"), ("_publish", "published")):
+                            ("quota_gate", "inserted"), ("job_dispatch", "published")):
             mark_end(mod, name, label)
 
     def patch_auth(mod) -> None:
@@ -236,7 +228,6 @@ def _install(prefix: str, only: tuple[str, ...] | None = None, skip: tuple[str, 
     patches = {
         "daphne.server": patch_daphne_server,
         "twisted.web.http": patch_twisted_http,
-        "inference_service.asgi_handler": patch_asgi_handler,
         "api.views.jobs": patch_views,
         "api.services.jobs": patch_jobs,
         "api.authentication": patch_auth,
@@ -271,7 +262,7 @@ def _install(prefix: str, only: tuple[str, ...] | None = None, skip: tuple[str, 
 
 # The worker gets every patch; service_bench.py (its in-process engine side) only the engine's
 # steps, to compare step lengths with the worker's in the same run.
-_WEB = ("daphne.server", "twisted.web.http", "inference_service.asgi_handler", "api.views.jobs",
+_WEB = ("daphne.server", "twisted.web.http", "api.views.jobs",
         "api.services.jobs", "api.authentication")
 if _DIR and "run_engine_worker" in sys.argv:
     _install("worker", skip=_WEB)

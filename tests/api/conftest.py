@@ -1,12 +1,10 @@
 """Fixtures for the web side: API clients authenticated with real keys, a clean Redis DB, and
-the Celery dispatch replaced by a recorder (unit tests never talk to a broker)."""
+the Celery app's sends replaced by a recorder (unit tests never talk to a broker)."""
 
 from __future__ import annotations
 
 import gc
-import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
+from typing import Any
 from unittest import mock
 
 import pytest
@@ -14,20 +12,14 @@ from django.conf import settings
 from rest_framework.test import APIClient
 
 from api.redis_client import get_redis
+from api.services.jobs import RUN_JOB_TASK
+from inference_service.celery import app as celery_app
 from tests.api.factories import make_api_key, make_user
 
 
 @pytest.fixture(autouse=True)
 def _model_path(settings, tiny_model_path):
     settings.MODEL_PATH = str(tiny_model_path)
-
-
-@pytest.fixture(autouse=True)
-def _dispatch_on_the_callers_thread(settings):
-    """Publish on the test's thread (the default, set here in case the environment turns the
-    thread on): the dispatcher thread's own DB connection could not see the test's uncommitted
-    transaction. tests/api/test_dispatcher.py covers the thread."""
-    settings.JOB_DISPATCH_THREAD = False
 
 
 @pytest.fixture
@@ -54,30 +46,34 @@ def redis_client():
     client.flushdb()
 
 
-@contextmanager
-def fake_tasks_module(run_job) -> Iterator[None]:
-    """Serve ``api.tasks`` from a stand-in. Only that one sys.modules entry is swapped and
-    restored (patch.dict on sys.modules would also drop every module imported meanwhile, leaving
-    the URLconf pointing at module objects that later patches no longer reach)."""
-    saved = sys.modules.get("api.tasks")
-    sys.modules["api.tasks"] = mock.Mock(run_job=run_job)
-    try:
-        yield
-    finally:
-        if saved is None:
-            sys.modules.pop("api.tasks", None)
-        else:
-            sys.modules["api.tasks"] = saved
+class Broker:
+    """Stands in for the broker behind the Celery app's ``send_task``: records every message, or
+    with ``down`` set raises it as a real broker outage would."""
+
+    def __init__(self) -> None:
+        self.messages: list[tuple[str, list[Any], dict[str, Any]]] = []  # (task name, args, options)
+        self.job_ids: list[str] = []  # the jobs sent to the engine queue (run_job), in order
+        self.down: Exception | None = None
+
+    def send_task(self, name: str, args: Any = (), **options: Any) -> None:
+        if self.down is not None:
+            raise self.down
+        self.messages.append((name, list(args), options))
+        if name == RUN_JOB_TASK:
+            self.job_ids.append(args[0])
 
 
 @pytest.fixture
-def dispatched():
-    """Records job ids handed to ``api.tasks.run_job.delay`` (unit tests never reach a broker)."""
-    calls: list[str] = []
-    fake_task = mock.Mock()
-    fake_task.delay.side_effect = calls.append
-    with fake_tasks_module(fake_task):
-        yield calls
+def broker():
+    stand_in = Broker()
+    with mock.patch.object(celery_app, "send_task", side_effect=stand_in.send_task):
+        yield stand_in
+
+
+@pytest.fixture
+def dispatched(broker) -> list[str]:
+    """Ids of the jobs sent to the engine queue, in order (unit tests never reach a broker)."""
+    return broker.job_ids
 
 
 @pytest.fixture

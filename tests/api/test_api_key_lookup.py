@@ -1,35 +1,29 @@
-"""The key lookup behind every request: one prepared statement, the ORM's instances."""
+"""The key lookup behind every request and every stream's connect."""
 
 from __future__ import annotations
 
+import uuid
+
 import pytest
-from django.forms.models import model_to_dict
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from api.models import ApiKey
-from api.selectors.api_keys import api_key_with_owner
+from api.selectors.api_keys import api_key_with_owner, api_key_with_owner_and_job
 from api.services.api_keys import api_key_revoke, hash_secret
-from tests.api.factories import make_api_key, make_user
+from tests.api.factories import make_api_key, make_job, make_user
 
 pytestmark = pytest.mark.django_db
 
 
-def test_the_key_and_its_owner_equal_what_the_orm_loads():
-    owner = make_user(first_name="Ada", is_staff=True)
-    key, secret = make_api_key(owner=owner, name="ci", requests_per_minute=7)
-    owner.last_login = timezone.now()
-    owner.save()
+def test_the_key_comes_with_its_owner_in_one_query():
+    key, secret = make_api_key(owner=make_user(first_name="Ada"))
 
-    found = api_key_with_owner(hashed_key=hash_secret(secret))
-    orm = ApiKey.objects.select_related("owner").get(id=key.id)
+    with CaptureQueriesContext(connection) as queries:
+        found = api_key_with_owner(hashed_key=hash_secret(secret))
+        assert (found.id, found.owner.first_name) == (key.id, "Ada")
 
-    assert model_to_dict(found) == model_to_dict(orm)
-    assert model_to_dict(found.owner) == model_to_dict(orm.owner)
-    assert found.owner.last_login == orm.owner.last_login and timezone.is_aware(found.owner.last_login)
-    assert not found._state.adding and found._state.db == "default"
-    found.name = "renamed"
-    found.save(update_fields=["name"])  # a normal model instance
-    assert ApiKey.objects.get(id=key.id).name == "renamed"
+    assert len(queries) == 1
 
 
 def test_an_unknown_hash_finds_nothing_and_a_revoked_key_is_returned_as_revoked():
@@ -37,3 +31,19 @@ def test_an_unknown_hash_finds_nothing_and_a_revoked_key_is_returned_as_revoked(
     assert api_key_with_owner(hashed_key=hash_secret("sk-nope")) is None
     api_key_revoke(api_key_id=key.id)
     assert api_key_with_owner(hashed_key=hash_secret(secret)).revoked_at is not None
+
+
+def test_a_streams_connect_learns_the_key_and_whether_the_job_is_its_owners_in_one_query():
+    key, secret = make_api_key()
+    own, foreign = make_job(owner=key.owner), make_job()
+    deleted = make_job(owner=key.owner, deleted_at=timezone.now())
+
+    with CaptureQueriesContext(connection) as queries:
+        found, owns = api_key_with_owner_and_job(hashed_key=hash_secret(secret), job_id=str(own.id))
+        assert (found.id, found.owner.id, owns) == (key.id, key.owner.id, True)
+    assert len(queries) == 1
+
+    for job_id in (foreign.id, deleted.id, uuid.uuid4(), "not-a-uuid"):
+        found, owns = api_key_with_owner_and_job(hashed_key=hash_secret(secret), job_id=str(job_id))
+        assert found.id == key.id and owns is False
+    assert api_key_with_owner_and_job(hashed_key=hash_secret("sk-nope"), job_id=str(own.id)) == (None, False)

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import threading
+from unittest import mock
 
 import pytest
 from django.db import connection
 
 from api.errors import QuotaExceeded
 from api.models import Job
+from api.services import quotas
 from api.services.jobs import JobRequest, job_create
 from tests.api.factories import make_api_key
 
@@ -66,46 +68,38 @@ def test_a_submission_waiting_for_the_keys_lock_counts_the_job_committed_by_its_
         transactional_db, redis_client, dispatched):
     """The gate reads the usage after the lock is granted (a new snapshot), so the job that the
     lock's holder commits meanwhile is counted: here it takes the key's only slot."""
-    import psycopg
-    from django.utils import timezone
-
-    from api.services.job_insert import _insert_params, _statement
-    from api.services.quotas import quota_gate_params, quota_gate_sql
-    from tests.api.factories import make_job
-
     api_key, _ = make_api_key(max_concurrent_jobs=1)
-    held = make_job(api_key=api_key)
-    Job.objects.filter(id=held.id).delete()  # an unsaved twin to insert by hand below
-    settings = connection.settings_dict
-    holder = psycopg.connect(host=settings["HOST"], port=settings["PORT"], user=settings["USER"],
-                             dbname=settings["NAME"], autocommit=True)
-    outcome: list = []
-    try:
-        with psycopg.ClientCursor(holder) as cursor:
-            cursor.execute("BEGIN")
-            cursor.execute(_statement("default").sql, _insert_params(held, "default"))
-            cursor.execute(quota_gate_sql(), quota_gate_params(api_key_id=api_key.id, job_id=held.id,
-                                                               now=timezone.now()))
-            assert cursor.fetchone()[2] == 1  # the holder's job alone: within the quota
+    holding, release = threading.Event(), threading.Event()
 
-            def submit() -> None:
-                try:
-                    outcome.append(job_create(owner=api_key.owner, api_key=api_key,
-                                              request=JobRequest(prompt="Hi", max_tokens=4)))
-                except QuotaExceeded as exc:
-                    outcome.append(exc)
-                finally:
-                    connection.close()
+    def gate_then_hold(**kwargs) -> None:
+        quotas.quota_gate(**kwargs)
+        if threading.current_thread().name == "holder":  # the key's lock is held until its commit
+            holding.set()
+            release.wait(10)
 
-            waiter = threading.Thread(target=submit)
-            waiter.start()
-            waiter.join(0.5)
-            assert waiter.is_alive() and not outcome  # queued on the key's lock
-            cursor.execute("COMMIT")
-            waiter.join(10)
-    finally:
-        holder.close()
+    outcome: dict[str, object] = {}
 
-    assert len(outcome) == 1 and isinstance(outcome[0], QuotaExceeded), outcome
-    assert outcome[0].code == "concurrent_jobs_exceeded"
-    assert list(Job.objects.values_list("id", flat=True)) == [held.id]
+    def submit() -> None:
+        try:
+            outcome[threading.current_thread().name] = job_create(
+                owner=api_key.owner, api_key=api_key, request=JobRequest(prompt="Hi", max_tokens=4))
+        except QuotaExceeded as exc:
+            outcome[threading.current_thread().name] = exc
+        finally:
+            connection.close()
+
+    with mock.patch("api.services.jobs.quota_gate", side_effect=gate_then_hold):
+        holder = threading.Thread(target=submit, name="holder")
+        holder.start()
+        assert holding.wait(10)
+        waiter = threading.Thread(target=submit, name="waiter")
+        waiter.start()
+        waiter.join(0.5)
+        assert waiter.is_alive() and "waiter" not in outcome  # queued on the key's lock
+        release.set()
+        holder.join(10)
+        waiter.join(10)
+
+    assert isinstance(outcome["waiter"], QuotaExceeded), outcome
+    assert outcome["waiter"].code == "concurrent_jobs_exceeded"
+    assert list(Job.objects.values_list("id", flat=True)) == [outcome["holder"].job.id]

@@ -47,6 +47,13 @@ def test_spec_carries_the_tokens_and_sampling_of_the_job():
     assert (spec.repetition_penalty, spec.seed, spec.stop, spec.priority) == (1.1, 3, ("\n\n",), 2)
 
 
+def test_a_setting_the_row_lacks_runs_with_the_services_default_as_a_submission_would_store_it(settings):
+    settings.DEFAULT_MAX_TOKENS = 100
+    spec = lc.job_spec(make_job(params={"temperature": 0.5, "seed": None}))
+    assert (spec.max_tokens, spec.temperature, spec.top_p, spec.top_k, spec.seed) == (100, 0.5, 1.0, 0, None)
+    assert (spec.stop, spec.logit_bias, spec.logprobs) == ((), (), None)
+
+
 def test_finish_records_text_and_usage_only_for_the_worker_that_holds_the_job():
     job = make_job()
     lc.job_claim(job_id=str(job.id), worker_id="w1", lease_s=30)

@@ -9,8 +9,9 @@ import pytest
 from django.utils import timezone
 
 from api import tasks
-from api.models import Job, JobStatus, KeyDayTokens, UsageRecord
+from api.models import Job, JobStatus, UsageRecord
 from api.services.job_deletion import jobs_purge_finished
+from api.services.quotas import quota_key_usage
 from tests.api.factories import make_api_key, make_job
 from tests.api.test_project import _settings_in_subprocess
 
@@ -52,15 +53,15 @@ def test_the_purge_works_in_batches(monkeypatch, redis_client):
     assert jobs_purge_finished(older_than_days=2) == 5 and not Job.objects.exists()
 
 
-def test_the_purge_drops_the_daily_token_rows_before_the_cutoff_and_keeps_todays(redis_client):
+def test_the_purge_leaves_what_todays_quota_counts(redis_client):
     api_key, _ = make_api_key()
-    today = timezone.now().date()
-    KeyDayTokens.objects.update_or_create(api_key=api_key, day=today, defaults={"tokens": 8})
-    KeyDayTokens.objects.update_or_create(api_key=api_key, day=today - dt.timedelta(days=30), defaults={"tokens": 8})
+    for days_ago in (0, 0.9, 30):
+        _ended(api_key, days_ago)
+    before = quota_key_usage(api_key=api_key, now=timezone.now())
 
-    jobs_purge_finished(older_than_days=2)
+    assert jobs_purge_finished(older_than_days=2) == 1
 
-    assert list(KeyDayTokens.objects.filter(api_key=api_key).values_list("day", flat=True)) == [today]
+    assert quota_key_usage(api_key=api_key, now=timezone.now()) == before
 
 
 def test_a_retention_under_two_days_is_refused():

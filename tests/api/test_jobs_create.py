@@ -1,12 +1,16 @@
 from __future__ import annotations
 
-from unittest import mock
+import datetime as dt
 
 import pytest
+from django.utils import timezone
 
 from api.models import Job, JobStatus
+from api.services.job_lifecycle import jobs_needing_dispatch
+from api.services.jobs import RUN_JOB_TASK
+from api.tasks import run_job
 from api.tokenization import get_tokenizer
-from tests.api.conftest import fake_tasks_module
+from inference_service.celery import app
 from tests.api.factories import make_api_key, make_job
 
 pytestmark = pytest.mark.django_db
@@ -31,6 +35,20 @@ def test_queue_position_counts_queued_jobs_ahead_in_priority_then_arrival_order(
     response = api_client.post("/api/v1/jobs", {"prompt": "x", "max_tokens": 4}, format="json")
 
     assert response.json()["queue_position"] == 1
+
+
+def test_queue_position_counts_only_queued_jobs_that_are_more_urgent_or_queued_earlier(api_client, api_key):
+    now = timezone.now()
+    make_job(api_key=api_key, priority=api_key.priority - 5, queued_at=now + dt.timedelta(seconds=5))  # more urgent
+    make_job(api_key=api_key, priority=api_key.priority, queued_at=now - dt.timedelta(seconds=5))  # earlier
+    make_job(api_key=api_key, priority=api_key.priority, queued_at=now - dt.timedelta(seconds=5),
+             status=JobStatus.IN_PROGRESS)  # not queued any more
+    make_job(api_key=api_key, priority=api_key.priority + 10, queued_at=now - dt.timedelta(seconds=5))  # less urgent
+
+    response = api_client.post("/api/v1/jobs", {"prompt": "x", "max_tokens": 4}, format="json")
+
+    assert response.json()["queue_position"] == 2
+    assert api_client.get(f"/api/v1/jobs/{response.json()['id']}").json()["queue_position"] == 2
 
 
 def test_messages_are_rendered_with_the_chat_template_with_a_single_bos(api_client):
@@ -60,16 +78,30 @@ def test_job_is_dispatched_to_celery_with_its_id_only_after_commit(
     assert Job.objects.get(id=job_id).dispatch_count == 1
 
 
-def test_broker_outage_at_dispatch_keeps_the_job_queued(api_client, dispatched, django_capture_on_commit_callbacks):
-    broken = mock.Mock()
-    broken.delay.side_effect = ConnectionError("broker down")
-    with fake_tasks_module(broken):
-        with django_capture_on_commit_callbacks(execute=True):
-            response = api_client.post("/api/v1/jobs", {"prompt": "Hi", "max_tokens": 4}, format="json")
+def test_each_job_is_one_run_job_message_with_its_id_on_the_engine_queue(
+    api_client, broker, django_capture_on_commit_callbacks
+):
+    with django_capture_on_commit_callbacks(execute=True):
+        ids = [api_client.post("/api/v1/jobs", {"prompt": f"Hi {i}", "max_tokens": 4}, format="json").json()["id"]
+               for i in range(3)]
+
+    assert broker.messages == [(RUN_JOB_TASK, [job_id], {}) for job_id in ids]
+    # Sent by name: the name is the engine workers' task, and the app's routes put it on their queue.
+    assert run_job.name == RUN_JOB_TASK and RUN_JOB_TASK in app.tasks
+    assert app.amqp.router.route({}, RUN_JOB_TASK)["queue"].name == "engine"
+
+
+def test_broker_outage_at_dispatch_keeps_the_job_queued_for_the_reconciler(
+    api_client, broker, django_capture_on_commit_callbacks
+):
+    broker.down = ConnectionError("broker down")
+    with django_capture_on_commit_callbacks(execute=True):
+        response = api_client.post("/api/v1/jobs", {"prompt": "Hi", "max_tokens": 4}, format="json")
 
     assert response.status_code == 202
     job = Job.objects.get(id=response.json()["id"])
-    assert job.status == JobStatus.QUEUED and job.dispatch_count == 0
+    assert job.status == JobStatus.QUEUED and job.dispatch_count == 0  # not counted as sent
+    assert jobs_needing_dispatch(queued_grace_s=0) == [str(job.id)]
 
 
 def test_same_idempotency_key_and_body_returns_the_same_job(api_client, dispatched, django_capture_on_commit_callbacks):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import sys
 
 import pytest
 from channels.testing import WebsocketCommunicator
@@ -12,8 +11,10 @@ from django.utils import timezone
 from api import keys
 from api.errors import JobNotRequeueable
 from api.models import Job, JobStatus
+from api.services.job_deletion import DROP_JOB_STREAM_TASK
 from api.services.jobs import job_requeue
 from inference_service.asgi import application
+from inference_service.celery import app as celery_app
 from tests.api.factories import make_api_key, make_job
 
 pytestmark = pytest.mark.django_db
@@ -32,7 +33,7 @@ def _finished(api_key, **overrides) -> Job:
 
 
 def test_deleting_a_finished_job_clears_its_content_and_the_job_is_not_found_afterwards(
-    api_client, api_key, redis_client, django_capture_on_commit_callbacks
+    api_client, api_key, redis_client, broker, django_capture_on_commit_callbacks
 ):
     job = _finished(api_key)
     other = _finished(api_key, idempotency_key=None)
@@ -51,9 +52,8 @@ def test_deleting_a_finished_job_clears_its_content_and_the_job_is_not_found_aft
     assert (row.status, row.prompt_tokens, row.cached_tokens, row.completion_tokens) == ("completed", 10, 4, 16)
     assert row.finished_at == job.finished_at
     assert redis_client.exists(keys.job_stream_key(str(job.id))) == 0  # the stream held the same text
-    # And once more later, after an output batch that may have been on its way (the tasks module
-    # is a stand-in here: see the dispatched fixture).
-    sys.modules["api.tasks"].drop_job_stream.apply_async.assert_called_once_with(args=[str(job.id)], countdown=10)
+    # And once more later, after an output batch that may have been on its way.
+    assert broker.messages == [(DROP_JOB_STREAM_TASK, [str(job.id)], {"countdown": 10})]
 
     assert api_client.get(f"/api/v1/jobs/{job.id}").status_code == 404
     assert [j["id"] for j in api_client.get("/api/v1/jobs").json()["results"]] == [str(other.id)]
@@ -65,6 +65,7 @@ def test_deleting_a_finished_job_clears_its_content_and_the_job_is_not_found_aft
 def test_the_later_drop_deletes_a_stream_that_a_late_output_batch_made_again(redis_client):
     from api.tasks import drop_job_stream
 
+    assert drop_job_stream.name == DROP_JOB_STREAM_TASK in celery_app.tasks  # the name the delete sends
     redis_client.xadd(keys.job_stream_key("j-1"), {"seq": "9", "text": "late"})
 
     drop_job_stream("j-1")  # a Celery task called in process runs at once

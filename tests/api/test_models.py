@@ -34,6 +34,5 @@ def test_redis_names_shared_with_the_worker_are_stable():
     job_id = "8b4f0f3e-0000-4000-8000-000000000000"
     assert keys.job_stream_key(job_id) == f"job:{job_id}:chunks"
     assert keys.worker_heartbeat_key("w-1") == "engine:workers:w-1"
-    assert keys.job_group_name(job_id) == f"job.{job_id}"
     assert keys.CANCEL_CHANNEL == "engine:cancel"
     assert (keys.JOB_STREAM_FIELD_SEQ, keys.JOB_STREAM_FIELD_TEXT) == ("seq", "text")

@@ -292,8 +292,8 @@ def test_a_stream_whose_job_restarts_and_writes_other_text_ends_with_an_error_an
     assert job.output_text == "Twice upon"  # the new attempt's text, in the row
 
 
-def test_an_idle_stream_gets_keep_alive_comments(monkeypatch):
-    monkeypatch.setenv("SSE_KEEPALIVE_S", "0.05")
+def test_an_idle_stream_gets_keep_alive_comments(settings):
+    settings.SSE_KEEPALIVE_S = 0.05
     api_key, secret = make_api_key()
 
     async def scenario() -> bytes:

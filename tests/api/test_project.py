@@ -116,13 +116,15 @@ def test_a_bad_setting_stops_start_up():
     assert result.returncode != 0 and "MAX_TOKENS_CAP" in result.stderr
 
 
-def test_asgi_routes_http_to_django_and_websockets_to_the_api_routes():
+def test_asgi_routes_http_to_djangos_own_handler_and_websockets_to_the_api_routes():
     from channels.routing import ProtocolTypeRouter
+    from django.core.handlers.asgi import ASGIHandler
 
-    from inference_service.asgi import application
+    from inference_service import asgi
 
-    assert isinstance(application, ProtocolTypeRouter)
-    assert set(application.application_mapping) == {"http", "websocket"}
+    assert isinstance(asgi.application, ProtocolTypeRouter)
+    assert set(asgi.application.application_mapping) == {"http", "websocket"}
+    assert type(asgi.django_http) is ASGIHandler
 
 
 def test_celery_routes_jobs_to_the_engine_queue_and_schedules_reconciliation():
@@ -130,7 +132,6 @@ def test_celery_routes_jobs_to_the_engine_queue_and_schedules_reconciliation():
 
     assert app.main == "inference_service"
     assert app.conf.task_routes["api.tasks.run_job"] == {"queue": "engine"}
-    assert app.conf.task_routes["api.tasks.run_jobs"] == {"queue": "engine"}
     schedule = {entry["task"]: entry["schedule"] for entry in app.conf.beat_schedule.values()}
     assert schedule == {
         "api.tasks.reconcile_jobs": 10.0,
@@ -147,21 +148,3 @@ def test_models_and_migrations_are_in_sync():
     from django.core.management import call_command
 
     call_command("makemigrations", "--check", "--dry-run", stdout=StringIO())
-
-
-def test_new_jobs_are_published_from_a_thread_on_postgresql_and_on_the_request_thread_with_sqlite():
-    # PostgreSQL's notice wakes the workers at the commit, so the message can wait for the
-    # answer; with SQLite it is the wake-up itself (api/services/dispatcher.py).
-    expression = "s.JOB_DISPATCH_THREAD, s.WEB_REQUEST_THREADS"
-    sqlite = _settings_in_subprocess({}, expression)
-    assert sqlite.returncode == 0, sqlite.stderr
-    assert sqlite.stdout.strip().splitlines()[-1] == "False 8"
-    postgres = _settings_in_subprocess({"DATABASE_URL": "postgres://postgres@127.0.0.1:5432/test"}, expression)
-    assert postgres.returncode == 0, postgres.stderr
-    assert postgres.stdout.strip().splitlines()[-1] == "True 8"
-    off = _settings_in_subprocess({"DATABASE_URL": "postgres://postgres@127.0.0.1:5432/test", "JOB_DISPATCH_THREAD": "0"},
-                                  expression)
-    assert off.stdout.strip().splitlines()[-1] == "False 8"
-    on = _settings_in_subprocess({"JOB_DISPATCH_THREAD": "1", "WEB_REQUEST_THREADS": "3"},
-                                 "s.JOB_DISPATCH_THREAD, s.WEB_REQUEST_THREADS")
-    assert on.stdout.strip().splitlines()[-1] == "True 3"

@@ -7,8 +7,11 @@ import pytest
 import redis
 from django.utils import timezone
 
-from api.models import JobStatus, UsageRecord
-from api.services.quotas import api_key_tokens_used_today, usage_rollup
+from api.errors import AuthenticationFailed, QuotaExceeded
+from api.models import ApiKey, Job, JobStatus, UsageRecord
+from api.services.jobs import JobRequest, job_create
+from api.services.quotas import quota_key_usage, usage_rollup
+from api.tokenization import get_tokenizer
 from tests.api.factories import make_api_key, make_job
 
 pytestmark = pytest.mark.django_db
@@ -85,7 +88,7 @@ def test_tokens_per_day_counts_engine_usage_of_finished_jobs_and_reserves_for_ac
     make_job(api_key=api_key, status=JobStatus.COMPLETED, prompt_tokens=100, completion_tokens=100,
              created_at=timezone.now() - dt.timedelta(days=2))
 
-    assert api_key_tokens_used_today(api_key=api_key) == 30 + 10
+    assert quota_key_usage(api_key=api_key, now=timezone.now()).tokens_used == 30 + 10
 
 
 def test_tokens_per_day_over_the_quota_is_429_until_midnight(api_client, api_key):
@@ -123,3 +126,70 @@ def test_the_beat_usage_task_fills_todays_usage_records(api_key):
     assert rollup_usage() >= 1
     record = UsageRecord.objects.get(api_key=api_key, day=timezone.now().date())
     assert (record.requests, record.prompt_tokens, record.completion_tokens) == (1, 7, 9)
+
+
+def _submit(api_key, **request):
+    return job_create(owner=api_key.owner, api_key=api_key,
+                      request=JobRequest(**{"prompt": "Hi", "max_tokens": 4, **request}))
+
+
+def test_a_job_over_the_concurrency_quota_is_refused_and_leaves_no_row(redis_client, dispatched,
+                                                                      django_capture_on_commit_callbacks):
+    api_key, _ = make_api_key(max_concurrent_jobs=1)
+    make_job(api_key=api_key, status=JobStatus.IN_PROGRESS)
+
+    with django_capture_on_commit_callbacks(execute=True), pytest.raises(QuotaExceeded) as refused:
+        _submit(api_key)
+
+    assert refused.value.code == "concurrent_jobs_exceeded"
+    assert Job.objects.count() == 1 and dispatched == []
+
+
+def test_the_daily_quota_counts_the_new_job_reserved_and_admits_it_up_to_the_limit_exactly(
+        redis_client, dispatched, django_capture_on_commit_callbacks):
+    api_key, _ = make_api_key(tokens_per_day=60)
+    make_job(api_key=api_key, status=JobStatus.COMPLETED, prompt_tokens=20, completion_tokens=25)
+    prompt_tokens = len(get_tokenizer().encode_prompt("Hi"))
+
+    with pytest.raises(QuotaExceeded) as refused:
+        _submit(api_key, max_tokens=60 - 45 - prompt_tokens + 1)
+
+    assert refused.value.code == "tokens_per_day_exceeded"
+    assert "45 of 60 tokens used today" in str(refused.value) and refused.value.remaining == 15
+    assert Job.objects.count() == 1
+    with django_capture_on_commit_callbacks(execute=True):
+        _submit(api_key, max_tokens=60 - 45 - prompt_tokens)  # exactly the limit: admitted
+    assert Job.objects.count() == 2 and len(dispatched) == 1
+
+
+def test_a_key_deleted_after_authentication_is_a_401_and_inserts_nothing(redis_client, dispatched):
+    api_key, _ = make_api_key()
+    ApiKey.objects.filter(id=api_key.id).delete()
+
+    with pytest.raises(AuthenticationFailed) as refused:
+        _submit(api_key)
+
+    assert refused.value.status_code == 401
+    assert Job.objects.count() == 0 and dispatched == []
+
+
+def test_the_usage_report_counts_as_the_gate_does(api_key):
+    make_job(api_key=api_key, prompt_token_ids=[1, 2, 3], params={"max_tokens": 7})
+    make_job(api_key=api_key, status=JobStatus.IN_PROGRESS, prompt_token_ids=[1] * 11, params={"max_tokens": 5})
+    make_job(api_key=api_key, status=JobStatus.COMPLETED, prompt_tokens=20, completion_tokens=25)
+    make_job(api_key=api_key, status=JobStatus.CANCELLED, prompt_tokens=2, completion_tokens=1,
+             deleted_at=timezone.now())  # a deleted job still counts
+    make_job(api_key=make_api_key()[0], status=JobStatus.COMPLETED, prompt_tokens=9)  # another key's
+
+    usage = quota_key_usage(api_key=api_key, now=timezone.now())
+
+    assert (usage.active_jobs, usage.tokens_used) == (2, 3 + 7 + 11 + 5 + 45 + 3)
+
+
+def test_a_key_with_finished_jobs_can_still_be_deleted_and_its_jobs_stay(api_key):
+    job = make_job(api_key=api_key, status=JobStatus.COMPLETED, prompt_tokens=3, completion_tokens=4)
+
+    api_key.delete()
+
+    job.refresh_from_db()
+    assert job.api_key_id is None

@@ -1,5 +1,5 @@
-"""The embedded default database (SQLite, what ``make run`` uses) runs the raw SQL of the hot
-submission path correctly. The rest of the suite runs on PostgreSQL, so this runs a real
+"""The embedded default database (SQLite, what ``make run`` uses) runs the raw SQL of the quota gate
+and the worker's claim correctly. The rest of the suite runs on PostgreSQL, so this runs a real
 submission sequence in a subprocess with ``DATABASE_URL`` pointing at a fresh SQLite file."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from api.errors import QuotaExceeded
 from api.selectors.jobs import job_queue_position
 from api.services.api_keys import api_key_create
 from api.services.jobs import JobRequest, job_create
-from api.services.quotas import _key_usage
+from api.services.quotas import quota_key_usage
 from api.authentication import authenticate_api_key
 from api.models import ApiKey
 from django.forms.models import model_to_dict
@@ -31,13 +31,13 @@ submissions = [job_create(owner=user, api_key=key, request=JobRequest(prompt="he
                for _ in range(3)]
 jobs = [s.job for s in submissions]
 from api.models import Job
-inserted_same = all(model_to_dict(j) == model_to_dict(Job.objects.get(id=j.id)) for j in jobs)
 try:
     job_create(owner=user, api_key=key, request=JobRequest(prompt="hello world", max_tokens=7))
     refused = None
 except QuotaExceeded as exc:
     refused = exc.code
-active, tokens = _key_usage(api_key=key, now=timezone.now())
+usage = quota_key_usage(api_key=key, now=timezone.now())
+active, tokens = usage.active_jobs, usage.tokens_used
 positions = [job_queue_position(job=job) for job in jobs]
 from api.services import job_lifecycle as lc
 claimed = [lc.job_claim(job_id=str(jobs[0].id), worker_id="w", lease_s=30)]
@@ -52,7 +52,7 @@ from api.authentication import authenticate_api_key_for_job
 other = User.objects.create(username="other")
 foreign = Job.objects.create(owner=other, status="completed", prompt="x", prompt_token_ids=[1], params={"max_tokens": 1})
 owns = [authenticate_api_key_for_job(secret, str(j.id))[1] for j in (jobs[0], foreign)]
-# SQLite before 3.35 has no RETURNING: the INSERT and the claim fall back to the ORM.
+# SQLite before 3.35 has no RETURNING: the claim falls back to the ORM.
 from django.db import connection
 connection.features.can_return_columns_from_insert = False
 key.max_concurrent_jobs = 10; key.save()
@@ -62,7 +62,7 @@ fallback = [[s.queue_position for s in old],
             == [str(s.job.id) for s in old]]
 print(json.dumps({
     "positions": positions, "insert_positions": [s.queue_position for s in submissions],
-    "inserted_same": inserted_same, "claim_same": claim_same, "fallback": fallback,
+    "claim_same": claim_same, "fallback": fallback,
     "active": active, "tokens": tokens, "prompt_len": len(jobs[0].prompt_token_ids), "refused": refused,
     "progress": [written, jobs[0].output_text, jobs[0].last_seq, jobs[0].completion_tokens,
                  jobs[0].first_token_at.timestamp()],
@@ -85,8 +85,7 @@ def test_quota_usage_and_queue_position_on_sqlite(tmp_path, tiny_model_path):
     result = json.loads(out.stdout.strip().splitlines()[-1])
     # Positions count only the jobs ahead (a text/datetime mismatch made a job count itself).
     assert result["positions"] == [0, 1, 2]
-    assert result["insert_positions"] == [0, 1, 2]  # the INSERT's RETURNING subquery agrees
-    assert result["inserted_same"] is True  # the raw INSERT stored what the instance holds
+    assert result["insert_positions"] == [0, 1, 2]  # the 202's positions agree
     assert result["claim_same"] is True  # the claim's UPDATE ... RETURNING rows, converted as the ORM does
     # Without RETURNING: positions behind the two jobs still queued, and both jobs claimed.
     assert result["fallback"] == [[2, 3], True]
@@ -94,6 +93,5 @@ def test_quota_usage_and_queue_position_on_sqlite(tmp_path, tiny_model_path):
     assert result["tokens"] == 3 * (result["prompt_len"] + 7)
     assert result["refused"] == "concurrent_jobs_exceeded"
     assert result["progress"] == [1, "so far", 2, 3, 1_800_000_000.5]  # only the job this worker holds
-    # The key lookup's own statement gives the ORM's instances (SQLite returns datetimes as text).
     assert result["auth_same"] is True
     assert result["owns"] == [True, False]  # a job's WebSocket: the key and the job's owner in one statement

@@ -163,8 +163,8 @@ def test_live_chunks_and_the_final_arrive_as_the_worker_publishes_them(redis_cli
     assert [e.get("event") for e in response.events()][-1] == "final"
 
 
-def test_a_quiet_stream_sends_keep_alive_comments(redis_client, monkeypatch):
-    monkeypatch.setenv("SSE_KEEPALIVE_S", "0.05")
+def test_a_quiet_stream_sends_keep_alive_comments(redis_client, settings):
+    settings.SSE_KEEPALIVE_S = 0.05
     api_key, secret = make_api_key()
     job_id = str(make_job(api_key=api_key).id)  # queued: nothing to send yet
 

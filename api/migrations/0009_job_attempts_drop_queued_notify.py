@@ -34,7 +34,7 @@ def _on_postgresql(sql):
 
 
 class Migration(migrations.Migration):
-    dependencies = [("api", "0007_job_logprobs")]
+    dependencies = [("api", "0008_drop_key_gate_and_day_tokens")]
 
     operations = [
         migrations.AddField(model_name="job", name="attempts", field=models.PositiveIntegerField(default=0)),

@@ -1,0 +1,376 @@
+"""This service's OpenAI endpoint against the servers users would run instead, in one run.
+
+Servers (one at a time, loopback only, the same model folder and the same streaming client):
+
+* ``ours``: this tree's service (daphne + one engine worker, SQLite, a local Redis), and with
+  ``--old DIR`` the same service from another checkout (an A/B of a change);
+* ``vllm``: ``vllm-mlx serve --continuous-batching`` (the seed's own server);
+* ``mlxlm``: ``mlx_lm.server``.
+
+For each completion batch size, servers are started in turn and each runs every concurrency level
+(a closed loop of C clients, each sending its next streamed chat completion when the previous one
+ended), ``--rounds`` times with the servers interleaved; the figures are the medians over rounds.
+Reported per server, batch and concurrency: completion tok/s, TTFT p50/p95, errors, and the peak
+memory of the server's processes (GPU memory from nvidia-smi when there is a GPU, else RSS).
+The last line is one JSON object with every row and the ratios ``ours / peer`` (and ``new / old``).
+
+    python bench/peer_bench.py --model var/models/tiny --servers ours,mlxlm --concurrency 1,8 --batch 32
+    # GPU host: bash bench/h200_peer.sh (installs the carried wheels, builds the 316M model, runs this)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+PROMPTS = ["def fib(n):", "import os", "class Queue:", "Write a haiku about tests.", "What is 2+2?",
+           "for i in range(10):", "Explain the GIL.", "return None"]
+
+
+# -- the client ----------------------------------------------------------------------------------
+
+async def _one(client: httpx.AsyncClient, url: str, headers: dict, body: dict) -> dict:
+    rec = {"ok": False, "ttft": None, "tokens": 0, "error": None}
+    start = time.perf_counter()
+    try:
+        async with client.stream("POST", url, json=body, headers=headers) as resp:
+            if resp.status_code != 200:
+                rec["error"] = f"HTTP {resp.status_code}: {(await resp.aread())[:200]!r}"
+                return rec
+            chunks = 0
+            async for line in resp.aiter_lines():
+                if not line.startswith("data:") or (data := line[5:].strip()) == "[DONE]":
+                    continue
+                event = json.loads(data)
+                if event.get("error"):
+                    rec["error"] = str(event["error"])[:200]
+                if event.get("usage"):
+                    rec["tokens"] = event["usage"].get("completion_tokens") or 0
+                for choice in event.get("choices") or []:
+                    if (choice.get("delta") or {}).get("content"):
+                        chunks += 1
+                        rec["ttft"] = rec["ttft"] or time.perf_counter() - start
+            rec["tokens"] = rec["tokens"] or chunks
+            rec["ok"] = rec["error"] is None and rec["ttft"] is not None
+            if rec["ttft"] is None and rec["error"] is None:
+                rec["error"] = "no content"
+    except (httpx.HTTPError, OSError, TimeoutError) as exc:
+        rec["error"] = f"{type(exc).__name__}: {exc}"[:200]
+    return rec
+
+
+async def load(base: str, model: str, key: str, concurrency: int, max_tokens: int, requests: int) -> dict:
+    """``requests`` streamed chat completions, ``concurrency`` at a time (closed loop)."""
+    url = f"{base}/v1/chat/completions"
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    pending = list(range(requests))
+    records: list[dict] = []
+    limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)
+    async with httpx.AsyncClient(limits=limits, timeout=600) as client:
+        async def worker() -> None:
+            while pending:
+                i = pending.pop()
+                body = {"model": model, "messages": [{"role": "user", "content": f"{PROMPTS[i % 8]} #{i}"}],
+                        "stream": True, "max_tokens": max_tokens, "temperature": 0.0,
+                        "stream_options": {"include_usage": True}}
+                records.append(await _one(client, url, headers, body))
+
+        started = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        wall = time.perf_counter() - started
+    ok = [r for r in records if r["ok"]]
+    ttfts = sorted(r["ttft"] for r in ok)
+    return {
+        "tok_s": round(sum(r["tokens"] for r in ok) / wall, 1),
+        "ttft_p50_ms": round(1000 * _pct(ttfts, 0.5), 1) if ttfts else None,
+        "ttft_p95_ms": round(1000 * _pct(ttfts, 0.95), 1) if ttfts else None,
+        "errors": len(records) - len(ok),
+        "error_samples": [r["error"] for r in records if not r["ok"]][:2],
+    }
+
+
+def _pct(xs: list[float], q: float) -> float:
+    k = (len(xs) - 1) * q
+    lo, hi = int(k), min(int(k) + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+
+# -- memory of a process tree --------------------------------------------------------------------
+
+class MemorySampler:
+    """Peak memory of a process and its descendants: GPU memory (nvidia-smi) where there is a
+    GPU, else resident memory. Sampled every half second on a thread."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.peak_bytes = 0
+        self.kind = "gpu" if shutil.which("nvidia-smi") else "rss"
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._thread.join(5)
+        return self.peak_bytes
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.5):
+            pids = _tree(self.pid)
+            used = _gpu_bytes(pids) if self.kind == "gpu" else sum(_rss_bytes(p) for p in pids)
+            self.peak_bytes = max(self.peak_bytes, used)
+
+
+def _tree(pid: int) -> set[int]:
+    found, todo = {pid}, [pid]
+    while todo:
+        try:
+            children = Path(f"/proc/{todo.pop()}/task").iterdir()
+            for task in children:
+                for child in (task / "children").read_text().split():
+                    if int(child) not in found:
+                        found.add(int(child))
+                        todo.append(int(child))
+        except OSError:
+            continue
+    return found
+
+
+def _gpu_bytes(pids: set[int]) -> int:
+    out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+                         capture_output=True, text=True).stdout
+    total = 0
+    for line in out.splitlines():
+        pid, _, mib = line.partition(",")
+        if pid.strip().isdigit() and int(pid) in pids:
+            total += int(mib.strip() or 0) * 1024 * 1024
+    return total
+
+
+def _rss_bytes(pid: int) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+# -- the servers ---------------------------------------------------------------------------------
+
+class Server:
+    """One server process group; ``start`` returns (base url, model name, api key)."""
+
+    def __init__(self, label: str, work: Path) -> None:
+        self.label = label
+        self.log = (work / f"{label}.log").open("ab")
+        self.proc: subprocess.Popen | None = None
+
+    def _spawn(self, argv: list[str], cwd: Path, env: dict[str, str]) -> None:
+        self.proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=self.log, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+
+    def wait_ready(self, base: str, key: str = "") -> str:
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise RuntimeError(f"{self.label} exited; see its log")
+            try:
+                r = httpx.get(f"{base}/v1/models", headers=headers, timeout=2)
+                if r.status_code == 200 and r.json().get("data"):
+                    return r.json()["data"][0]["id"]
+            except (httpx.HTTPError, ValueError):
+                pass
+            time.sleep(1)
+        raise RuntimeError(f"{self.label} did not become ready")
+
+
+class OurService(Server):
+    """The service from ``tree`` (this checkout, or an older one for an A/B), started as
+    ``make run`` starts it, on a SQLite database of its own and a flushed Redis DB."""
+
+    def __init__(self, label: str, work: Path, tree: Path, model: str, batch: int, port: int) -> None:
+        super().__init__(label, work)
+        self.tree, self.port = tree, port
+        self.env = {**os.environ, "DATABASE_URL": f"sqlite:///{work}/{label}.sqlite3", "MODEL_PATH": model,
+                    "REDIS_URL": os.environ.get("PEER_REDIS_URL", "redis://127.0.0.1:6379/11"),
+                    "ENGINE_COMPLETION_BATCH_SIZE": str(batch), "LOG_LEVEL": "WARNING",
+                    "DEFAULT_KEY_REQUESTS_PER_MINUTE": "1000000", "DEFAULT_KEY_MAX_CONCURRENT_JOBS": "100000"}
+
+    def start(self) -> tuple[str, str, str]:
+        import redis
+
+        redis.Redis.from_url(self.env["REDIS_URL"]).flushdb()
+        manage = [sys.executable, "manage.py"]
+        subprocess.run([*manage, "migrate", "--noinput"], cwd=self.tree, env=self.env, check=True, capture_output=True)
+        key = subprocess.run([*manage, "create_api_user", f"peer{os.getpid()}", "--quiet"], cwd=self.tree,
+                             env=self.env, check=True, capture_output=True, text=True).stdout.split()[-1]
+        web = os.environ.get("PEER_WEB_PROCESSES", "4")
+        script = (f"{sys.executable} -m inference_service.serve_web -b 127.0.0.1 -p {self.port} --processes {web} & "
+                  f"{sys.executable} manage.py run_engine_worker --loglevel WARNING & wait")
+        self._spawn(["bash", "-c", script], self.tree, self.env)
+        base = f"http://127.0.0.1:{self.port}"
+        return base, self.wait_ready(base, key), key
+
+
+class VllmMlx(Server):
+    def __init__(self, label: str, work: Path, model: str, batch: int, port: int) -> None:
+        super().__init__(label, work)
+        self.model, self.batch, self.port = model, batch, port
+
+    def start(self) -> tuple[str, str, str]:
+        code = "import sys; from vllm_mlx.cli import main; sys.argv[0] = 'vllm-mlx'; main()"
+        self._spawn([sys.executable, "-c", code, "serve", self.model, "--served-model-name", "m", "--host",
+                     "127.0.0.1", "--port", str(self.port), "--continuous-batching", "--completion-batch-size",
+                     str(self.batch)], ROOT, _offline_env())
+        base = f"http://127.0.0.1:{self.port}"
+        return base, self.wait_ready(base), ""
+
+
+class MlxLmServer(Server):
+    def __init__(self, label: str, work: Path, model: str, batch: int, port: int) -> None:
+        super().__init__(label, work)
+        self.model, self.batch, self.port = model, batch, port
+
+    def start(self) -> tuple[str, str, str]:
+        self._spawn([sys.executable, "-m", "mlx_lm.server", "--model", self.model, "--host", "127.0.0.1", "--port",
+                     str(self.port), "--decode-concurrency", str(self.batch)], ROOT, _offline_env())
+        base = f"http://127.0.0.1:{self.port}"
+        self.wait_ready(base)
+        return base, "default_model", ""
+
+
+def _offline_env() -> dict[str, str]:
+    cache = Path(tempfile.gettempdir()) / "peer-hf"
+    (cache / "hub").mkdir(parents=True, exist_ok=True)  # mlx_lm.server's /v1/models needs it
+    return {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(cache), "HF_HUB_CACHE": str(cache / "hub")}
+
+
+def _available(name: str) -> bool:
+    module = {"vllm": "vllm_mlx", "mlxlm": "mlx_lm"}.get(name)
+    if module is None:
+        return True
+    return subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True).returncode == 0
+
+
+# -- the run -------------------------------------------------------------------------------------
+
+def measure(server: Server, levels: list[int], args: argparse.Namespace) -> list[dict]:
+    base, model, key = server.start()
+    sampler = MemorySampler(server.proc.pid)
+    try:
+        asyncio.run(load(base, model, key, max(4, min(levels)), args.max_tokens, 8))  # warm: kernels, caches
+        rows = []
+        for c in levels:
+            row = asyncio.run(load(base, model, key, c, args.max_tokens, c * args.requests_per_client))
+            rows.append({"concurrency": c, **row})
+            print(f"  {server.label:>10} C={c:<4} tok/s={row['tok_s']:<8} ttft p50={row['ttft_p50_ms']} "
+                  f"p95={row['ttft_p95_ms']} errors={row['errors']} {row['error_samples'] or ''}", flush=True)
+    finally:
+        peak = sampler.stop()
+        server.stop()
+    for row in rows:
+        row["peak_memory_bytes"], row["memory_kind"] = peak, sampler.kind
+    return rows
+
+
+def make_server(name: str, batch: int, args: argparse.Namespace, work: Path) -> Server:
+    if name == "ours":
+        return OurService(f"ours_b{batch}", work, ROOT, args.model, batch, 8100)
+    if name == "old":
+        return OurService(f"old_b{batch}", work, Path(args.old).resolve(), args.model, batch, 8103)
+    if name == "vllm":
+        return VllmMlx(f"vllm_b{batch}", work, args.model, batch, 8101)
+    return MlxLmServer(f"mlxlm_b{batch}", work, args.model, batch, 8102)
+
+
+def summarize(samples: dict[tuple[str, int, int], list[dict]]) -> list[dict]:
+    rows = []
+    for (name, batch, c), runs in sorted(samples.items()):
+        med = {k: statistics.median(r[k] for r in runs if r[k] is not None) if any(r[k] is not None for r in runs)
+               else None for k in ("tok_s", "ttft_p50_ms", "ttft_p95_ms")}
+        rows.append({"server": name, "batch": batch, "concurrency": c, **med, "runs": len(runs),
+                     "errors": sum(r["errors"] for r in runs),
+                     "peak_memory_gb": round(max(r["peak_memory_bytes"] for r in runs) / 1e9, 2),
+                     "memory_kind": runs[0]["memory_kind"]})
+    return rows
+
+
+def ratios(rows: list[dict]) -> dict[str, float]:
+    by = {(r["server"], r["batch"], r["concurrency"]): r for r in rows}
+    out = {}
+    for (name, batch, c), row in by.items():
+        if name == "ours":
+            continue
+        ours = by.get(("ours", batch, c))
+        if ours and ours["tok_s"] and row["tok_s"]:
+            out[f"ours_over_{name}_tok_s_b{batch}_c{c}"] = round(ours["tok_s"] / row["tok_s"], 3)
+            if ours["ttft_p50_ms"] is not None and row["ttft_p50_ms"] is not None:
+                out[f"ours_minus_{name}_ttft_p50_ms_b{batch}_c{c}"] = round(ours["ttft_p50_ms"] - row["ttft_p50_ms"], 1)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", required=True, help="an mlx-lm model folder")
+    parser.add_argument("--servers", default="ours,vllm,mlxlm", help="ours, old (needs --old), vllm, mlxlm")
+    parser.add_argument("--old", help="another checkout of this project, for an A/B (server 'old')")
+    parser.add_argument("--concurrency", default="1,32,128")
+    parser.add_argument("--batch", default="32,128", help="completion batch sizes")
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--requests-per-client", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=1, help="repeats, the servers interleaved")
+    parser.add_argument("--out", default=None, help="folder for the servers' logs and the JSON result")
+    args = parser.parse_args()
+    work = Path(args.out or tempfile.mkdtemp(prefix="peer-bench-")).resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    levels = [int(c) for c in args.concurrency.split(",")]
+    servers = [s for s in args.servers.split(",") if s]
+    skipped = [s for s in servers if not _available(s)]
+    servers = [s for s in servers if s not in skipped]
+    samples: dict[tuple[str, int, int], list[dict]] = {}
+    for round_ in range(args.rounds):
+        for batch in (int(b) for b in args.batch.split(",")):
+            for name in servers if round_ % 2 == 0 else list(reversed(servers)):
+                print(f"round {round_ + 1}, batch {batch}: {name}", flush=True)
+                try:
+                    rows = measure(make_server(name, batch, args, work), levels, args)
+                except RuntimeError as exc:
+                    print(f"  {name} failed: {exc}", flush=True)
+                    continue
+                for row in rows:
+                    samples.setdefault((name, batch, row["concurrency"]), []).append(row)
+    rows = summarize(samples)
+    result = {"model": args.model, "max_tokens": args.max_tokens, "rounds": args.rounds, "skipped": skipped,
+              "rows": rows, "ratios": ratios(rows)}
+    (work / "peer_bench.json").write_text(json.dumps(result, indent=1))
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
