@@ -145,5 +145,7 @@ def release_thread_streams() -> None:
     mlx-lm's thread-local ones). Call it last on a thread that ran mlx work, before the thread
     ends: mlx 0.32 aborts the process at exit (``terminate called without an active exception``)
     when a finished non-main thread's streams are left for interpreter shutdown."""
-    mx.synchronize()
-    mx.clear_streams()
+    try:
+        mx.synchronize()
+    finally:  # a failed device still gets its streams destroyed
+        mx.clear_streams()
