@@ -179,7 +179,7 @@ class Trainer:
 
         dtype = getattr(mx, self.spec.dtype)
         weights = {k: v.astype(dtype) for k, v in _flat(self.model.parameters())}
-        tmp = self.out / "model.tmp.safetensors"
+        tmp = self.out / ".model.tmp.safetensors"  # a leftover never matches mlx-lm's model*.safetensors
         mx.save_safetensors(str(tmp), weights, metadata={"format": "mlx"})
         os.replace(tmp, self.out / "model.safetensors")
 

@@ -78,4 +78,5 @@ def test_a_time_budget_ends_the_run_with_weights_saved(tmp_path):
     log = train(out, TOY, TrainConfig(**{**QUICK.__dict__, "time_budget_s": 8.0}), evaluate_after=False)
     assert time.monotonic() - started < 8.0 + 20  # the deadline, plus the last step and one val pass
     assert log["training"]["steps"] > 0 and (out / "model.safetensors").exists()
-    assert not list(out.glob("*.tmp.*"))
+    assert sorted(f.name for f in out.iterdir()) == [
+        "chat_template.jinja", "config.json", "eval.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"]
