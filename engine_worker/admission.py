@@ -24,8 +24,9 @@ class RequestValidator:
     def prepare(self, request: Request) -> None:
         """Set ``prompt_token_ids`` and ``num_prompt_tokens``, or raise a ``RequestError``."""
         rid = request.request_id
-        if request.images or request.videos:
-            raise UnsupportedInput("image" if request.images else "video", request_id=rid)
+        multimodal = request.multimodal_input()
+        if multimodal is not None:
+            raise UnsupportedInput(multimodal, request_id=rid)
         sp = request.sampling_params
         if sp.max_tokens <= 0:
             raise InvalidRequest(f"max_tokens must be > 0, got {sp.max_tokens}", request_id=rid)

@@ -14,8 +14,9 @@ Threads:
   every request.
 
 ``start()`` and ``stop()`` are synchronous and also awaitable (``await engine.start()`` as in the
-seed). Call ``stop()`` (or ``close()``) before the interpreter exits: mlx can abort at exit while a
-non-main thread still holds its streams; an ``atexit`` hook stops engines that are left running.
+seed). ``with EngineCore(...) as engine:`` starts the engine and closes it on exit. The engine
+thread destroys its mlx streams before it ends (mlx aborts the process at exit otherwise), and an
+``atexit`` hook stops and joins engines left running, so a process using the engine exits cleanly.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from engine_worker.async_engine import AsyncEngineCore  # re-exported: the seed'
 from engine_worker.cache_protocol import PrefixCacheBackend
 from engine_worker.config import EngineConfig, SchedulerConfig, SchedulingPolicy
 from engine_worker.errors import DuplicateRequest, EngineClosed, EngineFatalError
+from engine_worker.generator import release_thread_streams
 from engine_worker.heap import freeze_startup_heap
 from engine_worker.memory import apply_memory_fraction
 from engine_worker.output_sinks import AsyncCollector, SyncWaiter
@@ -141,6 +143,13 @@ class EngineCore(AsyncRequestAPI):
             thread.join(timeout)
         return _Done()
 
+    def __enter__(self) -> EngineCore:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def is_running(self) -> bool:
         thread = self._thread
         return (thread is not None and thread.is_alive() and not self._stop_requested
@@ -186,7 +195,10 @@ class EngineCore(AsyncRequestAPI):
             self._fatal = exc
             logger.exception("engine thread failed; failing every request")
         finally:
-            self._shutdown()
+            try:
+                self._shutdown()
+            finally:
+                release_thread_streams()
 
     def _step(self, commands: deque[tuple[str, Any]]) -> list[RequestOutput]:
         scheduler = self.scheduler

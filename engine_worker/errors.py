@@ -48,10 +48,12 @@ class TokenizationError(RequestError):
 
 
 class UnsupportedInput(RequestError):
-    """The request carries an input this engine does not serve (images, videos)."""
+    """The request carries an input this engine does not serve: ``what`` names the request's
+    field (``images``, ``videos``, ``pixel_values`` or ``is_multimodal``)."""
 
     def __init__(self, what: str, *, request_id: str | None = None) -> None:
-        super().__init__(f"{what} inputs are not supported by this text-only engine", request_id=request_id)
+        super().__init__(f"multimodal input ({what}) is not supported: this engine serves text-only models",
+                         request_id=request_id)
         self.what = what
 
 

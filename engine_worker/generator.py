@@ -138,3 +138,14 @@ class MlxBatchRunner:
 
     def close(self) -> None:
         self.generator.close()
+
+
+def release_thread_streams() -> None:
+    """Finish this thread's mlx work and destroy the streams it created (its generators' and
+    mlx-lm's thread-local ones). Call it last on a thread that ran mlx work, before the thread
+    ends: mlx 0.32 aborts the process at exit (``terminate called without an active exception``)
+    when a finished non-main thread's streams are left for interpreter shutdown."""
+    try:
+        mx.synchronize()
+    finally:  # a failed device still gets its streams destroyed
+        mx.clear_streams()

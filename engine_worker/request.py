@@ -131,6 +131,20 @@ class OutputText:
         return OutputText, (self.join(),)
 
 
+class _ComputedTokensField:
+    """``Request.num_computed_tokens``: as in the seed, the value given at construction (0 by
+    default) plus one for every output token appended since, however it is appended (the
+    scheduler's per-token path appends to ``output_token_ids`` directly)."""
+
+    def __get__(self, request: Request | None, owner: type | None = None) -> int:
+        if request is None:
+            return 0  # the dataclass default
+        return request._computed_base + len(request.output_token_ids)
+
+    def __set__(self, request: Request, value: int) -> None:
+        request._computed_base = value - len(getattr(request, "output_token_ids", ()))
+
+
 class _OutputTextField:
     """``Request.output_text``: reads as a str; assigning a str starts a new :class:`OutputText`
     (outputs that snapshot the old one keep it). A descriptor-typed dataclass field, so the
@@ -145,12 +159,13 @@ class _OutputTextField:
         request._text = OutputText(value)
 
 
-@dataclass
+@dataclass(eq=False)
 class Request:
     """One generation request as the scheduler tracks it.
 
-    ``output_token_ids`` only grows while the request runs (outputs keep ``(list, length)``
-    snapshots of it); replace it rather than mutating it in place.
+    Equal and hashed by ``request_id`` alone, as in the seed, so requests work as set members
+    and dict keys whatever their state. ``output_token_ids`` only grows while the request runs
+    (outputs keep ``(list, length)`` snapshots of it); replace it rather than mutating it in place.
     """
 
     request_id: str
@@ -163,6 +178,8 @@ class Request:
     num_prompt_tokens: int = 0
     status: RequestStatus = RequestStatus.WAITING
     output_token_ids: list[int] = field(default_factory=list)
+    # After output_token_ids, which it counts from.
+    num_computed_tokens: int = _ComputedTokensField()  # type: ignore[assignment]
     output_text: str = _OutputTextField()  # type: ignore[assignment]
     batch_uid: int | None = None
     prompt_cache: Any = None
@@ -175,10 +192,12 @@ class Request:
     first_token_time: float | None = None
     cache_hit_type: str | None = None
     error: str | None = None
-    # Multimodal inputs of the seed. This service serves text models only; the scheduler rejects
-    # a request that carries any of these instead of silently ignoring them.
+    # Multimodal inputs of the seed. This service serves text models only; the scheduler refuses
+    # a request that carries any of these (UnsupportedInput) instead of silently ignoring them.
     images: list[Any] | None = None
     videos: list[Any] | None = None
+    pixel_values: Any = None
+    is_multimodal: bool = False
 
     @property
     def num_output_tokens(self) -> int:
@@ -209,8 +228,27 @@ class Request:
         self.status = status
         self.finish_reason = reason or RequestStatus.get_finish_reason(status)
 
+    def multimodal_input(self) -> str | None:
+        """What multimodal input the request carries ("images", "videos", "pixel_values" or
+        "is_multimodal"), or None for a text-only request."""
+        if self.images:
+            return "images"
+        if self.videos:
+            return "videos"
+        if self.pixel_values is not None:
+            return "pixel_values"
+        return "is_multimodal" if self.is_multimodal else None
+
     def __lt__(self, other: Request) -> bool:
         return (self.priority, self.arrival_time) < (other.priority, other.arrival_time)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Request):
+            return NotImplemented
+        return self.request_id == other.request_id
+
+    def __hash__(self) -> int:
+        return hash(self.request_id)
 
 
 _LAZY = "_lazy_snapshot"  # (token list, its length, OutputText, its piece count) of a step_output

@@ -506,6 +506,11 @@ class Scheduler:
     def load_cache_from_disk(self, cache_dir: str) -> int:
         return self._cache.load(cache_dir)
 
+    def close_ssd_tier(self) -> None:
+        """Flush and stop the prefix cache's SSD tier, if it has one (seed API; ``deep_reset``
+        does it too)."""
+        self._cache.close()
+
     def reset(self) -> None:
         """Abort every request, drop the generator, clear the caches and the counters' queues."""
         # Detached while aborting: the generator is discarded, so nothing is removed from it and

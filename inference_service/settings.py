@@ -1,7 +1,7 @@
 """Django settings, read from the environment through :mod:`inference_service.env`.
 
-Embedded defaults (no variables set): SQLite under ``var/``, Redis on localhost DB 0, the locally
-built model under ``var/models/tiny``. ``DATABASE_URL``/``REDIS_URL``/``MODEL_PATH`` switch to real
+Embedded defaults (no variables set): SQLite under ``var/``, Redis on localhost DB 0, the demo
+model shipped in ``engine_worker/model/demo``. ``DATABASE_URL``/``REDIS_URL``/``MODEL_PATH`` switch to real
 deployments.
 """
 
@@ -157,8 +157,12 @@ SPECTACULAR_SETTINGS = {
                            "api.openai_api.schema.add_openai_completions"],
 }
 
-# The model the web side tokenizes for (the engine worker loads the same folder).
-MODEL_PATH = env_str("MODEL_PATH", str(VAR_DIR / "models" / "tiny"))
+# The model the web side tokenizes for (the engine worker loads the same folder): by default the
+# demo model shipped in the repository, or (a checkout without its weights) the locally built test
+# model, as scripts/run.sh chooses.
+_DEMO_MODEL = BASE_DIR / "engine_worker" / "model" / "demo"
+MODEL_PATH = env_str("MODEL_PATH", str(_DEMO_MODEL if (_DEMO_MODEL / "model.safetensors").exists()
+                                       else VAR_DIR / "models" / "tiny"))
 
 # Request limits. MAX_TOKENS_CAP bounds every job; a key's max_tokens_per_job may lower it.
 MAX_TOKENS_CAP = env_int("MAX_TOKENS_CAP", 4096, minimum=1)

@@ -3,7 +3,7 @@
 #
 #   database  SQLite under var/ (DATABASE_URL switches to Postgres)
 #   Redis     REDIS_URL, default redis://127.0.0.1:6379/0; a local redis-server is started if none answers
-#   model     MODEL_PATH, default the locally built tiny model under var/models/tiny (built if missing)
+#   model     MODEL_PATH, default the trained demo model shipped in engine_worker/model/demo
 #   processes daphne (HTTP + WebSocket), the engine worker, celery beat, a light celery worker
 #
 # `make setup` (a dependency of `make run`) installs the packages; this script installs nothing.
@@ -58,9 +58,14 @@ if ! redis_answers 2>/dev/null; then
 fi
 
 if [ -z "${MODEL_PATH:-}" ]; then
-  export MODEL_PATH="$PWD/var/models/tiny"
-  echo "  model: building/checking the local model in $MODEL_PATH"
-  $BIN/python -m engine_worker.model.builder "$MODEL_PATH" >"$LOG_DIR/model-build.log" 2>&1
+  if [ -f engine_worker/model/demo/model.safetensors ]; then
+    export MODEL_PATH="$PWD/engine_worker/model/demo"
+    echo "  model: the demo code model in $MODEL_PATH"
+  else  # a checkout without the trained weights: the untrained test model, which writes gibberish
+    export MODEL_PATH="$PWD/var/models/tiny"
+    echo "  model: no trained weights in engine_worker/model/demo; building the untrained test model in $MODEL_PATH"
+    $BIN/python -m engine_worker.model.builder "$MODEL_PATH" >"$LOG_DIR/model-build.log" 2>&1
+  fi
 fi
 
 $BIN/python manage.py migrate --noinput >"$LOG_DIR/migrate.log"
@@ -102,12 +107,12 @@ ready. Demo API key (user '$DEMO_USER'):
 
 Submit a job and read it back:
   curl -s -X POST $BASE/api/v1/jobs -H "Authorization: Bearer $DEMO_KEY" -H "Content-Type: application/json" \\
-       -d '{"prompt": "Once upon a time", "max_tokens": 64}'
+       -d '{"prompt": "def fibonacci(n):", "max_tokens": 64}'
   curl -s $BASE/api/v1/jobs/<id> -H "Authorization: Bearer $DEMO_KEY"
 
 Stream over a WebSocket (type the JSON line and press Enter):
   $BIN/python -m websockets "ws://$HOST:$PORT/ws/v1/generate?api_key=$DEMO_KEY"
-  {"prompt": "Once upon a time", "max_tokens": 64}
+  {"prompt": "class Stack:", "max_tokens": 64}
 or watch an existing job (resume with ?after=<seq>):
   $BIN/python -m websockets "ws://$HOST:$PORT/ws/v1/jobs/<id>/?api_key=$DEMO_KEY"
 or as server-sent events over plain HTTP:

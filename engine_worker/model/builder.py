@@ -1,8 +1,9 @@
 """Build a small Llama-architecture model with a byte-level BPE tokenizer, fully offline.
 
 The tokenizer is trained on ``corpus.txt`` (shipped in the repository) so token ids are identical
-on every machine; the weights are random but deterministic for a given seed. The result is a
-Hugging Face style folder that ``mlx_lm.load`` loads through its real path.
+on every machine; the weights are random but deterministic for a given seed (the fast test model).
+The result is a Hugging Face style folder that ``mlx_lm.load`` loads through its real path.
+:mod:`engine_worker.model.train` trains a model of this kind into the shipped demo model.
 
     python -m engine_worker.model.builder OUT_DIR [--hidden 256 --layers 4 ...]
 """
@@ -46,7 +47,8 @@ class ModelSpec:
     seed: int = 0
 
 
-def _train_tokenizer(vocab_size: int):
+def train_tokenizer(vocab_size: int):
+    """A byte-level BPE ``tokenizers.Tokenizer`` trained on the shipped corpus (deterministic)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
     tok = Tokenizer(models.BPE())
@@ -66,7 +68,8 @@ def _train_tokenizer(vocab_size: int):
     return tok
 
 
-def _save_tokenizer(tok, out: Path, context: int) -> dict[str, int]:
+def save_tokenizer(tok, out: Path, context: int) -> dict[str, int]:
+    """Write ``tok`` in Hugging Face layout with the chat template; return the special tokens' ids."""
     from transformers import PreTrainedTokenizerFast
 
     hf = PreTrainedTokenizerFast(
@@ -84,7 +87,8 @@ def _save_tokenizer(tok, out: Path, context: int) -> dict[str, int]:
     return {name: tok.token_to_id(name) for name in SPECIAL_TOKENS}
 
 
-def _model_config(spec: ModelSpec, ids: dict[str, int]) -> dict:
+def model_config(spec: ModelSpec, ids: dict[str, int]) -> dict:
+    """The ``config.json`` of a Llama of shape ``spec``."""
     return {
         "model_type": "llama",
         "architectures": ["LlamaForCausalLM"],
@@ -115,9 +119,9 @@ def build_model(out_dir: str | Path, spec: ModelSpec = ModelSpec()) -> Path:
     out = Path(out_dir)
     tmp = Path(tempfile.mkdtemp(prefix=".build-", dir=out.parent if out.parent.exists() else None))
     try:
-        tok = _train_tokenizer(spec.vocab)
-        ids = _save_tokenizer(tok, tmp, spec.context)
-        config = _model_config(spec, ids)
+        tok = train_tokenizer(spec.vocab)
+        ids = save_tokenizer(tok, tmp, spec.context)
+        config = model_config(spec, ids)
         mx.random.seed(spec.seed)
         model = llama.Model(llama.ModelArgs.from_dict(config))
         # Small embeddings keep the tied output head's logits in a sane range for random weights.

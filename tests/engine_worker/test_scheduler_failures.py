@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine_worker.errors import DuplicateRequest, PromptTooLong, RequestError
+from engine_worker.admission import RequestValidator
+from engine_worker.errors import DuplicateRequest, PromptTooLong, RequestError, UnsupportedInput
 from engine_worker.request import Request, RequestStatus
 from engine_worker.scheduler import Scheduler
 from tests.engine_worker.engine_helpers import final, greedy, prompt_ids, run_scheduler, solo_tokens
@@ -49,10 +50,16 @@ def test_tokenizer_error_fails_only_that_request(tiny_model):
     assert "tokenizer" in out.error
 
 
-def test_multimodal_input_is_rejected_clearly(tiny_model):
+@pytest.mark.parametrize("fields", [{"images": ["cat.png"]}, {"videos": ["cat.mp4"]}, {"pixel_values": [[0.5]]},
+                                    {"is_multimodal": True}])
+def test_multimodal_request_is_refused_with_a_typed_error_naming_its_input(tiny_model, fields):
     model, tokenizer = tiny_model
-    out = _with_healthy_neighbour(model, tokenizer, Request("img", "describe", greedy(4), images=["cat.png"]))
-    assert "image" in out.error
+    [(name, _)] = fields.items()
+    with pytest.raises(UnsupportedInput) as refused:
+        RequestValidator(tokenizer, None, None).prepare(Request("mm", "describe", greedy(4), **fields))
+    assert refused.value.what == name and refused.value.request_id == "mm"
+    out = _with_healthy_neighbour(model, tokenizer, Request("mm", "describe", greedy(4), **fields))
+    assert out.error == str(refused.value) and name in out.error and "multimodal" in out.error
 
 
 @pytest.mark.parametrize("bad", [

@@ -1,0 +1,38 @@
+"""The shipped demo model (engine_worker/model/demo) meets its goals on Python it never saw.
+
+The held-out modules are this machine's standard library's test split (code_data.split_of): the
+GPU host that trained the weights left the same modules out, whatever its Python version.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from engine_worker.model import DEMO_MODEL_DIR
+from engine_worker.model.evaluate import MAX_HELDOUT_LOSS, evaluate
+
+pytestmark = [
+    pytest.mark.skipif(not (DEMO_MODEL_DIR / "model.safetensors").exists(),
+                       reason="no trained weights in engine_worker/model/demo yet: train them with "
+                              "python -m engine_worker.model.train (README, The models)"),
+    pytest.mark.timeout(600),
+]
+
+
+def test_the_demo_model_is_small_fp16_and_shares_the_test_models_token_ids(tiny_model_path):
+    files = [f for f in DEMO_MODEL_DIR.iterdir() if f.is_file()]
+    assert sum(f.stat().st_size for f in files) <= 10.5e6
+    config = json.loads((DEMO_MODEL_DIR / "config.json").read_text())
+    assert config["torch_dtype"] == "float16" and config["vocab_size"] == 3000
+    demo = json.loads((DEMO_MODEL_DIR / "tokenizer.json").read_text())["model"]
+    tiny = json.loads((tiny_model_path / "tokenizer.json").read_text())["model"]
+    assert (demo["vocab"], demo["merges"]) == (tiny["vocab"], tiny["merges"])
+
+
+def test_the_demo_model_meets_its_goals_on_python_it_never_saw():
+    summary = evaluate(DEMO_MODEL_DIR, max_tokens=32_768)
+    assert summary["heldout"]["loss"] <= MAX_HELDOUT_LOSS, summary["heldout"]
+    for sample in summary["samples"]:
+        assert sample["passed"], sample
