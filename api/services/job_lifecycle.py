@@ -17,7 +17,7 @@ import json
 import logging
 import uuid
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, partial
 
 from django.db import connection, connections, transaction
 from django.db.models import F, Q
@@ -25,6 +25,7 @@ from django.utils import timezone
 
 from api.db_rows import RowShape, build, row_shape
 from api.models import Job, JobStatus
+from api.streaming.job_end import stream_job_end
 from engine_worker.protocol import FinalResult, JobSpec
 
 logger = logging.getLogger(__name__)
@@ -357,18 +358,38 @@ def job_fail_held(*, job_id: str, worker_id: str, error: str) -> Job | None:
     return Job.objects.filter(id=job_id).first()
 
 
-def job_requeue(*, job_id: str, worker_id: str | None, redispatch_after_s: float) -> bool:
-    """in_progress → queued (handed back on shutdown, or its lease expired). With ``worker_id``,
-    only if that worker still holds it; without, only if its lease has expired."""
+def job_requeue(*, job_id: str, worker_id: str | None, redispatch_after_s: float) -> JobStatus | None:
+    """A running job leaves its worker (handed back on shutdown, or its lease expired). With
+    ``worker_id``, only if that worker still holds it; without, only if its lease has expired.
+
+    It goes back to the queue (in_progress → queued), unless its cancellation was requested: then
+    it ends ``cancelled`` (with the text and usage its progress recorded) and its watchers are sent
+    that end. The worker that was to stop it is gone, and the claim and the reconciler never take
+    a queued job whose cancellation was requested, so it would otherwise wait, counted against its
+    key's concurrent jobs, until it expired. Returns the job's new status, or None where nothing
+    changed."""
     now = timezone.now()
     rows = Job.objects.filter(id=job_id, status=JobStatus.IN_PROGRESS)
     rows = rows.filter(worker_id=worker_id) if worker_id else rows.filter(lease_expires_at__lt=now)
-    return bool(
-        rows.update(
-            status=JobStatus.QUEUED, worker_id=None, first_token_at=None,
-            lease_expires_at=now + dt.timedelta(seconds=redispatch_after_s),
-        )
-    )
+    # Two conditional UPDATEs: a cancel that lands between them finds the job still in progress
+    # and is seen by the second; one that lands after the first finds it queued and ends it there.
+    if rows.filter(cancel_requested=False).update(
+        status=JobStatus.QUEUED, worker_id=None, first_token_at=None,
+        lease_expires_at=now + dt.timedelta(seconds=redispatch_after_s),
+    ):
+        return JobStatus.QUEUED
+    if rows.filter(cancel_requested=True).update(
+        status=JobStatus.CANCELLED, finish_reason="abort", finished_at=now, lease_expires_at=None,
+    ):
+        transaction.on_commit(partial(_stream_end, job_id))
+        return JobStatus.CANCELLED
+    return None
+
+
+def _stream_end(job_id: str) -> None:
+    job = Job.objects.filter(id=job_id).first()
+    if job is not None:
+        stream_job_end(job=job)
 
 
 def job_mark_dispatched(*, job_id: str, redispatch_after_s: float) -> bool:

@@ -180,9 +180,9 @@ def test_reconciler_requeues_expired_leases_and_redispatches_lost_jobs(monkeypat
     type(dead).objects.filter(id=dead.id).update(lease_expires_at=timezone.now() - dt.timedelta(seconds=1))
     lost = make_job(queued_at=timezone.now() - dt.timedelta(seconds=600))
     make_job()  # just queued: its message is still on its way
-    assert tasks.reconcile_jobs() == {"requeued": 1, "dispatched": 2}
+    assert tasks.reconcile_jobs() == {"requeued": 1, "cancelled": 0, "dispatched": 2}
     assert sorted(sent) == sorted([str(dead.id), str(lost.id)])
-    assert tasks.reconcile_jobs() == {"requeued": 0, "dispatched": 0}  # not again before the deadline
+    assert tasks.reconcile_jobs() == {"requeued": 0, "cancelled": 0, "dispatched": 0}  # not again before the deadline
 
 
 def test_expire_jobs_expires_only_long_queued_jobs(settings):
