@@ -130,7 +130,10 @@ def frozen(pids: list[int]) -> Iterator[None]:
         yield
     finally:
         for pid in stopped:
-            os.kill(pid, signal.SIGCONT)
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:  # killed meanwhile
+                pass
 
 
 class Stack:
