@@ -16,9 +16,11 @@ def _rewrite(apps, schema_editor, convert) -> None:
     # The historical model's field is the plain TextField here (the state changes separately):
     # it reads and writes the stored form as it is.
     Job = apps.get_model("api", "Job")
-    rows = Job.objects.using(schema_editor.connection.alias).filter(output_text__contains=ESCAPE)
-    for job_id, text in rows.values_list("id", "output_text").iterator():
-        Job.objects.using(schema_editor.connection.alias).filter(id=job_id).update(output_text=convert(text))
+    jobs = Job.objects.using(schema_editor.connection.alias)
+    # Read first, then write: rows holding U+FFFF are rare, and SQLite should not be written
+    # through while the same connection still reads the query.
+    for job_id, text in list(jobs.filter(output_text__contains=ESCAPE).values_list("id", "output_text")):
+        jobs.filter(id=job_id).update(output_text=convert(text))
 
 
 def escape_rows(apps, schema_editor) -> None:
