@@ -74,6 +74,7 @@ class RedisJobSink:
         self._reset_streams(batch)
         finals = self._store_finals(batch)
         chunks = [c for c in batch.chunks if c.job_id not in self._failed]
+        self._failed.difference_update(r.job_id for r in batch.finals)  # nothing of theirs comes after
         self._write_streams(chunks, finals)
         self._fan_out(chunks, finals)
         failed = self._write_bookkeeping(batch)
@@ -85,12 +86,7 @@ class RedisJobSink:
 
     def _store_finals(self, batch: StepBatch) -> list[dict[str, Any]]:
         """Write the batch's finals; returns the final messages of the rows now stored."""
-        results = []
-        for result in batch.finals:
-            if result.job_id in self._failed:  # its row already ended failed here
-                self._failed.discard(result.job_id)
-            else:
-                results.append(result)
+        results = [r for r in batch.finals if r.job_id not in self._failed]  # the others' rows ended failed here
         stored = self._write_finals(results) if results else []
         for result in batch.finals:
             self._forget(result.job_id)

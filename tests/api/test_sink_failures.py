@@ -95,6 +95,7 @@ def test_a_failed_batch_of_finals_is_written_job_by_job_and_only_the_refused_job
     assert (final["status"], final["error"], final["seq"]) == ("failed", row.error, 1)
     deltas = [int(f["seq"]) for _, f in redis_client.xrange(job_stream_key(bad)) if f["type"] == "delta"]
     assert deltas == [1]
+    assert sink._failed == set()  # its final was the last of it
 
 
 def test_a_job_whose_progress_write_is_refused_fails_alone_and_its_later_outputs_are_dropped(redis_client, monkeypatch):
@@ -114,8 +115,9 @@ def test_a_job_whose_progress_write_is_refused_fails_alone_and_its_later_outputs
     assert job_lifecycle.jobs_cancel_requested(worker_id="w", job_ids=[bad, good]) == [bad]
     # Until then its chunks and its final (the engine's abort) go nowhere; the other job goes on.
     sink.publish(StepBatch(chunks=(_chunk(bad, 2), _chunk(good, 2))))
-    sink.publish(StepBatch(finals=(_final(bad, seq=2), _final(good, seq=2))))
+    sink.publish(StepBatch(chunks=(_chunk(bad, 3), _chunk(good, 3)), finals=(_final(bad, seq=3), _final(good, seq=3))))
     assert [int(f["seq"]) for _, f in redis_client.xrange(job_stream_key(bad)) if f["type"] == "delta"] == [1]
+    assert sink._failed == set()
     assert _stream_finals(redis_client, bad) == ["failed"] and len(sender.finals(bad)) == 1
     assert Job.objects.get(id=bad).status == JobStatus.FAILED
     assert Job.objects.get(id=good).status == JobStatus.COMPLETED and _stream_finals(redis_client, good) == ["completed"]
