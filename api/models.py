@@ -14,6 +14,8 @@ from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
+from api.model_fields import LosslessTextField
+
 
 def _default_rpm() -> int:
     return settings.DEFAULT_KEY_REQUESTS_PER_MINUTE
@@ -123,7 +125,8 @@ class Job(models.Model):
     # SHA-256 of the canonical request body, to tell a retry from a reuse of the same key.
     request_fingerprint = models.CharField(max_length=64, blank=True)
 
-    output_text = models.TextField(blank=True)
+    # What the model generated, exactly: it may hold NUL, which PostgreSQL's text refuses.
+    output_text = LosslessTextField(blank=True)
     # With params["logprobs"] set: [token id, log probability, [[token id, log probability], ...]]
     # per completion token, written with the final (api/job_logprobs.py renders it).
     logprobs = models.JSONField(null=True, blank=True)

@@ -17,6 +17,7 @@ from celery import shared_task
 from django.conf import settings
 from django.utils import timezone
 
+from api.models import JobStatus
 from api.services import job_deletion, job_lifecycle, quotas
 from api.worker import service as worker
 
@@ -55,13 +56,18 @@ def _declare_engine_queue() -> None:
 @shared_task(name="api.tasks.reconcile_jobs", ignore_result=True)
 def reconcile_jobs() -> dict[str, int]:
     """Re-dispatch queued jobs that no worker claimed in time (their message was lost), and hand
-    back running jobs whose worker's lease expired (the worker died) so they run again."""
+    back running jobs whose worker's lease expired (the worker died) so they run again; such a
+    job whose cancellation was requested ends cancelled instead (job_lifecycle.job_requeue)."""
     after_s = float(settings.JOB_REDISPATCH_AFTER_S)
-    requeued = 0
+    requeued = cancelled = 0
     for job_id in job_lifecycle.jobs_with_expired_lease():
-        if job_lifecycle.job_requeue(job_id=job_id, worker_id=None, redispatch_after_s=0.0):
+        status = job_lifecycle.job_requeue(job_id=job_id, worker_id=None, redispatch_after_s=0.0)
+        if status == JobStatus.QUEUED:
             requeued += 1
             logger.warning("job %s: worker lease expired; back in the queue", job_id)
+        elif status == JobStatus.CANCELLED:
+            cancelled += 1
+            logger.warning("job %s: worker lease expired with its cancellation requested; cancelled", job_id)
     stale = job_lifecycle.jobs_needing_dispatch(queued_grace_s=after_s)
     if stale:
         _declare_engine_queue()
@@ -70,9 +76,9 @@ def reconcile_jobs() -> dict[str, int]:
         if job_lifecycle.job_mark_dispatched(job_id=job_id, redispatch_after_s=after_s):
             dispatch_job(job_id)
             dispatched += 1
-    if requeued or dispatched:
-        logger.info("reconciler: %s jobs requeued, %s dispatched", requeued, dispatched)
-    return {"requeued": requeued, "dispatched": dispatched}
+    if requeued or dispatched or cancelled:
+        logger.info("reconciler: %s jobs requeued, %s cancelled, %s dispatched", requeued, cancelled, dispatched)
+    return {"requeued": requeued, "cancelled": cancelled, "dispatched": dispatched}
 
 
 @shared_task(name="api.tasks.expire_jobs", ignore_result=True)

@@ -17,7 +17,7 @@ import json
 import logging
 import uuid
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, partial
 
 from django.conf import settings
 from django.db import connection, transaction
@@ -25,6 +25,7 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from api.models import SAMPLING_DEFAULTS, Job, JobStatus
+from api.streaming.job_end import stream_job_end
 from engine_worker.protocol import FinalResult, JobSpec
 
 logger = logging.getLogger(__name__)
@@ -94,10 +95,10 @@ def jobs_record_progress(*, worker_id: str, progress: list[Progress]) -> int:
     CPU for 32 jobs (this takes 6.8), mostly compiling, while the engine thread waited for the GIL."""
     if not progress:
         return 0
-    pk = Job._meta.pk
+    pk, text = Job._meta.pk, Job._meta.get_field("output_text")
     stamp = Job._meta.get_field("first_token_at")
-    rows = [(pk.get_db_prep_value(uuid.UUID(p.job_id), connection), p.text, p.last_seq, p.completion_tokens,
-             stamp.get_db_prep_value(_from_unix(p.first_token_at), connection))
+    rows = [(pk.get_db_prep_value(uuid.UUID(p.job_id), connection), text.get_db_prep_value(p.text, connection),
+             p.last_seq, p.completion_tokens, stamp.get_db_prep_value(_from_unix(p.first_token_at), connection))
             for p in {p.job_id: p for p in progress}.values()]
     in_progress = JobStatus.IN_PROGRESS.value
     with transaction.atomic(), connection.cursor() as cursor:
@@ -149,39 +150,45 @@ def job_complete(*, result: FinalResult, worker_id: str) -> bool:
     A job whose cancellation already moved it to ``cancelled`` still gets its partial text and
     usage. A worker that no longer holds the job (its lease expired and it was handed on) changes
     nothing."""
-    return jobs_complete(results=[result], worker_id=worker_id) == 1
+    return bool(jobs_complete(results=[result], worker_id=worker_id))
 
 
-def jobs_complete(*, results: list[FinalResult], worker_id: str) -> int:
-    """:func:`job_complete` for the finals of one output batch, in one transaction. Returns how
-    many rows it changed.
+def jobs_complete(*, results: list[FinalResult], worker_id: str) -> list[str]:
+    """:func:`job_complete` for the finals of one output batch, in one transaction. Returns the
+    ids of the jobs whose rows it changed (their finals are stored; only those may be published).
 
     With 32 jobs finishing on the same step, one ORM UPDATE and commit per final kept the last
     final 45-59 ms (median) from its client on the GPU host, while the engine had already
     finished. On PostgreSQL the batch is one ``UPDATE ... FROM (VALUES ...)``: the 32 statements
     of an ``executemany`` were each parsed and planned, 11 ms on the dev VM against 6 ms."""
     if not results:
-        return 0
+        return []
     # A job's last final wins, as it would have with one statement per final.
-    params = [_final_params(r) for r in {r.job_id: r for r in results}.values()]
+    last = {r.job_id: r for r in results}
+    params = [_final_params(r) for r in last.values()]
     in_progress, cancelled = JobStatus.IN_PROGRESS.value, JobStatus.CANCELLED.value
     with transaction.atomic(), connection.cursor() as cursor:
         if connection.vendor == "postgresql":
             rows = ", ".join([_FINAL_ROW_PG] * len(params))
             cursor.execute(_complete_sql_pg().format(rows=rows),
                            [in_progress, *(value for row in params for value in row), worker_id, in_progress, cancelled])
-        else:
-            cursor.executemany(_complete_sql(), [(in_progress, *row[1:11], row[12], row[0], worker_id, in_progress,
-                                                  cancelled, row[11]) for row in params])
-        return cursor.rowcount
+            return [str(job_id) for (job_id,) in cursor.fetchall()]
+        written = []
+        for job_id, row in zip(last, params, strict=True):
+            cursor.execute(_complete_sql(), (in_progress, *row[1:11], row[12], row[0], worker_id, in_progress,
+                                             cancelled, row[11]))
+            if cursor.rowcount:
+                written.append(job_id)
+        return written
 
 
 def _final_params(r: FinalResult) -> tuple:
     """(id, status, output_text, finish_reason, error, prompt_tokens, cached_tokens,
     completion_tokens, finished_at, last_seq, first_token_at, abort, logprobs as JSON) of one final."""
-    pk, stamp = Job._meta.pk, Job._meta.get_field("finished_at")
+    pk, stamp, text = Job._meta.pk, Job._meta.get_field("finished_at"), Job._meta.get_field("output_text")
     return (pk.get_db_prep_value(uuid.UUID(r.job_id), connection),
-            JobStatus.for_finish_reason(r.finish_reason).value, r.text, r.finish_reason, r.error,
+            JobStatus.for_finish_reason(r.finish_reason).value,
+            text.get_db_prep_value(r.text, connection), r.finish_reason, r.error,
             r.prompt_tokens, r.cached_tokens, r.completion_tokens,
             stamp.get_db_prep_value(_from_unix(r.finished_at) or timezone.now(), connection), r.last_seq,
             stamp.get_db_prep_value(_from_unix(r.first_token_at), connection), r.finish_reason == "abort",
@@ -212,7 +219,8 @@ def _complete_sql_pg() -> str:
         f"FROM (VALUES {{rows}}) AS v({', '.join(column[name] for name in _FINAL_COLUMNS)}, abort, "
         f"{column['logprobs']}) "
         f"WHERE j.{column['id']} = v.{column['id']} AND j.{column['worker_id']} = %s "
-        f"AND ({status} = %s OR ({status} = %s AND v.abort)) AND j.{column['deleted_at']} IS NULL"
+        f"AND ({status} = %s OR ({status} = %s AND v.abort)) AND j.{column['deleted_at']} IS NULL "
+        f"RETURNING j.{column['id']}"
     )
 
 
@@ -249,18 +257,46 @@ def job_fail(*, job_id: str, worker_id: str, error: str) -> bool:
     )
 
 
-def job_requeue(*, job_id: str, worker_id: str | None, redispatch_after_s: float) -> bool:
-    """in_progress → queued (handed back on shutdown, or its lease expired). With ``worker_id``,
-    only if that worker still holds it; without, only if its lease has expired."""
+def job_fail_held(*, job_id: str, worker_id: str, error: str) -> Job | None:
+    """:func:`job_fail`, returning the failed row as stored; None where ``worker_id`` no longer
+    holds the job (nothing changed)."""
+    if not job_fail(job_id=job_id, worker_id=worker_id, error=error):
+        return None
+    return Job.objects.filter(id=job_id).first()
+
+
+def job_requeue(*, job_id: str, worker_id: str | None, redispatch_after_s: float) -> JobStatus | None:
+    """A running job leaves its worker (handed back on shutdown, or its lease expired). With
+    ``worker_id``, only if that worker still holds it; without, only if its lease has expired.
+
+    It goes back to the queue (in_progress → queued), unless its cancellation was requested: then
+    it ends ``cancelled`` (with the text and usage its progress recorded) and its watchers are sent
+    that end. The worker that was to stop it is gone, and the claim and the reconciler never take
+    a queued job whose cancellation was requested, so it would otherwise wait, counted against its
+    key's concurrent jobs, until it expired. Returns the job's new status, or None where nothing
+    changed."""
     now = timezone.now()
     rows = Job.objects.filter(id=job_id, status=JobStatus.IN_PROGRESS)
     rows = rows.filter(worker_id=worker_id) if worker_id else rows.filter(lease_expires_at__lt=now)
-    return bool(
-        rows.update(
-            status=JobStatus.QUEUED, worker_id=None, first_token_at=None,
-            lease_expires_at=now + dt.timedelta(seconds=redispatch_after_s),
-        )
-    )
+    # Two conditional UPDATEs: a cancel that lands between them finds the job still in progress
+    # and is seen by the second; one that lands after the first finds it queued and ends it there.
+    if rows.filter(cancel_requested=False).update(
+        status=JobStatus.QUEUED, worker_id=None, first_token_at=None,
+        lease_expires_at=now + dt.timedelta(seconds=redispatch_after_s),
+    ):
+        return JobStatus.QUEUED
+    if rows.filter(cancel_requested=True).update(
+        status=JobStatus.CANCELLED, finish_reason="abort", finished_at=now, lease_expires_at=None,
+    ):
+        transaction.on_commit(partial(_stream_end, job_id))
+        return JobStatus.CANCELLED
+    return None
+
+
+def _stream_end(job_id: str) -> None:
+    job = Job.objects.filter(id=job_id).first()
+    if job is not None:
+        stream_job_end(job=job)
 
 
 def job_mark_dispatched(*, job_id: str, redispatch_after_s: float) -> bool:
@@ -283,11 +319,13 @@ def job_renew_leases(*, worker_id: str, job_ids: list[str], lease_s: float) -> i
 
 
 def jobs_cancel_requested(*, worker_id: str, job_ids: list[str]) -> list[str]:
-    """Held jobs whose cancellation was requested (fallback when the pub/sub message is lost)."""
+    """Held jobs the worker should stop: their cancellation was requested (the fallback when the
+    pub/sub message is lost), or they already ended cancelled or failed (a job whose output
+    could not be stored, api/streaming/sink.py)."""
     if not job_ids:
         return []
     rows = Job.objects.filter(id__in=job_ids, worker_id=worker_id).filter(
-        Q(cancel_requested=True) | Q(status=JobStatus.CANCELLED)
+        Q(cancel_requested=True) | Q(status__in=(JobStatus.CANCELLED, JobStatus.FAILED))
     )
     return [str(pk) for pk in rows.values_list("id", flat=True)]
 

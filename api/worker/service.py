@@ -15,6 +15,7 @@ from pathlib import Path
 import redis
 from django.db import DatabaseError, close_old_connections
 
+from api.models import JobStatus
 from api.services import job_lifecycle
 from api.worker.admission import stream_restart
 from api.worker.config import WorkerConfig
@@ -120,9 +121,9 @@ class EngineWorkerService:
     def _hand_back(self, job_ids: list[str]) -> list[str]:
         released = self.host.hand_back(job_ids) if job_ids else []
         for job_id in set(job_ids):
-            if job_lifecycle.job_requeue(
-                job_id=job_id, worker_id=self.worker_id, redispatch_after_s=self.config.redispatch_after_s
-            ):
+            status = job_lifecycle.job_requeue(
+                job_id=job_id, worker_id=self.worker_id, redispatch_after_s=self.config.redispatch_after_s)
+            if status == JobStatus.QUEUED:  # a cancelled one ends instead
                 self._redispatch(job_id)
         return released
 

@@ -3,15 +3,22 @@
 For each :class:`StepBatch` (one or more engine steps, at most one chunk per job), in this order:
 
 1. database: finals (the job's status, text and usage);
-2. one Redis pipeline: XADD every chunk and final to its job's stream, refresh the streams' TTL
-   (the clients following a job read its stream, api/streaming/relay.py);
+2. one Redis pipeline: XADD every chunk and stored final to its job's stream, refresh the
+   streams' TTL (the clients following a job read its stream, api/streaming/relay.py);
 3. database: the text so far of running jobs and the first-token times seen since the last write,
    all of them in one UPDATE every ``progress_interval_s`` (for polling clients). A job that
    finishes first gets its first-token time with its final.
 
-Finals reach the database before the stream, so a client that sees ``final`` and then reads the
-job finds it finished; bookkeeping that no client waits for comes last. Runs on the worker's I/O
-thread, never on the engine thread.
+A final is published only once its row is stored, so a client that sees ``final`` and then reads
+the job finds it finished, and a final the database did not take (the job was handed on, or the
+write failed) is never announced. Bookkeeping that no client waits for comes last.
+
+One job's bad write never costs the others theirs: when a batch's write fails, each job is written
+alone. A job whose own write fails for a reason of its own (not a lost connection) ends
+``failed`` with :data:`OUTPUT_NOT_STORED`, that end is published, and its later outputs are
+dropped (the worker's next heartbeat stops it in the engine). Where the database itself is out of
+reach, the jobs' leases decide what happens next. Runs on the worker's I/O thread, never on the
+engine thread.
 """
 
 from __future__ import annotations
@@ -21,14 +28,20 @@ import time
 from typing import Any
 
 import redis
-from django.db import DatabaseError, close_old_connections
+from django.db import DatabaseError, InterfaceError, OperationalError, close_old_connections
 
 from api.keys import job_stream_key
 from api.services import job_lifecycle
 from api.streaming import messages
-from engine_worker.protocol import StepBatch
+from engine_worker.protocol import FinalResult, OutputChunk, StepBatch
 
 logger = logging.getLogger(__name__)
+
+
+OUTPUT_NOT_STORED = "The generated output could not be stored ({error})."
+
+# Errors of the connection or the server, not of one job's data: no job fails for them.
+_CONNECTION_ERRORS = (OperationalError, InterfaceError)
 
 
 class RedisJobSink:
@@ -41,31 +54,77 @@ class RedisJobSink:
         self._progress_at = time.monotonic()
         self._tokens: dict[str, tuple[int, int]] = {}  # job id -> (last seq, completion tokens)
         self._first_at: dict[str, float] = {}  # first-token times the database does not have yet
+        self._failed: set[str] = set()  # jobs failed here, until the engine's final of theirs comes
 
     def publish(self, batch: StepBatch) -> None:
-        self._database(self._write_finals, batch)
-        self._write_streams(batch)
-        self._database(self._write_bookkeeping, batch)
+        finals = self._store_finals(batch)
+        chunks = [c for c in batch.chunks if c.job_id not in self._failed]
+        self._failed.difference_update(r.job_id for r in batch.finals)  # nothing of theirs comes after
+        self._write_streams(chunks, finals)
+        failed = self._write_bookkeeping(batch)
+        if failed:
+            self._write_streams([], failed)
 
     # -- database -----------------------------------------------------------------------------
 
-    def _database(self, write: Any, batch: StepBatch) -> None:
-        try:
-            write(batch)
-        except DatabaseError:
-            logger.exception("database write of a batch failed; the jobs' leases decide what happens next")
-            close_old_connections()
-
-    def _write_finals(self, batch: StepBatch) -> None:
+    def _store_finals(self, batch: StepBatch) -> list[dict[str, Any]]:
+        """Write the batch's finals; returns the final messages of the rows now stored."""
+        results = [r for r in batch.finals if r.job_id not in self._failed]  # the others' rows ended failed here
+        stored = self._write_finals(results) if results else []
         for result in batch.finals:
             self._forget(result.job_id)
-        written = job_lifecycle.jobs_complete(results=list(batch.finals), worker_id=self.worker_id)
-        if written < len(batch.finals):
-            logger.warning("%s of %s jobs finished here (%s) are no longer held by %s", len(batch.finals) - written,
-                           len(batch.finals), ", ".join(r.job_id for r in batch.finals), self.worker_id)
+        return stored
 
-    def _write_bookkeeping(self, batch: StepBatch) -> None:
-        finished = {r.job_id for r in batch.finals}
+    def _write_finals(self, results: list[FinalResult]) -> list[dict[str, Any]]:
+        try:
+            written = set(job_lifecycle.jobs_complete(results=results, worker_id=self.worker_id))
+        except DatabaseError:
+            logger.warning("writing %s finals together failed; writing each alone", len(results), exc_info=True)
+            close_old_connections()
+            return self._store_finals_alone(results)
+        if len(written) < len(results):
+            logger.warning("%s of %s jobs finished here (%s) are no longer held by %s; their finals are dropped",
+                           len(results) - len(written), len(results),
+                           ", ".join(r.job_id for r in results if r.job_id not in written), self.worker_id)
+        return [messages.final_from_result(r) for r in results if r.job_id in written]
+
+    def _store_finals_alone(self, results: list[FinalResult]) -> list[dict[str, Any]]:
+        stored: list[dict[str, Any]] = []
+        for i, result in enumerate(results):
+            try:
+                if job_lifecycle.jobs_complete(results=[result], worker_id=self.worker_id):
+                    stored.append(messages.final_from_result(result))
+            except _CONNECTION_ERRORS:
+                logger.warning("database out of reach: %s finals not stored; their leases decide",
+                               len(results) - i, exc_info=True)
+                close_old_connections()
+                break
+            except DatabaseError as exc:
+                stored += self._fail(result.job_id, exc)
+        return stored
+
+    def _fail(self, job_id: str, exc: DatabaseError) -> list[dict[str, Any]]:
+        """End ``job_id`` failed: the database refused its output. Returns its final message
+        (none if the job is no longer held here, or the database is out of reach)."""
+        logger.error("job %s: the database refused its output (%s: %s); it fails", job_id, type(exc).__name__, exc)
+        published_seq = self._tokens.get(job_id, (0, 0))[0]  # its chunks so far; none go out after this
+        self._forget(job_id)
+        try:
+            job = job_lifecycle.job_fail_held(job_id=job_id, worker_id=self.worker_id,
+                                              error=OUTPUT_NOT_STORED.format(error=type(exc).__name__))
+        except DatabaseError:
+            logger.warning("could not record the failure of job %s; its lease decides", job_id, exc_info=True)
+            close_old_connections()
+            return []
+        if job is None:
+            return []
+        self._failed.add(job_id)
+        # Its end follows the last chunk its clients have: the row's own last_seq may lag behind.
+        return [{**messages.final_from_job(job), "seq": published_seq}]
+
+    def _write_bookkeeping(self, batch: StepBatch) -> list[dict[str, Any]]:
+        """Record the batch's progress; returns the final messages of jobs failed meanwhile."""
+        finished = {r.job_id for r in batch.finals} | self._failed
         for chunk in batch.chunks:
             if chunk.job_id not in finished:
                 self._texts.setdefault(chunk.job_id, []).append(chunk.text)
@@ -74,15 +133,15 @@ class RedisJobSink:
         for first in batch.first_tokens:
             if first.job_id not in finished:  # else its final carried the time
                 self._first_at.setdefault(first.job_id, first.at)
-        self._write_progress()
+        return self._write_progress()
 
-    def _write_progress(self) -> None:
+    def _write_progress(self) -> list[dict[str, Any]]:
         """Every job's text so far, in one UPDATE per interval. A timer per job (as before) let
         jobs that started at different steps fall due on different steps: with 32 running jobs
         nearly every batch compiled and ran its own CASE UPDATE, a fifth of the worker's time."""
         now = time.monotonic()
         if not self._unsaved or now - self._progress_at < self._progress_interval_s:
-            return
+            return []
         self._progress_at = now
         due = []
         for job_id in self._unsaved:
@@ -90,7 +149,25 @@ class RedisJobSink:
             due.append(job_lifecycle.Progress(job_id=job_id, text="".join(self._texts[job_id]), last_seq=seq,
                                               completion_tokens=tokens, first_token_at=self._first_at.pop(job_id, None)))
         self._unsaved.clear()
-        job_lifecycle.jobs_record_progress(worker_id=self.worker_id, progress=due)
+        try:
+            job_lifecycle.jobs_record_progress(worker_id=self.worker_id, progress=due)
+            return []
+        except DatabaseError:
+            logger.warning("writing the progress of %s jobs together failed; writing each alone", len(due),
+                           exc_info=True)
+            close_old_connections()
+        failed: list[dict[str, Any]] = []
+        for i, progress in enumerate(due):
+            try:
+                job_lifecycle.jobs_record_progress(worker_id=self.worker_id, progress=[progress])
+            except _CONNECTION_ERRORS:
+                logger.warning("database out of reach: the progress of %s jobs not stored", len(due) - i,
+                               exc_info=True)
+                close_old_connections()
+                break
+            except DatabaseError as exc:
+                failed += self._fail(progress.job_id, exc)
+        return failed
 
     def _forget(self, job_id: str) -> None:
         self._texts.pop(job_id, None)
@@ -100,19 +177,19 @@ class RedisJobSink:
 
     # -- Redis streams ------------------------------------------------------------------------
 
-    def _write_streams(self, batch: StepBatch) -> None:
-        if not (batch.chunks or batch.finals):
+    def _write_streams(self, chunks: list[OutputChunk], finals: list[dict[str, Any]]) -> None:
+        if not (chunks or finals):
             return
         ttl = messages.stream_ttl_s()
         pipe = self._redis.pipeline(transaction=False)
         keys = set()
-        for chunk in batch.chunks:
+        for chunk in chunks:
             key = job_stream_key(chunk.job_id)
             pipe.xadd(key, messages.chunk_entry(chunk), maxlen=messages.STREAM_MAXLEN, approximate=True)
             keys.add(key)
-        for result in batch.finals:
-            key = job_stream_key(result.job_id)
-            pipe.xadd(key, messages.final_entry(result), maxlen=messages.STREAM_MAXLEN, approximate=True)
+        for final in finals:
+            key = job_stream_key(final["job_id"])
+            pipe.xadd(key, messages.final_entry_from_message(final), maxlen=messages.STREAM_MAXLEN, approximate=True)
             keys.add(key)
         for key in keys:
             pipe.expire(key, ttl)

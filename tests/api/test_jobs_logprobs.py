@@ -32,7 +32,7 @@ def test_the_final_writes_them_and_get_shows_each_tokens_text_id_and_alternative
     result = FinalResult(job_id=str(job.id), text=_text(77) + _text(42), finish_reason="length", prompt_tokens=3,
                          completion_tokens=2, finished_at=time.time(), last_seq=1, logprobs=STORED)
 
-    assert job_lifecycle.jobs_complete(results=[result], worker_id="w") == 1
+    assert job_lifecycle.jobs_complete(results=[result], worker_id="w") == [str(job.id)]
 
     body = api_client.get(f"/api/v1/jobs/{job.id}").json()
     assert body["logprobs"] == [

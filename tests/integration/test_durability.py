@@ -2,7 +2,9 @@
 
 Workers are subprocesses on the Postgres test DB and the Redis test DB; leases and re-dispatch
 delays are shortened through the environment (see conftest.FAST_ENV). The reconciler runs in
-the test process (what celery beat would run every 10 s), called in the polling loop."""
+the test process (what celery beat would run every 10 s), called in the polling loop. The
+black-box drills of the whole service (Redis flushed, workers killed with many jobs in flight,
+database connections terminated, on PostgreSQL and SQLite) are in tests/drills/."""
 
 from __future__ import annotations
 
@@ -58,18 +60,6 @@ def _heartbeat_running(redis_db, worker_id: str, job_id: str) -> dict | None:
     if beat and beat["num_running"] == 1 and [r["request_id"] for r in beat["requests"]] == [job_id]:
         return beat
     return None
-
-
-def test_jobs_queued_when_redis_is_flushed_still_complete(workers, redis_db):
-    job_ids = [queue_job(f"Story number {i}:", max_tokens=32) for i in range(3)]
-    redis_db.flushdb()  # the broker messages (and everything else in Redis) are gone
-    workers.start("w-after-flush")
-    time.sleep(2.0)
-    assert {job(j).status for j in job_ids} == {JobStatus.QUEUED}, "the lost messages cannot have run"
-    for job_id in job_ids:
-        done = wait_status(job_id, (JobStatus.COMPLETED,), tick=reconcile_jobs)
-        assert done.completion_tokens == 32
-        assert done.worker_id == "w-after-flush"
 
 
 def test_duplicate_delivery_of_a_running_job_does_nothing(workers, redis_db):
