@@ -207,10 +207,19 @@ WEB_REQUEST_THREADS = env_int("WEB_REQUEST_THREADS", 8, minimum=1)
 # for its daphne processes; an ASGI app imported elsewhere (tests, a shell) leaves it off.
 WEB_WARM_UP = env_bool("WEB_WARM_UP", False)
 
+# One handler, which redacts secrets (API keys sent as ``?api_key=``, say) from every line it
+# writes. Django's own loggers write through it too instead of Django's default handlers, which
+# would print the same records unredacted (inference_service/redaction.py; daphne's access log is
+# redacted by inference_service/daphne_server.py).
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "filters": {"redact_secrets": {"()": "inference_service.redaction.RedactSecretsFilter"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain", "filters": ["redact_secrets"]}},
+    "loggers": {
+        "django": {"handlers": ["console"], "level": "INFO", "propagate": False},
+        "django.server": {"handlers": ["console"], "level": "INFO", "propagate": False},
+    },
     "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
 }
