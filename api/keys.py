@@ -21,6 +21,10 @@ JOB_STREAM_FIELD_TEXT = "text"
 # Channel-layer group of a job's live chunks.
 JOB_GROUP_PREFIX = "job."
 
+# Channel-layer group of the connections an API key authenticated, named after the key's stored
+# hash (known before the key's row is read; not the secret): they hear its revocation.
+API_KEY_GROUP_PREFIX = "apikey."
+
 # Per-key request-rate counter (fixed one-minute window).
 RATE_LIMIT_PREFIX = "quota:rpm:"
 
@@ -35,6 +39,10 @@ def job_stream_key(job_id: str) -> str:
 
 def job_group_name(job_id: str) -> str:
     return f"{JOB_GROUP_PREFIX}{job_id}"
+
+
+def api_key_group_name(hashed_key: str) -> str:
+    return f"{API_KEY_GROUP_PREFIX}{hashed_key[:32]}"
 
 
 def rate_limit_key(api_key_id: int, window: int) -> str:

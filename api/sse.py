@@ -19,7 +19,10 @@ is answered 204, which tells an EventSource to stop reconnecting. A comment line
 Authentication as on the WebSocket: ``Authorization: Bearer <key>`` or ``?api_key=<key>``.
 Errors before the stream starts are the API's JSON envelope with its status: 401, 404 (not the
 key owner's job), 400 (a bad ``after`` or ``Last-Event-ID``), 405 (not a GET), 503 (Redis is
-down: no stream to follow, but the job itself is safe in the database).
+down: no stream to follow, but the job itself is safe in the database; or the database is
+unavailable). A key revoked while its stream is open ends the stream at once with an ``error``
+event (``revoked_api_key``, api/key_revocation.py); an EventSource that reconnects then gets the
+401, which stops it.
 """
 
 from __future__ import annotations
@@ -32,8 +35,9 @@ from channels.exceptions import StopConsumer
 from channels.generic.http import AsyncHttpConsumer
 
 from api.consumers import authorize_job, scope_api_key
-from api.errors import AuthenticationFailed, JobNotFound, ServiceError, ServiceUnavailable
+from api.errors import ApiKeyRevoked, JobNotFound, ServiceError, ServiceUnavailable, error_body
 from api.http_stream import HttpStreamMixin
+from api.key_revocation import KeyRevocationEvents
 from api.redis_client import get_async_redis
 from api.streaming.relay import JobStreamRelay
 from api.streaming.relay_events import STREAM_UNAVAILABLE, RelayEvents
@@ -42,7 +46,7 @@ FINAL_ID_SUFFIX = ":final"
 RETRY_MS = 1000  # how soon an EventSource reconnects after a dropped connection
 
 
-class JobEventsConsumer(HttpStreamMixin, RelayEvents, AsyncHttpConsumer):
+class JobEventsConsumer(HttpStreamMixin, KeyRevocationEvents, RelayEvents, AsyncHttpConsumer):
 
     async def http_request(self, message: dict[str, Any]) -> None:
         """AsyncHttpConsumer's, except that the consumer stays alive once the request is in: the
@@ -56,6 +60,18 @@ class JobEventsConsumer(HttpStreamMixin, RelayEvents, AsyncHttpConsumer):
     async def disconnect(self) -> None:
         self.stop_keepalive()
         await self.leave_job_group()
+        await self.leave_key_group()
+
+    async def key_revoked(self) -> None:
+        """The stream ends with an ``error`` event: no more of the job for a revoked key."""
+        if self._ended:
+            return
+        await self.leave_job_group()
+        self.relay = None
+        exc = ApiKeyRevoked()
+        message = {"type": "error", **error_body(exc.message, error_type=exc.error_type, code=exc.code)}
+        self._ended = True
+        await self.send_body(f"event: error\ndata: {json.dumps(message)}\n\n".encode(), more_body=False)
 
     async def _open(self) -> None:
         if self.scope["method"] != "GET":
@@ -63,9 +79,10 @@ class JobEventsConsumer(HttpStreamMixin, RelayEvents, AsyncHttpConsumer):
                                             code="method_not_allowed"), status=405, headers={"Allow": "GET"})
             return
         job_id = str(self.scope["url_route"]["kwargs"]["job_id"])
+        await self.join_key_group(scope_api_key(self.scope))
         try:
             _, owns = await authorize_job(scope_api_key(self.scope), job_id)
-        except AuthenticationFailed as exc:
+        except ServiceError as exc:  # AuthenticationFailed, DatabaseUnavailable
             await self._reject(exc)
             return
         try:

@@ -182,7 +182,11 @@ class CompletionConsumer(HttpStreamMixin, RelayEvents, AsyncHttpConsumer):
             await self._reject(error)
             return
         asked = request.job.sampling.get("logprobs") is not None
-        text, entries = await _job_text(self._job_id, with_logprobs=asked)
+        try:
+            text, entries = await _job_text(self._job_id, with_logprobs=asked)
+        except ServiceError as exc:  # DatabaseUnavailable: the job is done, its text is not readable now
+            await self._reject(exc)
+            return
         logprobs = None
         if entries is not None:
             logprobs = chat_logprobs(entries) if self.kind is Kind.CHAT else text_logprobs(entries, text=text)

@@ -98,7 +98,7 @@ def test_one_batch_message_feeds_every_socket_of_the_process_its_own_events(redi
         assert [(m["job_id"], m["seq"], m["text"]) for m in received] == [(job_id, i, TEXTS[i - 1]) for i in (1, 2, 3)]
 
 
-def test_without_redis_the_socket_gets_an_error_and_close_code_1011_not_a_crash(redis_client, monkeypatch):
+def test_without_redis_the_socket_gets_an_error_and_close_code_4503_not_a_crash(redis_client, monkeypatch):
     import redis.exceptions
 
     api_key, secret = make_api_key()
@@ -119,7 +119,7 @@ def test_without_redis_the_socket_gets_an_error_and_close_code_1011_not_a_crash(
 
     message, closed = asyncio.run(scenario())
     assert message["type"] == "error" and message["error"]["code"] == "service_unavailable"
-    assert closed["type"] == "websocket.close" and closed["code"] == 1011
+    assert closed["type"] == "websocket.close" and closed["code"] == 4503
 
 
 def test_a_watcher_of_a_queued_job_gets_its_final_as_soon_as_it_is_cancelled(redis_client):
