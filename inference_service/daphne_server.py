@@ -9,8 +9,9 @@ extension point daphne or Twisted offers (the CLI's ``server_class``, the ``Serv
   :func:`inference_service.redaction.redact_secrets` first.
 * **an over-long request head is answered, not dropped.** Twisted's HTTP channel closes the
   connection without a word on a line over 16 KiB (a 64 KiB ``Authorization`` header, say) and
-  answers a bare 400 when the head's lines add up to more. Here both are answered, in the API's
-  error envelope: 414 for a request line over the limit, 431 for the header fields.
+  answers a bare 400 when the head's lines add up to more, or number over 500. Here each is
+  answered in the API's error envelope: 414 for a request line over the limit, 431 for the
+  header fields.
 * **a WebSocket closed by the server says why.** autobahn fails a connection (a message over
   daphne's ``--websocket-max-message-size``, 1 MiB by default; a protocol violation) by dropping
   the TCP connection unless told otherwise; told, it sends the close frame (1009 "message too
@@ -57,19 +58,22 @@ class HeadLimitedHTTPChannel(http.HTTPChannel):
     def __init__(self) -> None:
         super().__init__()
         self._head_bytes = 0  # of the request head being read
+        self._head_lines = 0
         self._refused = False
 
     def lineReceived(self, line: bytes) -> None:
         if self._refused:
             return
         self._head_bytes += len(line)
-        if self._head_bytes > self.totalHeadersSize:
+        self._head_lines += 1
+        # The request line and maxHeaders header lines at most (Twisted answers a bare 400 beyond).
+        if self._head_bytes > self.totalHeadersSize or self._head_lines > self.maxHeaders + 1:
             self._refuse(431)
             return
         super().lineReceived(line)
 
     def allHeadersReceived(self) -> None:
-        self._head_bytes = 0  # the next request on this connection starts its own head
+        self._head_bytes = self._head_lines = 0  # the next request on this connection starts its own head
         super().allHeadersReceived()
 
     def lineLengthExceeded(self, line: bytes) -> None:
@@ -85,7 +89,8 @@ class HeadLimitedHTTPChannel(http.HTTPChannel):
 _REFUSALS = {
     414: (b"URI Too Long", "uri_too_long", f"The request line is longer than {HEAD_LIMIT_BYTES} bytes."),
     431: (b"Request Header Fields Too Large", "request_header_fields_too_large",
-          f"The request's header fields are larger than {HEAD_LIMIT_BYTES} bytes."),
+          f"The request's header fields are larger than {HEAD_LIMIT_BYTES} bytes, or more than "
+          f"{http.HTTPChannel.maxHeaders}."),
 }
 
 

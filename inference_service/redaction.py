@@ -8,9 +8,9 @@ Django's, Channels' and our own loggers, and the access log of daphne, which doe
 
 Two rules, so a variation of the name or the encoding does not slip through:
 
-* the value of any query or form parameter whose name, percent-decoded and lower-cased, holds
-  ``key``, ``token``, ``secret``, ``password`` or ``auth`` (``api_key``, ``API_KEY``,
-  ``api%5Fkey``, ``access_token``...);
+* the value of any query or form parameter whose name, percent-decoded, holds ``key``, ``token``,
+  ``secret``, ``password`` or ``auth`` in any case (``api_key``, ``API_KEY``, ``api%5Fkey``,
+  ``access_token``...), or whose value, percent-decoded, holds one of our secrets;
 * anything shaped like one of our secrets (``sk-``, not inside a word, and 16 or more URL-safe characters, the ``-``
   possibly percent-encoded) wherever it appears: a path, a Referer, a header, an error message.
 """
@@ -39,7 +39,7 @@ def redact_secrets(text: str) -> str:
 
 def _redact_parameter(match: re.Match[str]) -> str:
     name = unquote_plus(match["name"][1:-1])
-    if _SENSITIVE_NAME.search(name) is None:
+    if _SENSITIVE_NAME.search(name) is None and _SECRET.search(unquote_plus(match["value"])) is None:
         return match[0]
     return f"{match['name']}{REDACTED}"
 

@@ -212,7 +212,8 @@ class CompletionConsumer(HttpStreamMixin, RelayEvents, AsyncHttpConsumer):
     async def _reject_exception(self, exc: Exception) -> None:
         response = exception_handler(exc, {"view": self})
         assert response is not None  # the handler answers every exception
-        if response.status_code >= 500:
+        # A 503 (the database or Redis down) is a condition to retry, not a bug to trace.
+        if response.status_code >= 500 and response.status_code != 503:
             logger.error("%s failed", self.scope["path"], exc_info=exc)
         headers = {name: value for name, value in response.items() if name.lower() != "content-type"}
         await self.send_json(response.status_code, response.data, {**headers, **self._headers})

@@ -10,15 +10,17 @@ import json
 import pytest
 from channels.db import database_sync_to_async
 from channels.testing import ApplicationCommunicator, WebsocketCommunicator
+from django.test import Client
 from django.utils import timezone
 
+from api.admin import QUOTA_FIELDS
 from api.keys import job_stream_key
 from api.models import ApiKey, Job, JobStatus
 from api.services.api_keys import api_key_revoke
 from api.streaming import messages
 from engine_worker.protocol import OutputChunk
 from inference_service.asgi import application
-from tests.api.factories import make_api_key, make_job
+from tests.api.factories import make_api_key, make_job, make_user
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),  # the consumers' DB calls run on other threads
@@ -149,3 +151,24 @@ def test_revoking_a_key_ends_its_event_stream_with_an_error_event(redis_client):
     last = body.decode().strip().split("\n\n")[-1].split("\n")
     assert last[0] == "event: error"
     assert json.loads(last[1].removeprefix("data: "))["error"]["code"] == "revoked_api_key"
+
+
+def test_a_key_revoked_by_hand_in_the_admins_form_ends_its_sockets_too(redis_client):
+    api_key, secret = make_api_key()
+    job_id = _streaming_job(redis_client, api_key)
+    staff = Client()
+    staff.force_login(make_user(is_staff=True, is_superuser=True))
+    form = {"owner": api_key.owner_id, "name": api_key.name, "revoked_at_0": "2026-01-02", "revoked_at_1": "03:04:05",
+            **{field: getattr(api_key, field) for field in QUOTA_FIELDS}}
+
+    async def scenario() -> tuple[int, dict, dict]:
+        following = await _open(f"/ws/v1/jobs/{job_id}/?api_key={secret}")
+        assert (await following.receive_json_from(timeout=5))["type"] == "delta"
+        saved = await asyncio.to_thread(staff.post, f"/admin/api/apikey/{api_key.id}/change/", form)
+        return saved.status_code, *await _error_and_close(following)
+
+    status, message, closed = asyncio.run(scenario())
+
+    assert status == 302  # saved
+    assert ApiKey.objects.get(id=api_key.id).revoked_at is not None
+    assert message["error"]["code"] == "revoked_api_key" and closed["code"] == 4401

@@ -24,6 +24,7 @@ SECRET = "sk-afXHV-sZOn1XSZn41Wf0xsRYHRCwIm69gnUYj5WoU3I"
     f"Authorization: Bearer {SECRET}",
     f"/api/v1/jobs/{SECRET}/",  # a key pasted into the path
     f"key sk%2D{SECRET[3:]} percent-encoded",
+    f"/api/v1/jobs?a=%73%6B-{SECRET[3:]}",  # a value percent-encoded, under any name
 ])
 def test_a_key_is_redacted_wherever_it_sits_in_the_line(line):
     redacted = redact_secrets(line)

@@ -116,6 +116,7 @@ def test_an_oversized_request_head_is_answered_431_or_414_in_the_error_envelope(
             "8 MB Cookie": _raw(port, request + b"Cookie: a=" + b"x" * 8_000_000 + b"\r\n\r\n"),
             "40 headers of 1 KB": _raw(port, request + b"".join(b"X-H%d: %s\r\n" % (i, b"y" * 1000)
                                                                 for i in range(40)) + b"\r\n"),
+            "600 tiny headers": _raw(port, request + b"".join(b"X-H%d: y\r\n" % i for i in range(600)) + b"\r\n"),
             "a WebSocket handshake": _raw(port, upgrade + b"Authorization: Bearer " + b"x" * 65536 + b"\r\n\r\n"),
             "after a good request": _raw(port, request + b"\r\n" + request + b"X-Big: " + b"x" * 65536 + b"\r\n\r\n"),
         }
@@ -131,8 +132,9 @@ def test_an_oversized_request_head_is_answered_431_or_414_in_the_error_envelope(
         assert json.loads(body)["error"]["code"] == "request_header_fields_too_large", what
     assert long_url.startswith(b"HTTP/1.1 414 ")
     assert json.loads(long_url.partition(b"\r\n\r\n")[2])["error"]["code"] == "uri_too_long"
-    assert answers["after a good request"].startswith(b"HTTP/1.1 503 ")  # the first request was served
-    assert still_serving in (200, 503)  # (no engine worker here: the health check says so)
+    # The first request was served (200, or 503 from the health check when no engine worker runs).
+    assert answers["after a good request"].startswith((b"HTTP/1.1 200 ", b"HTTP/1.1 503 "))
+    assert still_serving in (200, 503)
 
 
 def test_a_websocket_message_over_one_mib_is_closed_with_1009_and_a_reason(service_env, tmp_path):
