@@ -61,12 +61,13 @@ CLOSE_UNAVAILABLE = 4503
 CLOSE_INTERNAL_ERROR = 4500
 
 
+_CLOSE_CODES = {401: CLOSE_UNAUTHORIZED, 404: CLOSE_NOT_FOUND, 503: CLOSE_UNAVAILABLE}
+
+
 def close_code_for(status: int) -> int:
     """The close code of an error of HTTP status ``status``: 4401, 4404, 4503, 4500 for another
     server error, and 4400 (bad input) for any other client error."""
-    if status in (401, 404, 503):
-        return 4000 + status
-    return CLOSE_INTERNAL_ERROR if status >= 500 else CLOSE_BAD_REQUEST
+    return _CLOSE_CODES.get(status) or (CLOSE_INTERNAL_ERROR if status >= 500 else CLOSE_BAD_REQUEST)
 
 
 class JobStreamConsumer(KeyRevocationEvents, RelayEvents, AsyncWebsocketConsumer):
@@ -111,12 +112,15 @@ class JobStreamConsumer(KeyRevocationEvents, RelayEvents, AsyncWebsocketConsumer
         await self.leave_key_group()
 
     async def key_revoked(self) -> None:
-        """The stream ends here: no more of the job for a revoked key (the job runs on)."""
+        await self._end_unauthorized(ApiKeyRevoked())
+
+    async def _end_unauthorized(self, exc: AuthenticationFailed) -> None:
+        """The stream ends here: nothing more of the job for a key no longer valid (the job runs on)."""
         if self.relay is not None and self.relay.done:
             return  # the final went out: the socket is closing anyway
         await self.leave_job_group()
         self.relay = None
-        await self._refuse(ApiKeyRevoked())
+        await self._refuse(exc)
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
         if self.relay is None or self.relay.done or self.api_key is None:
@@ -131,8 +135,8 @@ class JobStreamConsumer(KeyRevocationEvents, RelayEvents, AsyncWebsocketConsumer
             return
         try:
             await cancel_job_as(scope_api_key(self.scope), self.relay.job_id)
-        except AuthenticationFailed:  # revoked since the socket opened: as if it had been announced
-            await self.key_revoked()
+        except AuthenticationFailed as exc:  # revoked (or its owner disabled) since the socket opened
+            await self._end_unauthorized(exc)
         except ServiceError as exc:  # JobNotCancellable: it finished meanwhile; its final follows
             await self._notice(exc.message, code=exc.code)
 
