@@ -8,11 +8,13 @@ from functools import partial
 from django.contrib import admin, messages
 from django.contrib.auth import get_user_model
 from django.contrib.auth.admin import UserAdmin
+from django.db import transaction
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils import timezone
 
 from api.errors import ServiceError
+from api.key_revocation import api_key_revocation_announce
 from api.models import ApiKey, Job, UsageRecord
 from api.services.api_keys import api_key_generate_secret, api_key_revoke, api_key_set_secret
 from api.services.job_deletion import job_delete
@@ -65,6 +67,8 @@ class ApiKeyAdmin(admin.ModelAdmin):
                               messages.WARNING)
             return
         super().save_model(request, obj, form, change)
+        if "revoked_at" in form.changed_data and obj.revoked_at is not None:  # revoked by hand: as the action
+            transaction.on_commit(partial(api_key_revocation_announce, hashed_key=obj.hashed_key))
 
     @admin.action(description="Revoke selected keys")
     def revoke_keys(self, request: HttpRequest, queryset: QuerySet[ApiKey]) -> None:

@@ -8,7 +8,7 @@ from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework.authentication import BaseAuthentication, get_authorization_header
 from rest_framework.request import Request
 
-from api.errors import AuthenticationFailed
+from api.errors import ApiKeyRevoked, AuthenticationFailed
 from api.models import ApiKey
 from api.selectors.api_keys import api_key_with_owner, api_key_with_owner_and_job
 from api.services.api_keys import api_key_touch, hash_secret
@@ -38,7 +38,7 @@ def _active(api_key: ApiKey | None) -> ApiKey:
     if api_key is None or not api_key.owner.is_active:
         raise AuthenticationFailed("Invalid API key.", code="invalid_api_key")
     if api_key.revoked_at is not None:
-        raise AuthenticationFailed("This API key has been revoked.", code="revoked_api_key")
+        raise ApiKeyRevoked()
     api_key_touch(api_key=api_key)
     return api_key
 

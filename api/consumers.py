@@ -9,14 +9,18 @@ While a job streams, either socket takes ``{"type": "cancel"}``: the job is canc
 ``POST /api/v1/jobs/<id>/cancel``, and its final (status ``cancelled``) ends the stream. A job that
 already finished, or any other message, gets an error message, and the stream goes on.
 
-Authentication: ``Authorization: Bearer <key>`` or ``?api_key=<key>``. Close codes: 4401 missing,
-bad or revoked key; 4404 a job that does not exist or belongs to someone else, or a path that is
-neither of the two (``/ws/v1/jobs/not-a-uuid/``); 4400 bad input; 1011 no stream to follow
-(Redis is down). Both close after the final message.
+Authentication: ``Authorization: Bearer <key>`` or ``?api_key=<key>``. The key is read again for
+each submission and each cancel, as REST reads it for each request, and a socket whose key is
+revoked while it is open ends at once (api/key_revocation.py). Close codes: 4401 missing, bad or
+revoked key; 4404 a job that does not exist or belongs to someone else (``job_not_found``), or a
+path that is neither of the two (``/ws/v1/jobs/not-a-uuid/``, ``not_found``); 4400 bad input; 4503
+no stream to follow (Redis is down) or the database is unavailable; 4500 an internal error. Both
+close after the final message.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from collections.abc import Callable
@@ -26,17 +30,23 @@ from urllib.parse import parse_qs
 from autobahn.exception import Disconnected
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
+from rest_framework.exceptions import ParseError
 
 from api.authentication import authenticate_api_key, authenticate_api_key_for_job, bearer_token
 from api.errors import (
+    DATABASE_UNAVAILABLE_ERRORS,
+    ApiKeyRevoked,
     AuthenticationFailed,
     JobNotFound,
     ServiceError,
     ServiceUnavailable,
+    database_unavailable,
     error_body,
     exception_handler,
 )
+from api.key_revocation import KeyRevocationEvents
 from api.models import ApiKey, Job
+from api.parsers import parse_json
 from api.serializers import JobCreateSerializer
 from api.services.jobs import JobRequest, job_cancel, job_create
 from api.streaming.follow import FollowsJob
@@ -46,10 +56,22 @@ logger = logging.getLogger(__name__)
 CLOSE_BAD_REQUEST = 4400
 CLOSE_UNAUTHORIZED = 4401
 CLOSE_NOT_FOUND = 4404
-CLOSE_UNAVAILABLE = 1011  # RFC 6455: the server met a condition that kept it from serving
+# The service cannot serve now (Redis or the database is down): retry. Not RFC 6455's 1011:
+# daphne's autobahn takes only 1000 and 3000-4999 from an application, and raised for 1011.
+CLOSE_UNAVAILABLE = 4503
+CLOSE_INTERNAL_ERROR = 4500
 
 
-class JobStreamConsumer(FollowsJob, AsyncWebsocketConsumer):
+_CLOSE_CODES = {401: CLOSE_UNAUTHORIZED, 404: CLOSE_NOT_FOUND, 503: CLOSE_UNAVAILABLE}
+
+
+def close_code_for(status: int) -> int:
+    """The close code of an error of HTTP status ``status``: 4401, 4404, 4503, 4500 for another
+    server error, and 4400 (bad input) for any other client error."""
+    return _CLOSE_CODES.get(status) or (CLOSE_INTERNAL_ERROR if status >= 500 else CLOSE_BAD_REQUEST)
+
+
+class JobStreamConsumer(KeyRevocationEvents, FollowsJob, AsyncWebsocketConsumer):
     """Streams one existing job (its relay runs as a task of this consumer, see follow.py)."""
 
     api_key: ApiKey | None = None
@@ -57,10 +79,11 @@ class JobStreamConsumer(FollowsJob, AsyncWebsocketConsumer):
     async def connect(self) -> None:
         await self.accept()  # custom close codes need an accepted socket
         job_id = str(self.scope["url_route"]["kwargs"]["job_id"])
+        await self.join_key_group(scope_api_key(self.scope))
         try:
             self.api_key, owns = await authorize_job(scope_api_key(self.scope), job_id)
-        except AuthenticationFailed as exc:
-            await self._unauthorized(exc)
+        except ServiceError as exc:  # AuthenticationFailed, DatabaseUnavailable
+            await self._refuse(exc)
             return
         query = parse_qs(self.scope.get("query_string", b"").decode())
         try:
@@ -71,7 +94,7 @@ class JobStreamConsumer(FollowsJob, AsyncWebsocketConsumer):
             await self._error("'after' must be a non-negative integer.", code="invalid_after", param="after")
             return
         if not owns:
-            await self._error("No such job.", code="not_found", close_code=CLOSE_NOT_FOUND)
+            await self._refuse(JobNotFound(job_id))
             return
         await self.stream_job(job_id, after)
 
@@ -80,33 +103,46 @@ class JobStreamConsumer(FollowsJob, AsyncWebsocketConsumer):
         try:
             await self.open_relay(job_id, after, self._send_message)
         except ServiceUnavailable as exc:
-            await self._error(exc.message, code=exc.code, close_code=CLOSE_UNAVAILABLE, error_type=exc.error_type)
+            await self._refuse(exc)
             return
         self.follow()
 
     async def disconnect(self, code: int) -> None:
         self.stop_following()
+        await self.leave_key_group()
 
     async def job_gone(self, exc: JobNotFound) -> None:
-        await self._error(exc.message, code=exc.code, param=exc.param, close_code=CLOSE_NOT_FOUND)
+        await self._refuse(exc)
 
     async def relay_failed(self) -> None:
-        await self._error("The job's stream failed; poll GET /api/v1/jobs/<id>.", code="service_unavailable",
-                          close_code=CLOSE_UNAVAILABLE, error_type="server_error")
+        await self._refuse(ServiceUnavailable("The job's stream failed; poll GET /api/v1/jobs/<id>."))
+
+    async def key_revoked(self) -> None:
+        await self._end_unauthorized(ApiKeyRevoked())
+
+    async def _end_unauthorized(self, exc: AuthenticationFailed) -> None:
+        """The stream ends here: nothing more of the job for a key no longer valid (the job runs on)."""
+        if self.relay is not None and self.relay.done:
+            return  # the final went out: the socket is closing anyway
+        self.stop_following()
+        self.relay = None
+        await self._refuse(exc)
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
         if self.relay is None or self.relay.done or self.api_key is None:
             return  # not streaming (yet, or any more): nothing to control
         try:
-            message = json.loads(text_data or "")
-        except ValueError:
+            message = parse_json(text_data or "")
+        except ParseError:
             message = None
         if message != {"type": "cancel"}:
             await self._notice('While a job streams, the only message is {"type": "cancel"}.',
                                code="invalid_message")
             return
         try:
-            await cancel_job(self.api_key, self.relay.job_id)
+            await cancel_job_as(scope_api_key(self.scope), self.relay.job_id)
+        except AuthenticationFailed as exc:  # revoked (or its owner disabled) since the socket opened
+            await self._end_unauthorized(exc)
         except ServiceError as exc:  # JobNotCancellable: it finished meanwhile; its final follows
             await self._notice(exc.message, code=exc.code)
 
@@ -132,13 +168,15 @@ class JobStreamConsumer(FollowsJob, AsyncWebsocketConsumer):
     async def _authenticate(self) -> bool:
         try:
             self.api_key = await db_thread(authenticate_api_key)(scope_api_key(self.scope))
-        except AuthenticationFailed as exc:
-            await self._unauthorized(exc)
+        except ServiceError as exc:  # AuthenticationFailed, DatabaseUnavailable
+            await self._refuse(exc)
             return False
         return True
 
-    async def _unauthorized(self, exc: AuthenticationFailed) -> None:
-        await self._error(exc.message, code=exc.code, close_code=CLOSE_UNAUTHORIZED, error_type=exc.error_type)
+    async def _refuse(self, exc: ServiceError) -> None:
+        """``exc`` as an error message, then the close code of its status."""
+        await self._error(exc.message, code=exc.code, param=exc.param, error_type=exc.error_type,
+                          close_code=close_code_for(exc.status_code))
 
     async def _error(self, message: str, *, code: str, param: str | None = None,
                      close_code: int = CLOSE_BAD_REQUEST, error_type: str = "invalid_request_error") -> None:
@@ -167,6 +205,7 @@ class GenerateConsumer(JobStreamConsumer):
 
     async def connect(self) -> None:
         await self.accept()
+        await self.join_key_group(scope_api_key(self.scope))
         await self._authenticate()
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
@@ -176,19 +215,22 @@ class GenerateConsumer(JobStreamConsumer):
         if self.api_key is None:
             return  # unauthenticated: closing
         try:
-            body = json.loads(text_data or "")
-        except ValueError:
+            body = parse_json(text_data or "")
+        except ParseError:
             await self._error("The message is not valid JSON.", code="invalid_json")
             return
         try:
-            job = await _create_job(self.api_key, body)
+            # The key is read again, as REST reads it for each request: it may have been revoked,
+            # or its quotas changed, since the socket opened.
+            job = await _create_job(scope_api_key(self.scope), body)
         except Exception as exc:  # mapped exactly like the REST API maps it
             response = exception_handler(exc, {"view": self})
-            if response is None or response.status_code >= 500:
+            status = response.status_code if response is not None else 500
+            if status >= 500 and status != 503:
                 logger.exception("job creation over WebSocket failed")
             data = response.data if response is not None else {}
             await self.send(text_data=json.dumps({"type": "error", **data}))
-            await self.close(code=CLOSE_BAD_REQUEST)
+            await self.close(code=close_code_for(status))
             return
         await self.send(text_data=json.dumps({"type": "job", "id": str(job.id), "status": job.status}))
         await self.stream_job(str(job.id), 0)
@@ -209,8 +251,18 @@ def scope_api_key(scope: dict[str, Any]) -> str | None:
 def db_thread(func: Callable[..., Any]) -> Callable[..., Any]:
     """Run ``func`` (ORM code) off the event loop on a thread of its own. Channels' default
     (thread_sensitive) runs every consumer's DB call of the process on one shared thread, so a
-    burst of connections queued there one after another."""
-    return database_sync_to_async(func, thread_sensitive=False)
+    burst of connections queued there one after another. A lost database connection comes out as
+    DatabaseUnavailable (a ServiceError, 503), as the REST API answers it; Channels then discards
+    the connection (``close_old_connections`` after the call)."""
+
+    @functools.wraps(func)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except DATABASE_UNAVAILABLE_ERRORS as exc:
+            raise database_unavailable(exc, func.__name__) from exc
+
+    return database_sync_to_async(call, thread_sensitive=False)
 
 
 @db_thread
@@ -226,7 +278,16 @@ def cancel_job(api_key: ApiKey, job_id: str) -> None:
 
 
 @db_thread
-def _create_job(api_key: ApiKey, body: Any) -> Job:
+def cancel_job_as(raw_key: str | None, job_id: str) -> None:
+    """Cancel the job for the key whose secret is ``raw_key``, read now (AuthenticationFailed if it
+    is no longer valid), as ``POST /api/v1/jobs/<id>/cancel`` does."""
+    job_cancel(job_id=job_id, owner=authenticate_api_key(raw_key).owner)
+
+
+@db_thread
+def _create_job(raw_key: str | None, body: Any) -> Job:
+    """Authenticate (the key as stored now), validate and create the job: one thread hop."""
+    api_key = authenticate_api_key(raw_key)
     if not isinstance(body, dict):
         raise ServiceError("The message must be a JSON object (a job body).", code="invalid_request")
     serializer = JobCreateSerializer(data=body)

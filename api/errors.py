@@ -11,6 +11,7 @@ import logging
 from typing import Any
 
 from django.core.exceptions import PermissionDenied, RequestDataTooBig, SuspiciousOperation
+from django.db import InterfaceError, OperationalError, connections
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.views.defaults import page_not_found, server_error
 from rest_framework import exceptions as drf
@@ -150,6 +151,13 @@ class AuthenticationFailed(ServiceError):
         return {"WWW-Authenticate": 'Bearer realm="api"'}
 
 
+class ApiKeyRevoked(AuthenticationFailed):
+    code = "revoked_api_key"
+
+    def __init__(self) -> None:
+        super().__init__("This API key has been revoked.")
+
+
 class QuotaExceeded(ServiceError):
     """A per-key quota is used up; retrying after ``retry_after`` seconds may succeed."""
 
@@ -185,6 +193,36 @@ class ServiceUnavailable(ServiceError):
     status_code = 503
     error_type = "server_error"
     code = "service_unavailable"
+
+
+class DatabaseUnavailable(ServiceUnavailable):
+    """The database could not serve the request: its connection was lost or refused, the pool had
+    none to lend in time, or the server cancelled the statement. Nothing about the request is
+    wrong, so the client retries it."""
+
+    def __init__(self) -> None:
+        super().__init__("The database is unavailable right now; retry in a moment.")
+
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": "1"}
+
+
+# The database errors that say nothing about the request (Django's wrappers of the driver's):
+# every door answers them with DatabaseUnavailable, a 503, never a 500.
+DATABASE_UNAVAILABLE_ERRORS = (OperationalError, InterfaceError)
+
+
+def database_unavailable(exc: Exception, where: str) -> DatabaseUnavailable:
+    """What a client gets for ``exc``, one of DATABASE_UNAVAILABLE_ERRORS. Django discards the
+    failed connection at the end of the request (or of the consumer's call). A lost connection
+    seldom comes alone (a server restart, pg_terminate_backend), so the connection pool (DB_POOL)
+    checks its idle ones now, and the next requests get live ones."""
+    logger.warning("Database unavailable in %s: %s", where, exc)
+    for wrapper in connections.all(initialized_only=True):
+        pool = getattr(wrapper, "pool", None)  # the PostgreSQL backend's psycopg pool, or None
+        if pool is not None:
+            pool.check()
+    return DatabaseUnavailable()
 
 
 def error_body(message: str, *, error_type: str, code: str | None, param: str | None = None) -> dict[str, Any]:
@@ -224,12 +262,15 @@ _DRF_TYPES: dict[type[drf.APIException], tuple[str, str]] = {
 
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
-    """DRF EXCEPTION_HANDLER: every error becomes the envelope. Unexpected exceptions are logged
-    and answered with a 500 in the same envelope (so a client never sees an HTML page)."""
+    """DRF EXCEPTION_HANDLER: every error becomes the envelope. A lost database connection is a
+    503 (DatabaseUnavailable); unexpected exceptions are logged and answered with a 500 in the same
+    envelope (so a client never sees an HTML page)."""
     # Imported here: rest_framework.views imports the authentication classes, which import us.
     from rest_framework.views import set_rollback
 
     set_rollback()  # as DRF's own handler: an atomic request must not commit half its work
+    if isinstance(exc, DATABASE_UNAVAILABLE_ERRORS):
+        exc = database_unavailable(exc, context.get("view").__class__.__name__)
     if isinstance(exc, ServiceError):
         body = error_body(exc.message, error_type=exc.error_type, code=exc.code, param=exc.param)
         return Response(body, status=exc.status_code, headers=exc.headers())

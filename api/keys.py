@@ -18,6 +18,10 @@ CANCEL_CHANNEL = "engine:cancel"
 JOB_STREAM_FIELD_SEQ = "seq"
 JOB_STREAM_FIELD_TEXT = "text"
 
+# Channel-layer group of the connections an API key authenticated, named after the key's stored
+# hash (known before the key's row is read; not the secret): they hear its revocation.
+API_KEY_GROUP_PREFIX = "apikey."
+
 # Per-key request-rate counter (fixed one-minute window).
 RATE_LIMIT_PREFIX = "quota:rpm:"
 
@@ -28,6 +32,10 @@ def worker_heartbeat_key(worker_id: str) -> str:
 
 def job_stream_key(job_id: str) -> str:
     return f"job:{job_id}:chunks"
+
+
+def api_key_group_name(hashed_key: str) -> str:
+    return f"{API_KEY_GROUP_PREFIX}{hashed_key[:32]}"
 
 
 def rate_limit_key(api_key_id: int, window: int) -> str:

@@ -30,9 +30,19 @@ class StrictJSONParser(JSONParser):
             raise RequestTooLarge(f"Request body larger than {limit} bytes.")
         try:
             text = codecs.decode(raw, encoding)
-            return json.loads(text, parse_constant=_reject_constant)
-        except (ValueError, RecursionError) as exc:
+        except ValueError as exc:
             raise exceptions.ParseError(f"JSON parse error - {_short(exc)}") from None
+        return parse_json(text)
+
+
+def parse_json(text: str) -> Any:
+    """``text`` as JSON, as every door reads a body or a message: NaN and Infinity, invalid JSON
+    and nesting too deep for Python's decoder are a ParseError (code ``invalid_json``), never a
+    RecursionError."""
+    try:
+        return json.loads(text, parse_constant=_reject_constant)
+    except (ValueError, RecursionError) as exc:
+        raise exceptions.ParseError(f"JSON parse error - {_short(exc)}") from None
 
 
 def _reject_constant(name: str) -> None:

@@ -19,7 +19,10 @@ is answered 204, which tells an EventSource to stop reconnecting. A comment line
 Authentication as on the WebSocket: ``Authorization: Bearer <key>`` or ``?api_key=<key>``.
 Errors before the stream starts are the API's JSON envelope with its status: 401, 404 (not the
 key owner's job), 400 (a bad ``after`` or ``Last-Event-ID``), 405 (not a GET), 503 (Redis is
-down: no stream to follow, but the job itself is safe in the database).
+down: no stream to follow, but the job itself is safe in the database; or the database is
+unavailable). A key revoked while its stream is open ends the stream at once with an ``error``
+event (``revoked_api_key``, api/key_revocation.py); an EventSource that reconnects then gets the
+401, which stops it.
 """
 
 from __future__ import annotations
@@ -32,15 +35,16 @@ from channels.exceptions import StopConsumer
 from channels.generic.http import AsyncHttpConsumer
 
 from api.consumers import authorize_job, scope_api_key
-from api.errors import AuthenticationFailed, JobNotFound, ServiceError, ServiceUnavailable, error_body
+from api.errors import ApiKeyRevoked, JobNotFound, ServiceError, ServiceUnavailable, error_body
 from api.http_stream import HttpStreamMixin
+from api.key_revocation import KeyRevocationEvents
 from api.streaming.follow import FollowsJob
 
 FINAL_ID_SUFFIX = ":final"
 RETRY_MS = 1000  # how soon an EventSource reconnects after a dropped connection
 
 
-class JobEventsConsumer(HttpStreamMixin, FollowsJob, AsyncHttpConsumer):
+class JobEventsConsumer(HttpStreamMixin, KeyRevocationEvents, FollowsJob, AsyncHttpConsumer):
 
     async def http_request(self, message: dict[str, Any]) -> None:
         """AsyncHttpConsumer's, except that the consumer stays alive once the request is in: the
@@ -54,6 +58,7 @@ class JobEventsConsumer(HttpStreamMixin, FollowsJob, AsyncHttpConsumer):
     async def disconnect(self) -> None:
         self.stop_keepalive()
         self.stop_following()
+        await self.leave_key_group()
 
     async def job_gone(self, exc: JobNotFound) -> None:
         await self._event({"type": "error", **error_body(exc.message, error_type=exc.error_type, code=exc.code,
@@ -63,15 +68,24 @@ class JobEventsConsumer(HttpStreamMixin, FollowsJob, AsyncHttpConsumer):
         await self._event({"type": "error", **error_body("The job's stream failed; poll GET /api/v1/jobs/<id>.",
                                                           error_type="server_error", code="service_unavailable")})
 
+    async def key_revoked(self) -> None:
+        """The stream ends with an ``error`` event: no more of the job for a revoked key."""
+        if self._ended:
+            return
+        self.stop_following()
+        exc = ApiKeyRevoked()
+        await self._event({"type": "error", **error_body(exc.message, error_type=exc.error_type, code=exc.code)})
+
     async def _open(self) -> None:
         if self.scope["method"] != "GET":
             await self._reject(ServiceError(f"Method \"{self.scope['method']}\" not allowed.",
                                             code="method_not_allowed"), status=405, headers={"Allow": "GET"})
             return
         job_id = str(self.scope["url_route"]["kwargs"]["job_id"])
+        await self.join_key_group(scope_api_key(self.scope))
         try:
             _, owns = await authorize_job(scope_api_key(self.scope), job_id)
-        except AuthenticationFailed as exc:
+        except ServiceError as exc:  # AuthenticationFailed, DatabaseUnavailable
             await self._reject(exc)
             return
         try:

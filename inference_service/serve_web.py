@@ -2,9 +2,9 @@
 
 daphne serves one process: Django's sync views and the Channels consumers share one GIL, so a
 burst of submissions queues behind itself however many cores are free. This launcher starts
-``--processes`` daphne children (``daphne --fd``) on the port; any other argument is passed to
-daphne. A child that dies is restarted (after a short pause, so a crash loop does not spin);
-SIGTERM/SIGINT stop all of them.
+``--processes`` daphne children (``python -m inference_service.daphne_server --fd``, daphne's
+command line) on the port; any other argument is passed to daphne. A child that dies is restarted
+(after a short pause, so a crash loop does not spin); SIGTERM/SIGINT stop all of them.
 
     python -m inference_service.serve_web -b 127.0.0.1 -p 8000 --processes 2
 
@@ -33,6 +33,8 @@ import time
 logger = logging.getLogger("serve_web")
 
 ASGI_APP = "inference_service.asgi:application"
+# daphne with the service's access-log redaction and protocol settings (its docstring says which).
+DAPHNE = "inference_service.daphne_server"
 RESTART_PAUSE_S = 1.0
 STOP_TIMEOUT_S = 30.0
 
@@ -75,7 +77,7 @@ class Supervisor:
 
     def _spawn(self, slot: int) -> None:
         fd = self._sockets[slot % len(self._sockets)].fileno()
-        argv = [sys.executable, "-m", "daphne", "--fd", str(fd), *self._daphne_args, ASGI_APP]
+        argv = [sys.executable, "-m", DAPHNE, "--fd", str(fd), *self._daphne_args, ASGI_APP]
         self._children[slot] = subprocess.Popen(argv, pass_fds=(fd,))
         logger.info("daphne %s started (pid %s)", slot, self._children[slot].pid)
 

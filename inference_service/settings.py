@@ -71,6 +71,10 @@ DATABASES = {
         env_str("DATABASE_URL", f"sqlite:///{VAR_DIR / 'db.sqlite3'}"),
         # Persistent connections and ASGI threads do not mix well; 0 closes per request.
         conn_max_age=env_int("DB_CONN_MAX_AGE", 0, minimum=0),
+        # A persistent connection (DB_CONN_MAX_AGE) is checked at its first use in each request,
+        # so one the server dropped (a restart, pg_terminate_backend, a proxy's idle timeout) is
+        # replaced instead of failing that request. Pooled connections: see DB_POOL below.
+        conn_health_checks=True,
     )
 }
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
@@ -91,6 +95,12 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql" and env_boo
     # Long-running processes (the engine worker) keep persistent connections instead: leave
     # DB_POOL off for them (Django refuses a pool together with CONN_MAX_AGE != 0).
     DATABASES["default"]["CONN_MAX_AGE"] = 0
+    # Django's health checks would make the pool check each connection it lends, and psycopg's
+    # pool waits 1, 2, 4 s... between failed checks: after pg_terminate_backend on its idle
+    # connections, a lone request waited 10 s for a 503 and the next one 7 s. Instead a request
+    # that meets a dead connection is a 503 at once (api/errors.py), which also has the pool's
+    # idle connections checked, so their loss fails no other request.
+    DATABASES["default"]["CONN_HEALTH_CHECKS"] = False
     DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
         "min_size": env_int("DB_POOL_MIN_SIZE", 2, minimum=0),
         "max_size": env_int("DB_POOL_MAX_SIZE", 20, minimum=1),
@@ -209,10 +219,19 @@ WORKER_PREFETCH = env_int("WORKER_PREFETCH", 16, minimum=1)
 # resumes gets the job's end from the database.
 JOB_STREAM_TTL_S = env_int("JOB_STREAM_TTL_S", 6 * 3600, minimum=1)
 
+# One handler, which redacts secrets (API keys sent as ``?api_key=``, say) from every line it
+# writes. Django's own loggers write through it too instead of Django's default handlers, which
+# would print the same records unredacted (inference_service/redaction.py; daphne's access log is
+# redacted by inference_service/daphne_server.py).
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "filters": {"redact_secrets": {"()": "inference_service.redaction.RedactSecretsFilter"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain", "filters": ["redact_secrets"]}},
+    "loggers": {
+        "django": {"handlers": ["console"], "level": "INFO", "propagate": False},
+        "django.server": {"handlers": ["console"], "level": "INFO", "propagate": False},
+    },
     "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
 }

@@ -192,7 +192,11 @@ class CompletionConsumer(HttpStreamMixin, FollowsJob, AsyncHttpConsumer):
             await self._reject(error)
             return
         asked = request.job.sampling.get("logprobs") is not None
-        text, entries = await _job_text(self._job_id, with_logprobs=asked)
+        try:
+            text, entries = await _job_text(self._job_id, with_logprobs=asked)
+        except ServiceError as exc:  # DatabaseUnavailable: the job is done, its text is not readable now
+            await self._reject(exc)
+            return
         logprobs = None
         if entries is not None:
             logprobs = chat_logprobs(entries) if self.kind is Kind.CHAT else text_logprobs(entries, text=text)
@@ -218,7 +222,8 @@ class CompletionConsumer(HttpStreamMixin, FollowsJob, AsyncHttpConsumer):
     async def _reject_exception(self, exc: Exception) -> None:
         response = exception_handler(exc, {"view": self})
         assert response is not None  # the handler answers every exception
-        if response.status_code >= 500:
+        # A 503 (the database or Redis down) is a condition to retry, not a bug to trace.
+        if response.status_code >= 500 and response.status_code != 503:
             logger.error("%s failed", self.scope["path"], exc_info=exc)
         headers = {name: value for name, value in response.items() if name.lower() != "content-type"}
         await self.send_json(response.status_code, response.data, {**headers, **self._headers})

@@ -7,6 +7,7 @@ import secrets
 from datetime import timedelta
 
 from django.contrib.auth.models import AbstractBaseUser
+from django.db import transaction
 from django.utils import timezone
 
 from api.models import ApiKey
@@ -61,9 +62,16 @@ def api_key_generate_secret() -> str:
 
 
 def api_key_revoke(*, api_key_id: int) -> bool:
-    """Revoke a key; returns False if it was already revoked. Takes effect on the next request."""
+    """Revoke a key; returns False if it was already revoked. Takes effect on the next request, and
+    once the revocation commits, the job streams the key opened end (api/key_revocation.py)."""
+    from api.key_revocation import api_key_revocation_announce
+
     updated = ApiKey.objects.filter(id=api_key_id, revoked_at__isnull=True).update(revoked_at=timezone.now())
-    return updated == 1
+    if updated != 1:
+        return False
+    hashed_key = ApiKey.objects.values_list("hashed_key", flat=True).get(id=api_key_id)
+    transaction.on_commit(lambda: api_key_revocation_announce(hashed_key=hashed_key))
+    return True
 
 
 def api_key_revoke_owned(*, key_id: int, owner: AbstractBaseUser) -> ApiKey:

@@ -69,7 +69,7 @@ def test_consumers_on_one_event_loop_share_one_redis_client(redis_client):
     assert other_loop is not first  # a client's connections belong to the loop that made them
 
 
-def test_without_redis_the_socket_gets_an_error_and_close_code_1011_not_a_crash(redis_client, monkeypatch):
+def test_without_redis_the_socket_gets_an_error_and_close_code_4503_not_a_crash(redis_client, monkeypatch):
     import redis.asyncio
     import redis.exceptions
 
@@ -91,7 +91,7 @@ def test_without_redis_the_socket_gets_an_error_and_close_code_1011_not_a_crash(
 
     message, closed = asyncio.run(scenario())
     assert message["type"] == "error" and message["error"]["code"] == "service_unavailable"
-    assert closed["type"] == "websocket.close" and closed["code"] == 1011
+    assert closed["type"] == "websocket.close" and closed["code"] == 4503
 
 
 def test_a_watcher_of_a_queued_job_gets_its_final_as_soon_as_it_is_cancelled(redis_client):

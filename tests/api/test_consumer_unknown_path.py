@@ -49,7 +49,7 @@ def test_the_known_paths_still_reach_their_consumers():
         return message
 
     # The job consumer's own answer: a well-formed id that is nobody's job.
-    assert asyncio.run(scenario())["error"]["message"] == "No such job."
+    assert asyncio.run(scenario())["error"]["code"] == "job_not_found"
 
 
 def test_a_client_that_left_before_the_error_reaches_it_ends_the_consumer_quietly():

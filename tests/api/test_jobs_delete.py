@@ -162,5 +162,5 @@ def test_a_deleted_jobs_websocket_is_refused_as_for_an_unknown_job(redis_client)
 
     message, closed = asyncio.run(scenario())
 
-    assert message["type"] == "error" and message["error"]["message"] == "No such job."
+    assert message["type"] == "error" and message["error"]["code"] == "job_not_found"
     assert closed == {"type": "websocket.close", "code": 4404}

@@ -96,9 +96,10 @@ def free_port() -> int:
 
 
 def start_daphne(env: dict[str, str], port: int, log_dir: Path, processes: int | None = None) -> Proc:
-    """daphne alone, or with ``processes`` the multi-process launcher (inference_service.serve_web)."""
+    """daphne alone (as the service runs it: inference_service.daphne_server), or with ``processes``
+    the multi-process launcher (inference_service.serve_web)."""
     if processes is None:
-        argv = [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "inference_service.asgi:application"]
+        argv = [sys.executable, "-m", "inference_service.daphne_server", "-b", "127.0.0.1", "-p", str(port), "inference_service.asgi:application"]
     else:
         argv = [sys.executable, "-m", "inference_service.serve_web", "-b", "127.0.0.1", "-p", str(port),
                 "--processes", str(processes)]
