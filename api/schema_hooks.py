@@ -25,11 +25,18 @@ EVENTS_OPERATION: dict[str, Any] = {
     "operationId": "jobs_events",
     "summary": "Stream a job as server-sent events",
     "description": (
-        "`text/event-stream`: one `delta` event per chunk (`id` is its seq, `data` the same JSON as the "
-        "WebSocket's delta), then one `final` event (id `<seq>:final`), after which the response ends. A "
-        "`reset` event means the job restarted on another worker: drop the text so far. Reconnect with "
-        "`Last-Event-ID` (an EventSource does) or `?after=<seq>` to resume; after the final a reconnect "
-        "is answered 204. A comment line is sent every 15 s while nothing else is."
+        "`text/event-stream`, the same messages as the WebSocket `/ws/v1/jobs/{job_id}/`, one event each "
+        "(`data` is the message's JSON, `id` its seq), every one exactly once and in order:\n\n"
+        "- `delta` (`seq`, `text`, `completion_tokens`, and `logprobs` when the job asks for them): append "
+        "`text` to the text you have.\n"
+        "- `reset` (`job_id`, `seq`): drop the text you have. The job runs again from the start (its worker "
+        "died or was stopped, and another worker took it over), and its deltas continue after this seq. "
+        "Only a client that holds text from before the restart gets one.\n"
+        "- `final` (`status`, `finish_reason`, `usage`, `error`; id `<seq>:final`): the job has ended, and "
+        "the response ends. The text you have is now the job's `output_text`.\n\n"
+        "Reconnect with `Last-Event-ID` (an EventSource does by itself) or `?after=<the last seq you saw>` to "
+        "resume; that is always correct, also across a reset. After the final a reconnect is answered 204. "
+        "A comment line is sent every `SSE_KEEPALIVE_S` seconds (15 by default) while nothing else is."
     ),
     "tags": ["jobs"],
     "security": [{"ApiKey": []}],

@@ -154,30 +154,3 @@ def dump_json_line(obj: dict, out: str | None = None) -> None:
         with open(out, "a", encoding="utf-8") as fh:
             fh.write(line + "\n")
 
-
-def django_with_bench_key(name: str) -> tuple:
-    """Set Django up on the service benchmark's database (BENCH_DATABASE_URL, default PostgreSQL's
-    ``service_bench`` on 127.0.0.1, created if missing), migrate it, and make a user with an API
-    key for this script that no quota stops: ``(owner, api_key, secret)``. The caller deletes the
-    owner at its end (its keys and jobs go with it). Set any other environment (REDIS_URL,
-    MODEL_PATH) before calling."""
-    import uuid
-
-    from service_bench import _postgres_bench_db
-
-    os.environ["DATABASE_URL"] = os.environ.get("BENCH_DATABASE_URL") or _postgres_bench_db()
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "inference_service.settings")
-    os.chdir(REPO)
-    import django
-
-    django.setup()
-    from django.contrib.auth import get_user_model
-    from django.core.management import call_command
-
-    from api.services.api_keys import api_key_create
-
-    call_command("migrate", verbosity=0)
-    owner = get_user_model().objects.create(username=f"{name.replace('_', '-')}-{uuid.uuid4().hex[:8]}")
-    api_key, secret = api_key_create(owner=owner, name=name, requests_per_minute=10**9, tokens_per_day=10**12,
-                                     max_concurrent_jobs=10**6)
-    return owner, api_key, secret

@@ -22,7 +22,7 @@ on): every repeat re-sends the same prompts, so a cache would let the engine ski
 the raw generator must do.
 
 Raw and engine share the process, its mlx allocator and the GPU, so one side's runs can shape the
-other's (docs/benchmarks.md, sixteenth pass). ``--skip-engine`` and ``--skip-raw`` run one side
+other's (docs/benchmarks.md, "Engine"). ``--skip-engine`` and ``--skip-raw`` run one side
 alone; alternate such processes to compare the two without that.
 
 The LAST printed line is one JSON object with every figure.

@@ -31,5 +31,5 @@ else
 fi
 MODEL=${MODEL:-var/models/tiny}
 [ -d "$MODEL" ] || python3 -m engine_worker.model.builder "$MODEL" ${MODEL_ARGS:-}
-# SCRIPT=bench/request_latency.py (or any script taking --model) runs that instead of the benchmark.
+# SCRIPT=bench/engine_bench.py (or another script taking --model) runs that instead of the service benchmark.
 python3 "${SCRIPT:-bench/service_bench.py}" --model "$MODEL" "$@"

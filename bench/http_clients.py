@@ -10,8 +10,8 @@ import time
 
 async def post_job(port: int, key: str, body: dict) -> tuple[str, float]:
     """POST a job on a new connection, on the event loop: (its id, perf_counter when the request
-    was written). Until 2026-11-29 this was urllib on 32 executor threads, all taking turns at
-    this process's GIL (see docs/benchmarks.md, eighth pass)."""
+    was written). On the event loop, not on threads, so a burst's requests are written at once
+    instead of taking turns at this process's GIL."""
     payload = json.dumps(body).encode()
     head = (f"POST /api/v1/jobs HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAuthorization: Bearer {key}\r\n"
             f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\nConnection: close\r\n\r\n")

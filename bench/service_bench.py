@@ -38,8 +38,11 @@ with ``stream`` (one HTTP request that submits and streams; ``openai_over_engine
 ``added_ttft_ms_p50_openai``, and ``service_openai.stages_ms_p50`` from those jobs' rows);
 ``--ws-submit`` through ``/ws/v1/generate``.
 
-``BENCH_WEB_NICE=N`` (diagnostics) runs the web tier under ``nice -n N``. ``--pin-engine-cpu N``
-(or ``BENCH_PIN_ENGINE_CPU``) runs both sides' engine threads on core N (bench/thread_pin.py).
+``service.cpu_s`` is the CPU time (user + system) of the web tier (the launcher and its daphne
+processes) and of the engine worker (one process) per round, and of this client.
+
+Smallest run (a check that it works, not a figure):
+``python bench/service_bench.py --concurrency 2 --max-tokens 8 --repeats 1``.
 """
 
 from __future__ import annotations
@@ -150,10 +153,7 @@ class Service:
         py = sys.executable
         # daphne borrows database connections from psycopg's pool (DB_POOL, as deployed) when
         # psycopg[pool] is installed; the worker keeps its persistent connections.
-        # BENCH_WEB_NICE=N runs the web tier at a lower CPU priority than the engine worker (a
-        # diagnostic: does the burst's web work slow the engine thread down on a shared host?).
-        nice = ["nice", "-n", os.environ["BENCH_WEB_NICE"]] if os.environ.get("BENCH_WEB_NICE") else []
-        self._spawn("daphne", [*nice, py, "-m", "inference_service.serve_web", "-b", "127.0.0.1", "-p", str(self.port),
+        self._spawn("daphne", [py, "-m", "inference_service.serve_web", "-b", "127.0.0.1", "-p", str(self.port),
                                "--processes", str(self.web_processes)], {"DB_POOL": _db_pool()})
         if with_worker:
             self._spawn("worker", [py, "manage.py", "run_engine_worker", "--worker-id", self.worker_id,
@@ -196,26 +196,14 @@ class Service:
         env = {**self.env, **(extra_env or {})}
         self.procs.append(subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT))
 
-    @property
-    def worker_pid(self) -> int:
-        return self.procs[1].pid  # started after daphne
-
     def cpu_seconds(self) -> dict[str, float]:
-        """CPU time (user + system) each service process has used so far (Linux /proc)."""
+        """CPU time (user + system) the web tier (the launcher and its daphne children) and the
+        engine worker (one process, all of its threads) have used so far (Linux /proc)."""
         tick = os.sysconf("SC_CLK_TCK")
         out = {}
         for name, proc in zip(("daphne", "worker"), self.procs, strict=False):
-            # The web launcher's CPU is its daphne children's; the worker's children are its output
-            # process (api/streaming/sink_process.py) and its intake process (intake_process.py),
-            # each reported on its own.
-            children = _children(proc.pid)
-            if name == "daphne":
-                out[name] = sum(_cpu_ticks(pid) for pid in [proc.pid, *children]) / tick
-            else:
-                out[name] = _cpu_ticks(proc.pid) / tick
-                intake = [pid for pid in children if "intake_process" in _cmdline(pid)]
-                out["worker_output"] = sum(_cpu_ticks(pid) for pid in children if pid not in intake) / tick
-                out["worker_intake"] = sum(_cpu_ticks(pid) for pid in intake) / tick
+            pids = [proc.pid, *_children(proc.pid)] if name == "daphne" else [proc.pid]
+            out[name] = sum(_cpu_ticks(pid) for pid in pids) / tick
         return out
 
     def stop(self) -> None:
@@ -233,13 +221,6 @@ def _children(pid: int) -> list[int]:
         return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
     except OSError:
         return []
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
 
 
 def _cpu_ticks(pid: int) -> int:
@@ -423,12 +404,8 @@ def main() -> None:
     parser.add_argument("--openai", action="store_true",
                         help="also run each repeat's jobs through the OpenAI-compatible POST /v1/completions (streamed)")
     parser.add_argument("--out", default=None, help="also append the final JSON line to this file")
-    parser.add_argument("--pin-engine-cpu", type=int,
-                        default=int(os.environ["BENCH_PIN_ENGINE_CPU"]) if os.environ.get("BENCH_PIN_ENGINE_CPU") else None,
-                        help="run both engine threads (this process's and the worker's) on this core")
     parser.add_argument("--web-processes", type=int, default=int(os.environ.get("BENCH_WEB_PROCESSES", "1")),
-                        help="daphne processes (inference_service.serve_web); default BENCH_WEB_PROCESSES or 1, "
-                             "so bench/h200_ab_env.sh can compare two counts")
+                        help="daphne processes (inference_service.serve_web); default BENCH_WEB_PROCESSES or 1")
     parser.add_argument("--keys", type=int, default=int(os.environ.get("BENCH_KEYS", "1")),
                         help="API keys, each of its own user, that the jobs take in turn (default BENCH_KEYS "
                              "or 1: the issue's figures are one key's burst, whose submissions share its quota lock)")
@@ -450,14 +427,6 @@ def main() -> None:
         # Warm-up with all the prompts (8 tokens each): the engine side is warm from the probe
         # (its prefix cache holds these prompts), so the worker gets the same start.
         asyncio.run(service_round(args.port, keys, texts, 8))
-        pinned = None
-        if args.pin_engine_cpu is not None:  # after the warm-up, the worker's busiest thread is its engine's
-            from thread_pin import busiest_thread, own_engine_thread, pin, thread_ticks
-
-            worker_tid = busiest_thread(service.worker_pid)
-            pinned = {"cpu": args.pin_engine_cpu, "engine": pin(own_engine_thread(), args.pin_engine_cpu),
-                      "worker": pin(worker_tid, args.pin_engine_cpu)}
-            ticks_before = (thread_ticks(service.worker_pid, worker_tid), _cpu_ticks(service.worker_pid))
         engine_runs, service_runs, ws_runs, openai_runs = [], [], [], []
         for _ in range(args.repeats):
             engine_runs.append(asyncio.run(engine_round(engine, prompt_ids, args.max_tokens)))
@@ -473,10 +442,6 @@ def main() -> None:
                                                             model=model_path.name)))
             print(f"engine {engine_runs[-1]['tok_s']:.0f} tok/s, service {service_runs[-1]['tok_s']:.0f} tok/s",
                   flush=True)
-        if pinned is not None:  # the pinned thread should have done most of the worker's work
-            thread_used = thread_ticks(service.worker_pid, worker_tid) - ticks_before[0]
-            process_used = _cpu_ticks(service.worker_pid) - ticks_before[1]
-            pinned["worker_thread_cpu_share"] = round(thread_used / max(1, process_used), 2)
         traces = [t for run in service_runs for t in run.pop("traces")]
         stages = stage_times(traces, service.job_timestamps([t[0] for t in traces]))
         openai_traces = [t for run in openai_runs for t in run.pop("traces")]
@@ -487,8 +452,6 @@ def main() -> None:
         engine.close()
 
     result = _report(engine_runs, service_runs, ws_runs, openai_runs, args, model_path)
-    if pinned is not None:
-        result["engine_threads_pinned"] = pinned
     result["service"]["stages_ms_p50"] = {name: round(1000 * percentile(v, 50), 1) for name, v in stages.items() if v}
     if openai_runs:  # the same stages for the OpenAI path's jobs (their request is the submit)
         result["service_openai"]["stages_ms_p50"] = {
