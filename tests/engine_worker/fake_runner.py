@@ -29,7 +29,7 @@ class ScriptedRunner:
         self.seqs: dict[int, list[int]] = {}  # uid -> [emitted, max_tokens]
         self.prompting: list[int] = []  # inserted, prompt not ended yet
         self.next_uid = 0
-        self.fail_next = False
+        self.fail_next: BaseException | None = None  # raised by the next step
         self.closed = False
         ScriptedRunner.instances.append(self)
 
@@ -41,8 +41,9 @@ class ScriptedRunner:
         return uid
 
     def step(self):
-        if self.fail_next:
-            raise RuntimeError("device lost")
+        if self.fail_next is not None:
+            exc, self.fail_next = self.fail_next, None
+            raise exc
         out = []
         for uid, state in list(self.seqs.items()):
             if uid in self.prompting:
