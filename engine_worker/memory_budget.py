@@ -180,11 +180,6 @@ class MemoryBudget:
         kv = KV_COPIES * self.kv_bytes(shape.rows, shape.kv_tokens) + self.kv_bytes(shape.rows, KV_STEP)
         return self.weights + self.allocator_cache + self.working_bytes(shape) + kv
 
-    def prefix_cache_room(self, shape: BatchShape) -> int:
-        """What the prefix cache may hold while the batch is ``shape``: its own limit, or less when
-        the batch needs the rest."""
-        return max(0, min(self.prefix_cache, self.total - self.need(shape)))
-
     def fits(self, shape: BatchShape) -> bool:
         """Whether ``shape`` fits once the prefix cache has given back what it must."""
         return self.need(shape) <= self.total

@@ -3,9 +3,10 @@
 * **Admission**: a waiting request joins the batch only if the batch, with it, still fits
   (:meth:`BatchPlan.admit`), counting the copy mlx-lm makes when the batch changes and one growth
   step of every row, so that a batch admitted can decode on until its next growth check.
-* **Growth**: before each generator step the batch as it is must fit (:meth:`MemoryGuard.step_fits`);
-  when it does not, the scheduler preempts requests (they wait again and re-prefill later).
-* **Prefix cache**: what it may hold is what the batch leaves (:meth:`MemoryGuard.prefix_cache_room`).
+* **Growth**: before each generator step the batch as it is must fit (:meth:`MemoryGuard.headroom`);
+  when it does not, the scheduler preempts the least urgent requests (they wait again and
+  re-prefill later), as many as :meth:`MemoryGuard.rows_that_fit` says, in one removal.
+* **Prefix cache**: what it may hold is the headroom the batch leaves, up to its own limit.
 * **Allocation failure**: a step that ran out of memory halves the batch the scheduler may run
   (:meth:`MemoryGuard.allocation_failed`); the cap doubles again after every ``KV_STEP`` clean
   steps, the interval at which a batch's KV buffer grows, its largest allocation, so a cap that
@@ -27,18 +28,20 @@ class BatchPlan:
 
     def __init__(self, guard: MemoryGuard, kv_bytes: int, rows: int, longest: int,
                  prefills: Iterable[tuple[int, int]]) -> None:
-        """``kv_bytes``: what the generator's KV buffers hold now; ``longest``: the longest running
-        sequence; ``prefills``: ``(sequence length, tokens still to prefill)`` of prefilling rows.
+        """``kv_bytes``: what the generator's KV buffers hold now; ``longest``: the longest
+        sequence whose KV is not in ``kv_bytes``; ``prefills``: ``(sequence length, tokens still
+        to prefill)`` of prefilling rows.
 
-        The buffer's length per row is the larger of what the bytes say (rows are padded to the
-        longest, and a row that joined late is padded on the left by the others' progress) and
-        the longest sequence (its KV may not be allocated yet)."""
+        The buffer's length per row is the larger of what the bytes say (a decoding row's KV is
+        allocated: rows are padded to the longest, and a row that joined late is padded on the
+        left by the others' progress) and the longest sequence not allocated yet."""
         self._guard = guard
         self.rows = rows
+        self._prefills = list(prefills)
+        longest = max(longest, *(s for s, _ in self._prefills)) if self._prefills else longest
         bpt = guard.budget.dims.kv_bytes_per_token if guard.budget.dims else 0
         measured = -(-kv_bytes // (rows * bpt)) if rows and bpt else 0
         self.kv_tokens = max(measured, round_up(longest + 1)) if rows else 0
-        self._prefills = list(prefills)
 
     def shape(self, extra: tuple[int, int] | None = None) -> BatchShape:
         """The batch's shape, with one more row ``extra`` = ``(sequence length, tokens to prefill)``."""
@@ -86,11 +89,18 @@ class MemoryGuard:
     def plan(self, kv_bytes: int, rows: int, longest: int, prefills: Iterable[tuple[int, int]]) -> BatchPlan:
         return BatchPlan(self, kv_bytes, rows, longest, prefills)
 
-    def step_fits(self, plan: BatchPlan) -> bool:
-        return not self.bounds_kv or self.budget.fits(plan.shape())
+    def headroom(self, plan: BatchPlan) -> int:
+        """Bytes the budget leaves beside the batch as it grows this step, the prefix cache left
+        out (negative: the batch does not fit even with the prefix cache empty)."""
+        return self.budget.total - self.budget.need(plan.shape())
 
-    def prefix_cache_room(self, plan: BatchPlan) -> int:
-        return self.budget.prefix_cache_room(plan.shape())
+    def rows_that_fit(self, plan: BatchPlan) -> int:
+        """How many of the batch's rows fit (0 if not even one), their KV as long as now."""
+        shape = plan.shape()
+        rows = shape.rows
+        while rows > 0 and not self.budget.fits(shape._replace(rows=rows)):
+            rows -= 1
+        return rows
 
     def cap(self, limit: int) -> int:
         """The requests the batch may hold: ``limit``, or less after an allocation failure."""

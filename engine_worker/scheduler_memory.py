@@ -36,6 +36,7 @@ class BatchMemory:
     _cache: PrefixSeam
     _prefilling: set[int]
     _live_by_uid: dict[int, Any]
+    request_id_to_uid: dict[str, int]
 
     # Provided by the scheduler.
     def _remove_from_batch(self, request: Request, *, stop_string: bool = False) -> None: ...
@@ -44,9 +45,9 @@ class BatchMemory:
     def _drop_runner(self) -> None: ...
 
     def _plan(self) -> BatchPlan:
-        """The running batch as the memory guard sees it: the generator's KV bytes, its rows,
-        its longest sequence and its prefilling rows."""
-        longest = max((sequence_tokens(r) for r in self.running.values()), default=0)
+        """The running batch as the memory guard sees it: the generator's KV bytes, its rows and
+        its prefilling rows (whose KV may not exist yet). A runner that cannot tell its KV bytes
+        (a scripted one) has its rows counted as long as its longest sequence."""
         prefills = []
         for uid in self._prefilling:
             entry = self._live_by_uid.get(uid)
@@ -54,7 +55,10 @@ class BatchMemory:
                 request = entry[0]
                 prefills.append((sequence_tokens(request), len(request.remaining_tokens or ())))
         kv_bytes = getattr(self.runner, "kv_bytes", None)
-        return self._guard.plan(kv_bytes() if kv_bytes is not None else 0, len(self.running), longest, prefills)
+        if kv_bytes is not None:
+            return self._guard.plan(kv_bytes(), len(self.running), 0, prefills)
+        longest = max((sequence_tokens(r) for r in self.running.values()), default=0)
+        return self._guard.plan(0, len(self.running), longest, prefills)
 
     def _too_big(self, plan: BatchPlan, request: Request, prefill_tokens: int) -> ExceedsMemoryBudget:
         budget = self.memory_budget
@@ -62,33 +66,41 @@ class BatchMemory:
         return ExceedsMemoryBudget(need=need, budget=budget.total, request_id=request.request_id)
 
     def _fit_batch(self) -> None:
-        """Before a generator step: preempt requests until the batch, as it grows this step, fits
-        the memory budget (a request that does not fit alone fails), and give the prefix cache
-        what the batch leaves."""
+        """Before a generator step: preempt the least urgent requests until the batch, as it grows
+        this step, fits the memory budget (a request that does not fit alone fails), and give the
+        prefix cache what the batch leaves."""
         plan = self._plan()
-        while not self._guard.step_fits(plan):
-            if len(self.running) == 1:
-                request = next(iter(self.running.values()))
+        headroom = self._guard.headroom(plan)
+        if headroom < 0:
+            keep = max(1, self._guard.rows_that_fit(plan))
+            by_urgency = sorted(self.running.values(), key=self._urgency)
+            if keep < len(by_urgency):
+                self._preempt(by_urgency[keep:])
+                plan = self._plan()
+                headroom = self._guard.headroom(plan)
+            if headroom < 0:
+                request = by_urgency[0]
                 error = self._too_big(plan, request, 0)
                 self._remove_from_batch(request)
                 self._fail(request, str(error))
                 return
-            self._preempt(self._preemption_victim())
-            plan = self._plan()
-        self._cache.set_byte_limit(self._guard.prefix_cache_room(plan))
+        self._cache.set_byte_limit(min(headroom, self.memory_budget.prefix_cache))
 
-    def _preemption_victim(self) -> Request:
-        """The least urgent running request: the latest arrival (with ``PRIORITY``, of the lowest
-        priority)."""
+    def _urgency(self, request: Request) -> tuple[float, ...]:
+        """Sort key, most urgent first: arrival (with ``PRIORITY``, priority then arrival)."""
         if self.config.policy is SchedulingPolicy.PRIORITY:
-            return max(self.running.values(), key=lambda r: (r.priority, r.arrival_time))
-        return max(self.running.values(), key=lambda r: r.arrival_time)
+            return (request.priority, request.arrival_time)
+        return (request.arrival_time,)
 
-    def _preempt(self, request: Request) -> None:
-        """Take a running request out of the batch and queue it again at the head."""
-        self._remove_from_batch(request)
-        self._requeue(request)
-        logger.info("preempted %s to stay within the memory budget", request.request_id)
+    def _preempt(self, requests: list[Request]) -> None:
+        """Take running requests out of the batch, in one removal (each removal copies the
+        batch's KV), and queue them again at the head."""
+        uids = [self.request_id_to_uid[r.request_id] for r in requests if r.request_id in self.request_id_to_uid]
+        if uids and self.runner is not None:
+            self.runner.remove(uids)
+        for request in reversed(requests):  # the most urgent ends at the head
+            self._requeue(request)
+        logger.info("preempted %d requests to stay within the memory budget", len(requests))
 
     def _requeue(self, request: Request) -> None:
         """Queue a request taken out of the batch again, at the head: it keeps its output so far,

@@ -31,6 +31,7 @@ class ScriptedRunner:
         self.next_uid = 0
         self.fail_next: BaseException | None = None  # raised by the next step
         self.closed = False
+        self.removals: list[list[int]] = []  # the uids of each remove() call
         ScriptedRunner.instances.append(self)
 
     def insert(self, tokens, *, max_tokens, cache, all_tokens, sampler, logits_processors, stop_sequences):
@@ -61,6 +62,7 @@ class ScriptedRunner:
         return 100 + n
 
     def remove(self, uids, return_caches=False):
+        self.removals.append(list(uids))
         for uid in uids:
             self.seqs.pop(uid, None)
             if uid in self.prompting:

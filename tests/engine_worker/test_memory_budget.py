@@ -14,6 +14,13 @@ from engine_worker.request import SamplingParams
 GB = 1 << 30
 
 
+def make_prompts(tokenizer, n: int) -> list[list[int]]:
+    """``n`` prompts of 16-128 tokens, varied as the benchmarks' are."""
+    from tests.engine_worker.engine_helpers import prompt_ids
+
+    return [prompt_ids(tokenizer, 16 + (i * 37) % 113, f"v{i} = {i} * x\n") for i in range(n)]
+
+
 @pytest.fixture
 def allocator_limits():
     """Restore mlx's process-wide limits after a test that starts an engine."""

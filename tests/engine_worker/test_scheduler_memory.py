@@ -68,6 +68,14 @@ def test_a_batch_that_outgrows_the_budget_preempts_its_latest_request_which_resu
     assert all(o.finish_reason != "error" for outs in outputs.values() for o in outs)
 
 
+def test_preempting_several_requests_takes_them_out_in_one_removal():
+    # Each removal copies the batch's KV: one per request would hold many copies at once.
+    scheduler = _scheduler(_budget(4.5))  # four rows while short, two once they outgrow 256 tokens
+    run_scheduler(scheduler, {0: [Request(f"r{i}", "a" * 200, sp(80)) for i in range(4)]})
+    assert scheduler.counters.num_preemptions == 2
+    assert [sorted(u) for u in ScriptedRunner.instances[0].removals if len(u) > 1] == [[2, 3]]  # the latest two
+
+
 def test_a_preempted_request_waits_ahead_of_later_arrivals():
     scheduler = _scheduler(_budget(2.9))
     scheduler.add_request(Request("a", "a" * 200, sp(100)))
@@ -164,3 +172,29 @@ def test_a_preempted_request_resumes_with_the_tokens_and_text_it_would_have_prod
                           {0: [Request("a", p1, greedy(100))], 1: [Request("b", p2, greedy(100))]})
     assert final(outputs["b"]).output_text == final(ample["b"]).output_text
     assert "".join(o.new_text for o in outputs["b"]) == final(ample["b"]).output_text
+
+
+def test_a_budgeted_batch_never_holds_more_than_its_budget(tiny_model):
+    import mlx.core as mx
+
+    from engine_worker import memory
+    from tests.engine_worker.test_memory_budget import make_prompts
+
+    model, tokenizer = tiny_model
+    config = SchedulerConfig(completion_batch_size=32, enable_prefix_cache=True)
+    arrivals = {0: [Request(f"r{i}", p, greedy(200, ignore_eos=True)) for i, p in enumerate(make_prompts(tokenizer, 32))]}
+    base = MemoryBudget.for_model(model, config, 1.0, device_bytes=1 << 30)
+    budget = replace(base, total=base.weights + (40 << 20), prefix_cache=8 << 20)
+    scheduler = Scheduler(model, tokenizer, config, memory_budget=budget)
+    memory.apply_allocator_limits(1 << 40, budget.allocator_cache)
+    mx.synchronize()
+    mx.clear_cache()
+    mx.reset_peak_memory()
+    before = mx.get_active_memory() - budget.weights  # what other tests left alive in this process
+    footprint = []
+    outputs = run_scheduler(scheduler, arrivals,
+                            on_step=lambda *_: footprint.append(mx.get_active_memory() + mx.get_cache_memory()))
+    assert scheduler.counters.num_preemptions > 0  # the budget did bind
+    assert all(final(o).completion_tokens == 200 for o in outputs.values())
+    assert mx.get_peak_memory() - before <= budget.total
+    assert max(footprint) - before <= budget.total
