@@ -104,5 +104,9 @@ def is_allocation_failure(exc: BaseException) -> bool:
     fails for one shape). The caller's response fits both: free caches and retry with a smaller
     batch; a failure that does not go away ends, batch halved down to one request, with only
     that request failing.
+
+    The CPU build raises nothing: its allocator does not check ``malloc``'s result, and the
+    process dies of a segmentation fault (mlx 0.32.4, an array larger than ``ulimit -v`` allows).
+    There the budget's admission is the only protection.
     """
     return type(exc) is RuntimeError or isinstance(exc, MemoryError)

@@ -274,9 +274,10 @@ class Scheduler(BatchMemory):
     def step(self, max_retries: int = 1) -> SchedulerOutput:
         """Admit, run one generator step, and return this step's outputs.
 
-        ``max_retries`` is accepted for seed compatibility and unused: a failed generator step
-        fails the requests in that batch (each gets an error output) instead of being retried
-        on state that may be corrupt.
+        ``max_retries`` is accepted for seed compatibility and unused: a failed generator step is
+        never retried on state that may be corrupt. One that ran out of device memory queues its
+        batch again (the next steps run it at most half as large); any other failure fails the
+        requests in that batch (each gets an error output).
         """
         out = SchedulerOutput()
         outputs = self._pending_outputs

@@ -131,3 +131,15 @@ def test_kv_bytes_show_while_requests_run(tiny_model):
     scheduler.step()
     assert scheduler.get_stats()["memory"]["kv_bytes"] >= 35 * ModelDims.of(model).kv_bytes_per_token
     scheduler.close()
+
+
+@pytest.mark.parametrize(("exc", "expected"), [
+    (RuntimeError("cudaMallocAsync(&data, size, stream) failed: out of memory"), True),
+    (RuntimeError("[metal::malloc] Resource limit (499000) exceeded."), True),
+    (MemoryError(), True),
+    (TypeError("'NoneType' object is not subscriptable"), False),  # a bug, whatever it says
+    (ValueError("out of memory"), False),
+    (RecursionError("maximum recursion depth exceeded"), False),  # a RuntimeError subclass
+])
+def test_allocation_failures_are_told_by_type_not_message(exc, expected):
+    assert memory.is_allocation_failure(exc) is expected

@@ -198,3 +198,24 @@ def test_a_budgeted_batch_never_holds_more_than_its_budget(tiny_model):
     assert all(final(o).completion_tokens == 200 for o in outputs.values())
     assert mx.get_peak_memory() - before <= budget.total
     assert max(footprint) - before <= budget.total
+
+
+def test_after_an_injected_out_of_memory_step_the_batch_resumes_with_the_tokens_it_would_have_produced(tiny_model):
+    from engine_worker.generator import MlxBatchRunner
+
+    class FailsOnce(MlxBatchRunner):
+        steps = 0
+
+        def step(self):
+            FailsOnce.steps += 1
+            if FailsOnce.steps == 12:  # mid-decode, after the step's Python state changed
+                raise RuntimeError("cudaMallocAsync(&data, size, stream) failed: out of memory")
+            return super().step()
+
+    model, tokenizer = tiny_model
+    prompts = [prompt_ids(tokenizer, 20 + 7 * i, f"n{i} = {i}\n") for i in range(4)]
+    scheduler = Scheduler(model, tokenizer, SchedulerConfig(enable_prefix_cache=False), runner_factory=FailsOnce)
+    outputs = run_scheduler(scheduler, {0: [Request(f"r{i}", p, greedy(24)) for i, p in enumerate(prompts)]})
+    assert scheduler.counters.num_allocation_failures == 1 and scheduler.counters.num_requests_failed == 0
+    for i, p in enumerate(prompts):
+        assert final(outputs[f"r{i}"]).output_token_ids == solo_tokens(model, tokenizer, p, 24)
