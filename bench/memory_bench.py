@@ -4,7 +4,8 @@ at the same load, with throughput in the same run.
 Load: ``--requests`` (128) prompts of 16-128 tokens cut from the repository's corpus,
 ``--max-tokens`` (128) new tokens each, EOS ignored, greedy, completion batch ``--completion-batch``
 (128), prefill batch 8, prefill step 2048, all submitted at once. Three runs per repeat,
-interleaved (raw, engine, budget, raw, engine, budget, ...) after one small warm-up of each:
+interleaved (raw, engine, budget, raw, engine, budget, ...) after a warm-up of each (the same
+prompts, 16 tokens):
 
 * **raw**: ``mlx_lm.generate.BatchGenerator`` stepped with ``next()`` until all finish, under mlx's
   own allocator settings (restored before each raw run);
@@ -177,9 +178,10 @@ def main() -> None:
     mlx_limits = (mx.get_memory_limit(), mx.set_cache_limit(0))
     mx.set_cache_limit(mlx_limits[1])
     device_bytes, device_source = device_memory_bytes()
-    common = (prompts[: PREFILL_BATCH], 8, args.completion_batch, weights)
-    run_raw(model, *common)  # warm-up: kernels compiled, lazy state built
-    run_engine(model, tokenizer, *common, prefix_cache=True)
+    # Warm-up at the full batch (mlx compiles kernels per shape on first use), 16 tokens each.
+    warm = (prompts, 16, args.completion_batch, weights)
+    run_raw(model, *warm)
+    run_engine(model, tokenizer, *warm, prefix_cache=True)
 
     runs: dict[str, list[dict]] = {"raw": [], "engine": [], "budget": []}
     budget_bytes = None
