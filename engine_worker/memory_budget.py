@@ -40,6 +40,8 @@ KV_COPIES = 2
 # Vocabulary-sized float32 rows per decoding sequence: the logits, their log-softmax, and the
 # generator's current and next log probabilities.
 _VOCAB_ROWS = 4
+# The allocator cache of a model whose sizes are unknown: mlx's own default on its CPU build.
+_FALLBACK_CACHE_BYTES = 32 << 20
 
 
 @dataclass(frozen=True)
@@ -210,10 +212,12 @@ class MemoryBudget:
             logger.warning("the model's sizes are unknown: its KV is not budgeted, only mlx's allocator is bounded")
         weights = weights_bytes(model)
         rows = max(config.completion_batch_size, config.prefill_batch_size)
-        allocator = 0
+        allocator = _FALLBACK_CACHE_BYTES
         if dims is not None:
             allocator = rows * (dims.activation_bytes_per_token + _VOCAB_ROWS * dims.vocab * 4)
-        prefix = resolve_budget_bytes(config.cache_memory_mb, config.cache_memory_percent, total)
+        prefix = 0
+        if config.enable_prefix_cache:
+            prefix = resolve_budget_bytes(config.cache_memory_mb, config.cache_memory_percent, total)
         left = total - weights - allocator
         if prefix > left and config.cache_memory_mb is not None:
             raise ValueError(f"cache_memory_mb={config.cache_memory_mb} is more than the memory budget leaves "
