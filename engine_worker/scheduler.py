@@ -471,7 +471,7 @@ class Scheduler(BatchMemory):
             return False
         if request.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED):
             self.waiting.remove(request)
-            self.counters.total_completion_tokens += request.num_output_tokens  # preempted: some
+            self.counters.total_completion_tokens += request.num_output_tokens  # a preempted one has some
         else:
             self._abort_in_batch(request)
             self.counters.total_completion_tokens += request.num_output_tokens
@@ -589,4 +589,3 @@ class Scheduler(BatchMemory):
         runner, self.runner = self.runner, None
         if runner is not None:
             runner.close()
-

@@ -105,7 +105,12 @@ class BatchMemory:
     def _requeue(self, request: Request) -> None:
         """Queue a request taken out of the batch again, at the head: it keeps its output so far,
         and re-prefills its prompt and that output when it runs again (mlx-lm's generator cannot
-        hand a sequence's state back without a copy, which is the memory it ran short of)."""
+        hand a sequence's state back without a copy, which is the memory it ran short of).
+
+        A greedy request goes on with the tokens it would have produced; a sampled one draws on
+        from where it is (a seeded one's draws restart from its seed, so it is not reproducible
+        across a preemption), and a multi-token stop sequence split by the preemption is missed.
+        """
         self._unmap(request.request_id)
         request.status = RequestStatus.PREEMPTED
         request.batch_uid = None
