@@ -15,7 +15,8 @@ A worker is **within its budget** when the most its mlx allocator can have held 
 its budget: the largest of live arrays plus kept freed buffers seen, and mlx's peak of live arrays
 since the worker started plus the most freed buffers seen; on CUDA ``nvidia_within_budget`` says the same of nvidia-smi's figure, which also counts
 the CUDA context. **No OOM**: every job completed, no worker process exited, and no worker logged
-an out-of-memory step.
+an out-of-memory step. Each worker's completed jobs (``worker_id`` in ``GET /api/v1/jobs``) show
+how the load split between them.
 
 The LAST printed line is one JSON object: per worker its budget, peaks and samples, per round the
 tokens/s, and ``all_within_budget``, ``no_oom``.
@@ -150,6 +151,20 @@ async def one_round(port: int, key: str, prompts: list[str], max_tokens: int) ->
     return {"tok_s": round(tokens / wall, 1), "wall_s": round(wall, 2), "tokens": tokens, "finish_reasons": reasons}
 
 
+def jobs_per_worker(port: int, key: str) -> dict[str, int]:
+    """Completed jobs by the worker that ran them (``worker_id`` of ``GET /api/v1/jobs``)."""
+    counts: dict[str, int] = {}
+    url: str | None = f"http://127.0.0.1:{port}/api/v1/jobs?status=completed&page_size=100"
+    while url:
+        request = urllib.request.Request(url, headers={"Authorization": f"Bearer {key}"})
+        with urllib.request.urlopen(request, timeout=30) as response:
+            page = json.loads(response.read())
+        for job in page["results"]:
+            counts[job["worker_id"]] = counts.get(job["worker_id"], 0) + 1
+        url = page.get("next")
+    return counts
+
+
 def start_workers(service: Service, args, model_path: Path) -> dict[str, subprocess.Popen]:
     """Start the engine workers (``manage.py run_engine_worker``, configured by environment)."""
     workers = {}
@@ -209,19 +224,21 @@ def main() -> None:
             print(f"round {r}: {rounds[-1]['tok_s']:.0f} tok/s {rounds[-1]['finish_reasons']}", flush=True)
         watch.stop()
         exited = {w: p.poll() for w, p in workers.items() if p.poll() is not None}
+        served = jobs_per_worker(args.port, key)
     finally:
         service.stop()
-    dump_json_line(_report(args, model_path, watch, rounds, exited, log_dir), args.out)
+    dump_json_line(_report(args, model_path, watch, rounds, exited, served, log_dir), args.out)
 
 
-def _report(args, model_path: Path, watch: MemoryWatch, rounds: list[dict], exited: dict, log_dir: Path) -> dict:
+def _report(args, model_path: Path, watch: MemoryWatch, rounds: list[dict], exited: dict, served: dict[str, int],
+            log_dir: Path) -> dict:
     per_worker = {}
     for worker, top in sorted(watch.maxima.items()):
         budget = top.get("budget", 0)
         held = max(top.get("footprint", 0), top.get("peak", 0) + top.get("cache", 0))
         oom_lines = sum(line.count(OOM_LOG) for line in
                         (log_dir / f"two-workers-{worker}.log").read_text(errors="replace").splitlines())
-        row = {"budget_mib": round(budget / MIB), "held_mib": round(held / MIB),
+        row = {"jobs_completed": served.get(worker, 0), "budget_mib": round(budget / MIB), "held_mib": round(held / MIB),
                "within_budget": 0 < held <= budget, "out_of_memory_steps": oom_lines,
                "max_mib": {k: round(v / MIB, 1) for k, v in sorted(top.items())}}
         if "nvidia_smi" in top:
