@@ -73,7 +73,9 @@ def worker_families(workers: list[WorkerHeartbeat], *, now: float) -> Iterator[G
                              labels=["worker", "model", "device"])
     requests = GaugeMetricFamily(f"{PREFIX}_worker_requests", "Requests in a worker's engine.",
                                  labels=["worker", "state"])
-    memory = GaugeMetricFamily(f"{PREFIX}_worker_memory_bytes", "The accelerator memory of a worker's mlx allocator.",
+    memory = GaugeMetricFamily(f"{PREFIX}_worker_memory_bytes",
+                               "A worker's accelerator memory: mlx's allocator (active, peak, cache), "
+                               "its budget and the budget's parts (weights, kv, prefix_cache).",
                                labels=["worker", "kind"])
     age = GaugeMetricFamily(f"{PREFIX}_worker_heartbeat_age_seconds", "Seconds since a worker's last heartbeat.",
                             labels=["worker"])
@@ -86,7 +88,7 @@ def worker_families(workers: list[WorkerHeartbeat], *, now: float) -> Iterator[G
         info.add_metric([name, worker.model, worker.device], 1)
         requests.add_metric([name, "running"], worker.num_running)
         requests.add_metric([name, "waiting"], worker.num_waiting)
-        for kind in ("active", "peak", "cache"):
+        for kind in ("active", "peak", "cache", "budget", "weights", "kv", "prefix_cache"):
             memory.add_metric([name, kind], getattr(worker.memory, f"{kind}_bytes"))
         age.add_metric([name], max(0.0, now - worker.sent_at))
         speed.add_metric([name], sum(float(r.get("tokens_per_second") or 0) for r in worker.requests

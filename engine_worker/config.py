@@ -21,6 +21,9 @@ import os
 from dataclasses import dataclass, fields
 from typing import Any
 
+# The seed's default share of the device's memory an engine may use (its memory budget).
+DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
+
 
 class SchedulingPolicy(enum.Enum):
     """Admission order: arrival (FCFS) or priority then arrival (lower value is more urgent)."""
@@ -106,7 +109,9 @@ class EngineConfig:
     scheduler_config: SchedulerConfig | None = None
     step_interval: float = 0.001
     stream_interval: int = 1
-    gpu_memory_utilization: float = 0.9
+    # The worker's memory budget: this share of the device's memory bounds everything the
+    # engine holds (engine_worker.memory_budget).
+    gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION
 
     def __post_init__(self) -> None:
         if self.stream_interval < 1:

@@ -32,6 +32,7 @@ from collections import deque
 from collections.abc import Callable, Generator
 from typing import Any
 
+from engine_worker import memory
 from engine_worker.async_api import AsyncRequestAPI
 from engine_worker.async_engine import AsyncEngineCore  # re-exported: the seed's import path
 from engine_worker.cache_protocol import PrefixCacheBackend
@@ -39,7 +40,7 @@ from engine_worker.config import EngineConfig, SchedulerConfig, SchedulingPolicy
 from engine_worker.errors import DuplicateRequest, EngineClosed, EngineFatalError
 from engine_worker.generator import release_thread_streams
 from engine_worker.heap import freeze_startup_heap
-from engine_worker.memory import apply_memory_fraction
+from engine_worker.memory_budget import MemoryBudget
 from engine_worker.output_sinks import AsyncCollector, SyncWaiter
 from engine_worker.ownership import ModelInUse, acquire_model, release_model
 from engine_worker.request import Request, RequestOutput, SamplingParams
@@ -84,9 +85,12 @@ class EngineCore(AsyncRequestAPI):
         self.tokenizer = tokenizer
         self.config = config or EngineConfig()
         self._engine_id = engine_id or str(uuid.uuid4())
+        scheduler_config = self.config.scheduler_config or SchedulerConfig()
+        #: Everything this engine holds on the device stays within it (engine_worker.memory_budget).
+        self.memory_budget = MemoryBudget.for_model(model, scheduler_config, self.config.gpu_memory_utilization)
         acquire_model(model, self, force_model_ownership)
-        self.scheduler = Scheduler(model, tokenizer, self.config.scheduler_config or SchedulerConfig(),
-                                   prefix_cache=prefix_cache)
+        self.scheduler = Scheduler(model, tokenizer, scheduler_config, prefix_cache=prefix_cache,
+                                   memory_budget=self.memory_budget)
         self._cond = threading.Condition()
         self._commands: deque[tuple[str, Any]] = deque()
         self._step_lock = threading.Lock()  # held while stepping and by readers of scheduler state
@@ -101,7 +105,7 @@ class EngineCore(AsyncRequestAPI):
         self._fatal: BaseException | None = None
         self._start_time: float | None = None
         self._steps_executed = 0
-        self.memory_limit_bytes: int | None = None  # set from gpu_memory_utilization at start
+        self.memory_limit_bytes: int | None = None  # mlx's memory limit, the budget, once started
         self.loop_iterations = 0  # engine-loop passes; flat while idle (no polling)
         _live_engines.add(self)
 
@@ -173,9 +177,15 @@ class EngineCore(AsyncRequestAPI):
 
     def _run(self) -> None:
         try:
-            self.memory_limit_bytes = apply_memory_fraction(self.config.gpu_memory_utilization)
+            budget = self.memory_budget
+            memory.apply_allocator_limits(budget.total, budget.allocator_cache)
+            self.memory_limit_bytes = budget.total
             while True:
                 with self._cond:
+                    if not (self._commands or self._stop_requested or self.scheduler.has_requests()):
+                        # Going idle: the buffers mlx keeps for reuse go back to the device, for
+                        # the other workers on it.
+                        memory.clear_allocator_cache()
                     while not (self._commands or self._stop_requested or self.scheduler.has_requests()):
                         self._cond.wait()
                     if self._idle_step and not (self._commands or self._stop_requested):

@@ -57,6 +57,18 @@ class UnsupportedInput(RequestError):
         self.what = what
 
 
+class ExceedsMemoryBudget(RequestError):
+    """The request alone needs more memory than the worker's budget holds (its prompt, or its
+    prompt and output so far, with the model's weights and a step's working memory)."""
+
+    def __init__(self, *, need: int, budget: int, request_id: str | None = None) -> None:
+        super().__init__(
+            f"the request needs {need / 2**20:.0f} MiB of device memory, more than the worker's "
+            f"memory budget of {budget / 2**20:.0f} MiB", request_id=request_id)
+        self.need = need
+        self.budget = budget
+
+
 class EngineClosed(EngineError, RuntimeError):
     """The engine was stopped or closed; it accepts no more requests."""
 

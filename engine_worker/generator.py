@@ -59,8 +59,9 @@ class BatchRunner(Protocol):
 
     def close(self) -> None: ...
 
-    # Optional (the scheduler checks for it): ``extract_cache(uids)`` -> ``{uid: (cache_layers,
+    # Optional (the scheduler checks for them): ``extract_cache(uids)`` -> ``{uid: (cache_layers,
     # tokens)}`` for sequences still in the batch, in any stage; used for mid-prefill saves.
+    # ``kv_bytes()`` -> bytes of the batch's KV buffers now; used by the memory budget.
 
 
 class MlxBatchRunner:
@@ -135,6 +136,10 @@ class MlxBatchRunner:
         """The caches of sequences still in the batch (queued, prefilling or decoding); the
         sequences stay in. A prefilling one's cache ``offset`` is the tokens processed so far."""
         return self.generator.extract_cache(uids)
+
+    def kv_bytes(self) -> int:
+        """Bytes of the generator's KV buffers now (queued, prefilling and decoding sequences)."""
+        return int(self.generator.prompt_cache_nbytes)
 
     def close(self) -> None:
         self.generator.close()

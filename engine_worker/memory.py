@@ -1,4 +1,5 @@
-"""Accelerator memory figures, in bytes, labelled with the device they describe.
+"""Accelerator memory: figures in bytes labelled with the device they describe, the allocator's
+limits, and how an allocation failure is recognised.
 
 Nothing here assumes Metal: the figures come from ``mx.get_active_memory()`` and friends, which
 work on the CPU, CUDA and Metal builds alike (mlx-notes.md section 4e).
@@ -6,9 +7,13 @@ work on the CPU, CUDA and Metal builds alike (mlx-notes.md section 4e).
 
 from __future__ import annotations
 
+import logging
+import os
 from typing import Any
 
 import mlx.core as mx
+
+logger = logging.getLogger(__name__)
 
 
 def device_label() -> str:
@@ -22,8 +27,30 @@ def device_label() -> str:
     return "cpu"
 
 
+def device_memory_bytes() -> tuple[int, str]:
+    """``(bytes, source)``: the memory a worker's budget is a fraction of.
+
+    * CUDA: the device's ``total_memory``.
+    * Metal: ``max_recommended_working_set_size``, the share of the unified memory macOS lets the
+      GPU keep resident; the rest stays the operating system's (``memory_size`` is all of RAM).
+    * CPU build (``mx.device_info()`` reports no size): physical RAM, which mlx allocates from.
+    """
+    info = mx.device_info()
+    for key in ("total_memory", "max_recommended_working_set_size", "memory_size"):
+        size = info.get(key)
+        if isinstance(size, int) and size > 0:
+            return size, key
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "physical_ram"
+    except (ValueError, OSError):
+        # sysconf names are missing on some platforms; 8 GiB keeps a fractional budget modest.
+        logger.warning("cannot read the physical memory size; assuming 8 GiB")
+        return 8 << 30, "assumed"
+
+
 def memory_stats() -> dict[str, Any]:
-    """``{"device", "active_bytes", "peak_bytes", "cache_bytes", "limit_bytes"}``."""
+    """``{"device", "active_bytes", "peak_bytes", "cache_bytes", "limit_bytes"}``: mlx's allocator
+    now (``peak_bytes`` is the most it held in live arrays since start or the last reset)."""
     return {
         "device": device_label(),
         "active_bytes": int(mx.get_active_memory()),
@@ -33,25 +60,17 @@ def memory_stats() -> dict[str, Any]:
     }
 
 
-def device_memory_bytes() -> int | None:
-    """Total memory of the accelerator, or None where mlx does not report it (the CPU build)."""
-    size = mx.device_info().get("memory_size")
-    return int(size) if size else None
+def apply_allocator_limits(total_bytes: int, cache_bytes: int) -> None:
+    """Bound mlx's allocator for this process: at most ``cache_bytes`` of freed buffers are kept
+    for reuse (``mx.set_cache_limit``; beyond it a freed buffer goes back to the device), and
+    before it grows past ``total_bytes`` it gives its whole cache back (``mx.set_memory_limit``).
 
-
-def apply_memory_fraction(fraction: float) -> int | None:
-    """Cap mlx's memory use at ``fraction`` of the device's memory (``gpu_memory_utilization``).
-
-    Beyond the limit mlx waits for running work to free memory before allocating more. Returns
-    the limit set, or None when the device does not report its size (then mlx's own default,
-    about 85 % of RAM on the CPU build, stays in force).
+    mlx's own defaults keep freed buffers up to the memory limit, 95 % of the device on CUDA:
+    a continuous batch frees buffers of a new size at every join and finish, which are never
+    reused, so the cache alone grew to tens of GB. Process-wide: one engine per process.
     """
-    size = device_memory_bytes()
-    if size is None:
-        return None
-    limit = int(size * fraction)
-    mx.set_memory_limit(limit)
-    return limit
+    mx.set_memory_limit(int(total_bytes))
+    mx.set_cache_limit(int(cache_bytes))
 
 
 def seed_memory_keys(stats: dict[str, Any]) -> dict[str, float]:
@@ -68,3 +87,26 @@ def seed_memory_keys(stats: dict[str, Any]) -> dict[str, float]:
 def clear_allocator_cache() -> None:
     """Return the allocator's free blocks to the system (does not touch live arrays)."""
     mx.clear_cache()
+
+
+def is_allocation_failure(exc: BaseException) -> bool:
+    """Whether ``exc``, raised out of a generator step, means the device could not provide memory.
+
+    mlx 0.32.4 has no exception type of its own: every failure inside the evaluation of a graph
+    reaches Python as a plain ``RuntimeError`` (a C++ ``std::runtime_error``: CUDA's
+    ``cudaMallocAsync ... failed: out of memory``, Metal's ``[malloc] Unable to allocate`` and
+    ``Resource limit exceeded``), and a host ``std::bad_alloc`` as ``MemoryError``. Wrong
+    arguments are ``ValueError``/``TypeError``, and errors of Python code are other types (or
+    subclasses of ``RuntimeError``, such as ``RecursionError``). So the type alone tells a
+    failure of the device's evaluation from a bug, and this function never reads the message.
+
+    It cannot tell an allocation failure from another failure of the device (a kernel that
+    fails for one shape). The caller's response fits both: free caches and retry with a smaller
+    batch; a failure that does not go away ends, batch halved down to one request, with only
+    that request failing.
+
+    The CPU build raises nothing: its allocator does not check ``malloc``'s result, and the
+    process dies of a segmentation fault (mlx 0.32.4, an array larger than ``ulimit -v`` allows).
+    There the budget's admission is the only protection.
+    """
+    return type(exc) is RuntimeError or isinstance(exc, MemoryError)

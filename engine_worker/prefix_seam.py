@@ -22,13 +22,14 @@ from engine_worker.request import Request
 logger = logging.getLogger(__name__)
 
 
-def default_backend(model: Any, config: SchedulerConfig) -> PrefixCacheBackend:
-    """The back end the config's cache fields ask for; :class:`NoPrefixCache` when off."""
+def default_backend(model: Any, config: SchedulerConfig, max_bytes: int | None = None) -> PrefixCacheBackend:
+    """The back end the config's cache fields ask for, holding at most ``max_bytes`` (the share of
+    the worker's memory budget it gets); :class:`NoPrefixCache` when off."""
     if not config.enable_prefix_cache:
         return NoPrefixCache()
     from engine_worker.cache import build_prefix_cache  # the cache tiers load only when asked for
 
-    return build_prefix_cache(model, config) or NoPrefixCache()
+    return build_prefix_cache(model, config, max_bytes) or NoPrefixCache()
 
 
 class PrefixSeam:
@@ -43,6 +44,9 @@ class PrefixSeam:
         pins = backend.active and callable(fetch_for) and callable(release)
         self._fetch_for = fetch_for if pins else None
         self._release = release if pins else None
+        # Optional: a back end with a byte limit the scheduler can lower and raise.
+        limit = getattr(backend, "set_byte_limit", None)
+        self._set_byte_limit = limit if backend.active and callable(limit) else None
 
     @property
     def active(self) -> bool:
@@ -95,6 +99,21 @@ class PrefixSeam:
             self._release(request_id)
         except Exception:
             logger.exception("prefix cache release failed for %s", request_id)
+            self.errors += 1
+
+    @property
+    def bytes_used(self) -> int:
+        """Bytes the back end holds in device memory (0 when it does not say)."""
+        return int(getattr(self.backend, "bytes_used", 0) or 0) if self.backend.active else 0
+
+    def set_byte_limit(self, max_bytes: int) -> None:
+        """Let the back end hold at most ``max_bytes`` (within its own limit); it evicts to fit."""
+        if self._set_byte_limit is None:
+            return
+        try:
+            self._set_byte_limit(max_bytes)
+        except Exception:  # an eviction that fails leaves entries; the budget checks count them
+            logger.exception("prefix cache could not shrink to %d bytes", max_bytes)
             self.errors += 1
 
     def stats(self) -> dict[str, Any] | None:

@@ -91,10 +91,18 @@ class FinalResult:
 
 @dataclass(frozen=True)
 class MemoryStats:
-    device: str  # "cpu", "gpu/cuda" or "gpu/metal"
+    """A worker's device memory: mlx's allocator (``active``, its ``peak`` since start, the freed
+    buffers it keeps in ``cache``), the worker's budget and its parts. The parts default to 0 so a
+    heartbeat from an older worker still reads."""
+
+    device: str  # "cpu", "cuda" or "metal"
     active_bytes: int
     peak_bytes: int
     cache_bytes: int
+    budget_bytes: int = 0
+    weights_bytes: int = 0
+    kv_bytes: int = 0
+    prefix_cache_bytes: int = 0
 
 
 @dataclass(frozen=True)

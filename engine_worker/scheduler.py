@@ -2,9 +2,11 @@
 
 A state machine with no I/O. ``step()`` is the one step function: apply queued outputs, admit
 waiting requests within the budgets (``max_num_seqs``/generator capacity, the generator's free
-prefill slots, ``max_num_batched_tokens``, policy order; none while first tokens are due and
-holding pays, see :mod:`engine_worker.admission_pacer`), run one generator step, turn its
-responses into :class:`RequestOutput`s.
+prefill slots, ``max_num_batched_tokens``, the worker's memory budget, policy order; none while
+first tokens are due and holding pays, see :mod:`engine_worker.admission_pacer`), fit the batch
+to the memory budget (preempting if it must, see :mod:`engine_worker.memory_guard`), run one
+generator step, turn its responses into :class:`RequestOutput`s. A step that runs out of device
+memory is survived: the batch waits again and runs at most half as large.
 
 Not thread-safe: one thread calls every method (``EngineCore`` runs it on its engine thread and
 hands other threads' requests and aborts over through queues).
@@ -24,15 +26,18 @@ from engine_worker.admission import RequestValidator
 from engine_worker.admission_pacer import AdmissionPacer
 from engine_worker.cache_lifecycle import CacheLifecycle
 from engine_worker.cache_protocol import PrefixCacheBackend
-from engine_worker.config import SchedulerConfig, SchedulingPolicy
+from engine_worker.config import DEFAULT_GPU_MEMORY_UTILIZATION, SchedulerConfig, SchedulingPolicy
 from engine_worker.detokenizer import detokenizer_factory
 from engine_worker.errors import DuplicateRequest, RequestError
 from engine_worker.generator import BatchRunner, MlxBatchRunner
 from engine_worker.loader import context_length, vocab_size
 from engine_worker.logprobs import token_logprobs
+from engine_worker.memory_budget import MemoryBudget
+from engine_worker.memory_guard import MemoryGuard
 from engine_worker.prefix_seam import PrefixSeam, default_backend
 from engine_worker.request import Request, RequestOutput, RequestStatus, step_output
 from engine_worker.sampling import SamplingFactory, eos_token_ids
+from engine_worker.scheduler_memory import BatchMemory, sequence_tokens
 from engine_worker.stats import SchedulerCounters, mtp_status, request_rows
 from engine_worker.text_stream import TextStream
 from engine_worker.waiting_queue import WaitingQueue
@@ -56,13 +61,15 @@ class SchedulerOutput:
     has_work: bool = False
 
 
-class Scheduler:
+class Scheduler(BatchMemory):
     """Continuous-batching request manager (seed API: ``Scheduler(model, tokenizer, config)``).
 
     ``prefix_cache`` plugs a cache back end in (see :mod:`engine_worker.cache_protocol`); by
     default the one the config's cache fields ask for is built (none when
     ``enable_prefix_cache`` is False). ``runner_factory`` replaces the mlx generator (tests with
-    scripted tokens).
+    scripted tokens). ``memory_budget`` is the worker's (:mod:`engine_worker.memory_budget`); by
+    default ``gpu_memory_utilization``'s default share of the device. The scheduler keeps its
+    batch and prefix cache within it; mlx's allocator limits are the engine's to set.
     """
 
     def __init__(
@@ -74,13 +81,19 @@ class Scheduler:
         prefix_cache: PrefixCacheBackend | None = None,
         runner_factory: Callable[[Any, SchedulerConfig], BatchRunner] | None = None,
         max_model_len: int | None = None,
+        memory_budget: MemoryBudget | None = None,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.config = config or SchedulerConfig()
+        self.memory_budget = memory_budget or MemoryBudget.for_model(model, self.config,
+                                                                     DEFAULT_GPU_MEMORY_UTILIZATION)
+        self._guard = MemoryGuard(self.memory_budget, self.config.prefill_batch_size,
+                                  self.config.effective_prefill_step_size)
         # "is None", not "or": a back end may be falsy when empty (it defines __len__).
         self.prefix_cache: PrefixCacheBackend = (
-            default_backend(model, self.config) if prefix_cache is None else prefix_cache
+            default_backend(model, self.config, self.memory_budget.prefix_cache) if prefix_cache is None
+            else prefix_cache
         )
         self._cache = PrefixSeam(self.prefix_cache)
         self._lifecycle = CacheLifecycle(self._cache, self.config.mid_prefill_save_interval,
@@ -177,8 +190,9 @@ class Scheduler:
         return not self._pacer.hold(due=self._first_tokens_due, waiting=len(self.waiting))
 
     def _schedule_waiting(self, out: SchedulerOutput) -> None:
-        cap = self.config.max_running
+        cap = self._guard.cap(self.config.max_running)
         budget = self.config.max_num_batched_tokens
+        plan = self._plan() if self._guard.bounds_kv else None
         # The generator prefills at most prefill_batch_size prompts at once and queues the rest
         # inside, in arrival order. Handing it only what it can start keeps the others here, where
         # the policy orders them, an abort is a queue removal, and a burst's later prompts do not
@@ -197,6 +211,12 @@ class Scheduler:
             # than the budget would wait forever.
             if out.scheduled_request_ids and out.num_scheduled_tokens + n > budget:
                 break
+            if plan is not None and not plan.admit(sequence_tokens(request), n):
+                if self.running or out.scheduled_request_ids:
+                    break  # it waits until finishing requests give their memory back
+                self.waiting.pop()
+                self._fail(request, str(self._too_big(plan, request, n)))
+                continue
             self.waiting.pop()
             if self._insert(request):
                 out.scheduled_request_ids.append(request.request_id)
@@ -209,11 +229,13 @@ class Scheduler:
         sp = request.sampling_params
         tokens = request.prompt_token_ids
         cache = request.prompt_cache
+        # A preempted request resumes: its prompt and output so far are its new prompt.
+        resumed = request.status == RequestStatus.PREEMPTED
         runner = self._ensure_runner()
         try:
             uid = runner.insert(
                 request.remaining_tokens,
-                max_tokens=sp.max_tokens,
+                max_tokens=sp.max_tokens - request.num_output_tokens,
                 cache=cache,
                 all_tokens=tokens[: request.cached_tokens] if cache is not None else None,
                 sampler=self._sampling.sampler(sp),
@@ -233,16 +255,18 @@ class Scheduler:
         self.request_id_to_uid[rid] = uid
         self.uid_to_request_id[uid] = rid
         self.running[rid] = request
-        stream = TextStream(self._new_detokenizer(), sp.stop)
-        self._streams[rid] = stream
+        stream = self._streams.get(rid) if resumed else None  # a resumed request's text goes on
+        if stream is None:
+            stream = self._streams[rid] = TextStream(self._new_detokenizer(), sp.stop)
         self._live_by_uid[uid] = (request, stream)
         if sp.logprobs is not None:
             self._logprobs_by_uid[uid] = sp.logprobs
         c = self.counters
-        c.total_prompt_tokens += request.num_prompt_tokens
         c.total_prefilled_tokens += len(request.remaining_tokens)
-        c.total_cached_tokens += request.cached_tokens
-        self._lifecycle.admitted(request)
+        if not resumed:
+            c.total_prompt_tokens += request.num_prompt_tokens
+            c.total_cached_tokens += request.cached_tokens
+            self._lifecycle.admitted(request)
         return True
 
     # ----------------------------------------------------------------- the step
@@ -250,9 +274,10 @@ class Scheduler:
     def step(self, max_retries: int = 1) -> SchedulerOutput:
         """Admit, run one generator step, and return this step's outputs.
 
-        ``max_retries`` is accepted for seed compatibility and unused: a failed generator step
-        fails the requests in that batch (each gets an error output) instead of being retried
-        on state that may be corrupt.
+        ``max_retries`` is accepted for seed compatibility and unused: a failed generator step is
+        never retried on state that may be corrupt. One that ran out of device memory queues its
+        batch again (the next steps run it at most half as large); any other failure fails the
+        requests in that batch (each gets an error output).
         """
         out = SchedulerOutput()
         outputs = self._pending_outputs
@@ -261,22 +286,31 @@ class Scheduler:
             self._schedule_waiting(out)
             outputs.extend(self._pending_outputs)  # requests that failed to insert
             self._pending_outputs = []
+        if self.running and self._guard.bounds_kv:
+            self._fit_batch()
+            outputs.extend(self._pending_outputs)  # a request alone too big for the budget
+            self._pending_outputs = []
         if self.running:
             out.has_work = True
             prompt_work = bool(self._prefilling)  # inserted or prefilling: the step admits or prefills
             started = time.perf_counter()
             try:
                 responses, prompts_done = self.runner.step()
-            except Exception:
-                # The batch's state is unknown after a failed step: fail the requests in it (each
-                # gets an error output), drop the generator, keep serving the queue.
-                logger.exception("generation step failed; failing %d running requests", len(self.running))
+            except Exception as exc:
+                # The batch's state is unknown after a failed step: drop the generator. Out of
+                # device memory, the batch waits again and runs smaller; any other failure fails
+                # the requests in it (each gets an error output). The queue keeps being served.
                 self.counters.num_step_errors += 1
-                self._fail_running("generation step failed")
+                if memory.is_allocation_failure(exc):
+                    self._recover_from_allocation_failure(exc)
+                else:
+                    logger.exception("generation step failed; failing %d running requests", len(self.running))
+                    self._fail_running("generation step failed")
                 outputs.extend(self._pending_outputs)
                 self._pending_outputs = []
                 responses = ()
             else:
+                self._guard.step_succeeded(self.config.max_running)
                 self._pacer.record(time.perf_counter() - started, prompt_work=prompt_work)
                 self._first_tokens_due = len(prompts_done)
                 self._prefilling.difference_update(prompts_done)
@@ -379,10 +413,14 @@ class Scheduler:
         self.counters.total_completion_tokens += request.num_output_tokens
 
     def _release(self, rid: str) -> None:
+        self._unmap(rid)
+        self._streams.pop(rid, None)
+
+    def _unmap(self, rid: str) -> None:
+        """Take a request out of the batch's bookkeeping (not out of the generator)."""
         self.running.pop(rid, None)
         self._lifecycle.forget(rid)
         self._cache.release(rid)
-        self._streams.pop(rid, None)
         uid = self.request_id_to_uid.pop(rid, None)
         if uid is not None:
             self.uid_to_request_id.pop(uid, None)
@@ -409,6 +447,10 @@ class Scheduler:
     def _fail_running(self, message: str) -> None:
         for request in list(self.running.values()):
             self._fail(request, message)
+        self._drop_runner()
+
+    def _drop_runner(self) -> None:
+        """Discard a generator whose state is unknown after a failed step."""
         self._prefilling.clear()
         self._first_tokens_due = 0
         runner, self.runner = self.runner, None
@@ -427,8 +469,9 @@ class Scheduler:
         request = self.requests.get(request_id)
         if request is None or request.is_finished():
             return False
-        if request.status == RequestStatus.WAITING:
+        if request.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED):
             self.waiting.remove(request)
+            self.counters.total_completion_tokens += request.num_output_tokens  # a preempted one has some
         else:
             self._abort_in_batch(request)
             self.counters.total_completion_tokens += request.num_output_tokens
@@ -467,6 +510,7 @@ class Scheduler:
             "counters": {**c.as_dict(), "num_cache_errors": self._cache.errors},
         }
         stats["memory"] = mem = memory.memory_stats()
+        mem.update(self._memory_use())
         stats.update(memory.seed_memory_keys(mem))
         if self.mtp_status is not None:
             stats["mtp"] = dict(self.mtp_status)

@@ -25,7 +25,9 @@ class SchedulerCounters:
     total_cached_tokens: int = 0
     total_completion_tokens: int = 0
     num_steps: int = 0
-    num_step_errors: int = 0
+    num_step_errors: int = 0  # generator steps that raised (allocation failures included)
+    num_allocation_failures: int = 0  # steps that ran out of device memory and were survived
+    num_preemptions: int = 0  # requests taken out of the batch to wait again (memory)
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
@@ -35,10 +37,11 @@ def waiting_row(req: Request, now: float) -> dict[str, Any]:
     return {
         "request_id": req.request_id,
         "status": "waiting",
-        "phase": "queued",
+        # A preempted request waits again with the output it already has.
+        "phase": "preempted" if req.num_output_tokens else "queued",
         "elapsed_s": round(now - req.arrival_time, 2),
         "prompt_tokens": req.num_prompt_tokens,
-        "completion_tokens": 0,
+        "completion_tokens": req.num_output_tokens,
         "max_tokens": req.max_tokens,
         "progress": 0.0,
         "tokens_per_second": None,

@@ -22,6 +22,7 @@ class WaitingQueue:
         self._policy = policy
         self._items: list[tuple[tuple, Request]] = []
         self._seq = itertools.count()
+        self._front = itertools.count(-1, -1)  # keys of push_front, each ahead of all before it
 
     def _key(self, request: Request) -> tuple:
         # The sequence number breaks ties (equal arrival times) in push order.
@@ -32,6 +33,14 @@ class WaitingQueue:
     def push(self, request: Request) -> None:
         key = self._key(request)
         bisect.insort(self._items, (key, request), key=lambda item: item[0])
+
+    def push_front(self, request: Request) -> None:
+        """Queue a request taken back out of the batch: under FCFS ahead of every other; under
+        PRIORITY in its place by priority and arrival, which is ahead of later arrivals."""
+        if self._policy is SchedulingPolicy.PRIORITY:
+            self.push(request)
+            return
+        self._items.insert(0, ((next(self._front),), request))
 
     def peek(self) -> Request:
         return self._items[0][1]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from engine_worker.cache.budget import MB
 from engine_worker.cache.memory_cache import MemoryAwarePrefixCache, MemoryCacheConfig
 from engine_worker.cache.paged_blocks import PagedCacheManager
 from engine_worker.cache.paged_cache import BlockAwarePrefixCache
@@ -22,9 +23,11 @@ logger = logging.getLogger(__name__)
 PrefixCache = MemoryAwarePrefixCache | BlockAwarePrefixCache | PrefixCacheManager
 
 
-def memory_cache_config(config: Any) -> MemoryCacheConfig:
+def memory_cache_config(config: Any, max_bytes: int | None = None) -> MemoryCacheConfig:
+    """The seed's cache fields; ``max_bytes``, when given, is the limit already resolved from them
+    (the engine resolves ``cache_memory_percent`` against the worker's memory budget)."""
     return MemoryCacheConfig(
-        max_memory_mb=getattr(config, "cache_memory_mb", None),
+        max_memory_mb=max_bytes / MB if max_bytes is not None else getattr(config, "cache_memory_mb", None),
         max_memory_percent=getattr(config, "cache_memory_percent", 0.2),
         kv_quantize=getattr(config, "kv_cache_quantization", False),
         kv_bits=getattr(config, "kv_cache_quantization_bits", 8),
@@ -33,8 +36,9 @@ def memory_cache_config(config: Any) -> MemoryCacheConfig:
     )
 
 
-def build_prefix_cache(model: Any, scheduler_config: Any) -> PrefixCache | None:
-    """The back end ``scheduler_config`` asks for, or None when prefix caching is off.
+def build_prefix_cache(model: Any, scheduler_config: Any, max_bytes: int | None = None) -> PrefixCache | None:
+    """The back end ``scheduler_config`` asks for, or None when prefix caching is off. The
+    memory-aware one holds at most ``max_bytes`` when given (else its config fields decide).
 
     With an SSD tier, its I/O thread is started and its index reconciled here (start-up, not a
     step); call ``cache.ssd_tier.close()`` on shutdown to flush pending writes.
@@ -50,7 +54,7 @@ def build_prefix_cache(model: Any, scheduler_config: Any) -> PrefixCache | None:
         logger.info("prefix cache: paged, %d blocks of %d tokens", manager.max_blocks, manager.block_size)
         return BlockAwarePrefixCache(model=model, paged_cache_manager=manager)
     if getattr(cfg, "use_memory_aware_cache", True):
-        cache = MemoryAwarePrefixCache(model=model, config=memory_cache_config(cfg))
+        cache = MemoryAwarePrefixCache(model=model, config=memory_cache_config(cfg, max_bytes))
         ssd_dir = getattr(cfg, "ssd_cache_dir", None)
         if ssd_dir:
             tier = SSDCacheTier(SSDCacheConfig(cache_dir=ssd_dir, max_size_gb=getattr(cfg, "ssd_cache_max_gb", 10.0)))

@@ -46,8 +46,9 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class MemoryCacheConfig:
-    """The seed's knobs. ``max_memory_mb`` wins over ``max_memory_percent`` (a fraction of the
-    device's memory, system RAM on CPU)."""
+    """The seed's knobs. ``max_memory_mb`` wins over ``max_memory_percent``, a fraction of
+    ``total_bytes`` (the engine passes its worker's memory budget; by default the device's
+    memory, see :func:`engine_worker.memory.device_memory_bytes`)."""
 
     max_memory_mb: float | None = None
     max_memory_percent: float = 0.2
@@ -55,6 +56,7 @@ class MemoryCacheConfig:
     kv_bits: int = 8
     kv_group_size: int = 64
     kv_min_quantize_tokens: int = 256
+    total_bytes: int | None = None
 
     def __post_init__(self) -> None:
         if self.kv_bits not in (4, 8):
@@ -73,8 +75,10 @@ class MemoryAwarePrefixCache:
         self.model = model
         self.config = config or MemoryCacheConfig()
         self._store = EntryStore(
-            max_bytes=resolve_budget_bytes(self.config.max_memory_mb, self.config.max_memory_percent)
+            max_bytes=resolve_budget_bytes(self.config.max_memory_mb, self.config.max_memory_percent,
+                                           self.config.total_bytes)
         )
+        self._max_bytes = self._store.max_bytes  # the configured limit; set_byte_limit lowers below it
         self._counters = CacheCounters()
         self._ssd: SSDCacheTier | None = None
         self._last_match_type = MatchType.MISS
@@ -83,6 +87,27 @@ class MemoryAwarePrefixCache:
     @property
     def memory_limit_mb(self) -> float:
         return (self._store.max_bytes or 0) / MB
+
+    @property
+    def bytes_used(self) -> int:
+        """Bytes of the entries in RAM (cheap: a counter)."""
+        return self._store.bytes_used
+
+    def set_byte_limit(self, max_bytes: int) -> int:
+        """Hold at most ``min(max_bytes, the configured limit)`` from now on: least recently used
+        entries are evicted (to the SSD tier, if any) until the entries fit, and later stores stay
+        within it. The scheduler lowers it while running requests need the memory and raises it
+        back when they finish. Returns the bytes evicted."""
+        limit = max(0, min(int(max_bytes), self._max_bytes))
+        if limit == self._store.max_bytes:
+            return 0
+        evicted = self._store.set_max_bytes(limit)
+        if evicted:
+            with self._store.lock:
+                self._counters.evictions += len(evicted)
+            for old in evicted:
+                self._spill(old)
+        return sum(e.nbytes for e in evicted)
 
     @property
     def last_match_type(self) -> MatchType:

@@ -155,6 +155,16 @@ class EntryStore:
                 dropped.append(self._drop(oldest))
             return dropped
 
+    def set_max_bytes(self, max_bytes: int) -> list[Entry]:
+        """Change the byte limit; returns the entries evicted (LRU first) to fit under it, even
+        the last one (a limit of 0 empties the store)."""
+        with self.lock:
+            self.max_bytes = max_bytes
+            dropped: list[Entry] = []
+            while self._entries and self._bytes > max_bytes:
+                dropped.append(self._drop(next(iter(self._entries))))
+            return dropped
+
     def _over_budget(self) -> bool:
         if self.max_entries is not None and len(self._entries) > self.max_entries:
             return True

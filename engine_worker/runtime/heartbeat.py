@@ -5,20 +5,18 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from engine_worker.protocol import MemoryStats, WorkerHeartbeat
+from engine_worker.protocol import MemoryStats, WorkerHeartbeat, from_dict
 
 
-def memory_stats() -> MemoryStats:
-    """mlx's allocator figures in bytes, labelled with the device they describe."""
-    from engine_worker import memory
+def memory_stats(stats: dict[str, Any] | None = None) -> MemoryStats:
+    """The ``memory`` section of ``EngineCore.get_stats()`` (mlx's allocator figures, the budget
+    and its parts), or mlx's allocator figures alone when ``stats`` has none."""
+    raw = (stats or {}).get("memory")
+    if raw is None:
+        from engine_worker import memory
 
-    raw = memory.memory_stats()
-    return MemoryStats(
-        device=raw["device"],
-        active_bytes=raw["active_bytes"],
-        peak_bytes=raw["peak_bytes"],
-        cache_bytes=raw["cache_bytes"],
-    )
+        raw = memory.memory_stats()
+    return from_dict(MemoryStats, {k: int(v) if k != "device" else v for k, v in raw.items()})
 
 
 def build_heartbeat(
@@ -31,7 +29,7 @@ def build_heartbeat(
 ) -> WorkerHeartbeat:
     """A heartbeat from ``EngineCore.get_stats()`` (``requests`` holds the scheduler's
     ``get_running_requests_info()`` rows) and ``get_cache_stats()``."""
-    memory = memory_stats()
+    memory = memory_stats(stats)
     return WorkerHeartbeat(
         worker_id=worker_id,
         model=model,

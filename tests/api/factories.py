@@ -54,7 +54,8 @@ def heartbeat(*, worker_id: str = "w-1", model: str = "tiny", requests: tuple = 
 
     fields: dict[str, Any] = {
         "worker_id": worker_id, "model": model, "device": "cpu",
-        "memory": MemoryStats(device="cpu", active_bytes=10 << 20, peak_bytes=20 << 20, cache_bytes=5 << 20),
+        "memory": MemoryStats(device="cpu", active_bytes=10 << 20, peak_bytes=20 << 20, cache_bytes=5 << 20,
+                              budget_bytes=1 << 30, weights_bytes=4 << 20, kv_bytes=3 << 20, prefix_cache_bytes=2 << 20),
         "num_running": len(requests), "num_waiting": 0, "sent_at": time.time(), "requests": tuple(requests),
         "cache": cache, "context_length": 4096, **overrides,
     }

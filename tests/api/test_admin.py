@@ -54,7 +54,9 @@ def test_engine_dashboard_data_has_the_running_request_fields_memory_cache_and_t
 
     assert [w["worker_id"] for w in data["workers"]] == ["mac-1"]
     assert data["workers"][0]["memory"] == {"device": "cpu", "active_bytes": 10 << 20, "peak_bytes": 20 << 20,
-                                            "cache_bytes": 5 << 20}
+                                            "cache_bytes": 5 << 20, "budget_bytes": 1 << 30,
+                                            "weights_bytes": 4 << 20, "kv_bytes": 3 << 20,
+                                            "prefix_cache_bytes": 2 << 20}
     assert data["workers"][0]["cache"] == {"hit_rate": 0.5}
     assert data["requests"] == [{"worker_id": "mac-1", **RUNNING}]
     assert data["jobs"]["in_progress"] == 1

@@ -52,6 +52,8 @@ def test_metrics_give_job_counts_and_each_workers_figures(settings, redis_client
     assert samples[("inference_worker_requests", (("state", "running"), ("worker", "gpu-1")))] == 2
     assert samples[("inference_worker_requests", (("state", "waiting"), ("worker", "gpu-1")))] == 1
     assert samples[("inference_worker_memory_bytes", (("kind", "peak"), ("worker", "gpu-1")))] == 20 << 20
+    assert samples[("inference_worker_memory_bytes", (("kind", "budget"), ("worker", "gpu-1")))] == 1 << 30
+    assert samples[("inference_worker_memory_bytes", (("kind", "kv"), ("worker", "gpu-1")))] == 3 << 20
     assert samples[("inference_worker_tokens_per_second", (("worker", "gpu-1"),))] == 41.5
     assert samples[("inference_worker_cache", (("stat", "hit_rate"), ("worker", "gpu-1")))] == 0.25
     assert samples[("inference_worker_cache", (("stat", "entries"), ("worker", "gpu-1")))] == 7

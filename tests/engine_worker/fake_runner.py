@@ -29,8 +29,9 @@ class ScriptedRunner:
         self.seqs: dict[int, list[int]] = {}  # uid -> [emitted, max_tokens]
         self.prompting: list[int] = []  # inserted, prompt not ended yet
         self.next_uid = 0
-        self.fail_next = False
+        self.fail_next: BaseException | None = None  # raised by the next step
         self.closed = False
+        self.removals: list[list[int]] = []  # the uids of each remove() call
         ScriptedRunner.instances.append(self)
 
     def insert(self, tokens, *, max_tokens, cache, all_tokens, sampler, logits_processors, stop_sequences):
@@ -41,8 +42,9 @@ class ScriptedRunner:
         return uid
 
     def step(self):
-        if self.fail_next:
-            raise RuntimeError("device lost")
+        if self.fail_next is not None:
+            exc, self.fail_next = self.fail_next, None
+            raise exc
         out = []
         for uid, state in list(self.seqs.items()):
             if uid in self.prompting:
@@ -60,6 +62,7 @@ class ScriptedRunner:
         return 100 + n
 
     def remove(self, uids, return_caches=False):
+        self.removals.append(list(uids))
         for uid in uids:
             self.seqs.pop(uid, None)
             if uid in self.prompting:

@@ -54,13 +54,13 @@ def test_scripted_tokens_flow_into_outputs_text_and_usage():
     assert scheduler.get_stats()["num_requests_processed"] == 1
 
 
-def test_a_failed_generator_step_fails_the_batch_with_errors_and_the_queue_keeps_going():
+def test_a_generator_step_failing_with_a_bug_fails_the_batch_with_errors_and_the_queue_keeps_going():
     scheduler = _scheduler(max_num_seqs=2)
     for rid in ("a", "b", "c"):
         scheduler.add_request(Request(rid, "xyz", sp(5)))
     scheduler.step()
     first = ScriptedRunner.instances[0]
-    first.fail_next = True
+    first.fail_next = TypeError("'NoneType' object is not subscriptable")
     out = scheduler.step()
     errors = {o.request_id: o for o in out.outputs if o.finish_reason == "error"}
     assert set(errors) == {"a", "b"} and all(o.error for o in errors.values())

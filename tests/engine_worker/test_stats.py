@@ -72,20 +72,6 @@ def test_stats_carry_no_cache_section_when_prefix_caching_is_off(tiny_model):
     assert scheduler.get_cache_stats() is None
 
 
-def test_gpu_memory_utilization_sets_mlx_memory_limit_where_the_device_reports_its_size(monkeypatch):
-    import mlx.core as mx
-
-    before = mx.get_memory_limit()
-    try:
-        monkeypatch.setattr(mx, "device_info", lambda: {"memory_size": 8_000_000_000})
-        assert memory.apply_memory_fraction(0.5) == 4_000_000_000
-        assert mx.get_memory_limit() == 4_000_000_000
-        monkeypatch.setattr(mx, "device_info", lambda: {"architecture": "x86_64"})
-        assert memory.apply_memory_fraction(0.5) is None
-    finally:
-        mx.set_memory_limit(before)
-
-
 def test_seed_metal_keys_appear_only_for_metal():
     stats = {"device": "metal", "active_bytes": 2_500_000_000, "peak_bytes": 3e9, "cache_bytes": 0}
     assert memory.seed_memory_keys(stats) == {
