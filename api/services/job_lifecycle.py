@@ -38,15 +38,31 @@ def job_claim(*, job_id: str, worker_id: str, lease_s: float) -> Job | None:
     """queued → in_progress for ``worker_id``, unless cancellation was requested, counting the
     attempt. Clears the text and counts of any earlier attempt (its ``last_seq`` stays: the new
     attempt's stream goes on after it). Returns the claimed job, or None if someone else has it,
-    it was cancelled, or it is finished."""
+    it was cancelled, or it is finished.
+
+    One ``UPDATE ... RETURNING`` statement (PostgreSQL, SQLite >= 3.35): the claim is the rule that
+    a job runs at most once at a time, and as one statement it holds the row's (or SQLite's
+    database's) write lock only for itself."""
     now = timezone.now()
-    with transaction.atomic():
-        claimed = Job.objects.filter(id=job_id, status=JobStatus.QUEUED, cancel_requested=False).update(
-            status=JobStatus.IN_PROGRESS, worker_id=worker_id, lease_expires_at=now + dt.timedelta(seconds=lease_s),
-            started_at=now, first_token_at=None, output_text="", completion_tokens=0, attempts=F("attempts") + 1,
-        )
-        # The row this UPDATE changed stays locked until the commit: nobody moved it meanwhile.
-        return Job.objects.get(id=job_id) if claimed else None
+    values = {"status": JobStatus.IN_PROGRESS.value, "worker_id": worker_id,
+              "lease_expires_at": now + dt.timedelta(seconds=lease_s), "started_at": now, "first_token_at": None,
+              "output_text": "", "completion_tokens": 0}
+    sql, params = _claim_statement(values)
+    pk = Job._meta.pk
+    params += [pk.get_db_prep_value(pk.to_python(job_id), connection), JobStatus.QUEUED.value, False]
+    claimed = list(Job.objects.raw(sql, params))
+    return claimed[0] if claimed else None
+
+
+def _claim_statement(values: dict) -> tuple[str, list]:
+    q = connection.ops.quote_name
+    field = Job._meta.get_field
+    sets = [f"{q(field(name).column)} = %s" for name in values]
+    attempts = q(field("attempts").column)
+    sql = (f"UPDATE {q(Job._meta.db_table)} SET {', '.join(sets)}, {attempts} = {attempts} + 1 "
+           f"WHERE {q(Job._meta.pk.column)} = %s AND {q(field('status').column)} = %s "
+           f"AND {q(field('cancel_requested').column)} = %s RETURNING *")
+    return sql, [field(name).get_db_prep_save(value, connection) for name, value in values.items()]
 
 
 def job_spec(job: Job, *, first_seq: int = 1) -> JobSpec:

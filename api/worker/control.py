@@ -24,13 +24,13 @@ from django.db import DatabaseError, close_old_connections
 from api.keys import CANCEL_CHANNEL, WORKER_HEARTBEAT_TTL_S, worker_heartbeat_key
 from api.services import job_lifecycle
 from engine_worker.protocol import to_dict
-from engine_worker.runtime import JobHost
+from engine_worker.runtime import Host
 
 logger = logging.getLogger(__name__)
 
 
 class WorkerControl:
-    def __init__(self, *, worker_id: str, host: JobHost, redis_client: redis.Redis, heartbeat_s: float,
+    def __init__(self, *, worker_id: str, host: Host, redis_client: redis.Redis, heartbeat_s: float,
                  lease_s: float) -> None:
         self.worker_id = worker_id
         self._host = host

@@ -1,16 +1,17 @@
 """The engine worker's service object: one per worker process, used by the Celery task.
 
-It owns the :class:`JobHost` (engine thread + I/O thread) and the worker's periodic duties
-(control.py, run on the I/O thread). ``run_job`` (api/tasks.py) calls :meth:`admit` on the
-Celery consumer's thread: one claim and a hand-over to the engine, which batches the job with
-those it is running.
+It owns the host of the engine (an :class:`EngineProcess` in a worker: the engine in a child
+process, its outputs written here by the I/O thread) and the worker's periodic duties
+(control.py, run on that I/O thread). ``run_job`` (api/tasks.py) calls :meth:`admit` on the Celery
+consumer's thread: one claim and a hand-over to the engine, which batches the job with those it is
+running.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from pathlib import Path
+from typing import Any
 
 import redis
 from django.db import DatabaseError, close_old_connections
@@ -21,7 +22,7 @@ from api.worker.admission import stream_restart
 from api.worker.config import WorkerConfig
 from api.worker.control import WorkerControl
 from engine_worker.errors import RequestError
-from engine_worker.runtime import HostedEngine, JobHost, OutputSink
+from engine_worker.runtime import Host, OutputSink
 
 logger = logging.getLogger(__name__)
 
@@ -38,16 +39,18 @@ def current() -> EngineWorkerService | None:
     return _current
 
 
+# (sink, on_tick, on_refused) -> the host; on_refused(job_id, error, job_fault) for a job the
+# engine refused after submit() returned.
+HostFactory = Callable[[OutputSink, Callable[[], None], Callable[[str, str, bool], None]], Any]
+
+
 class EngineWorkerService:
-    def __init__(
-        self, *, config: WorkerConfig, engine: HostedEngine, sink: OutputSink, redis_client: redis.Redis,
-        dispatch: Callable[[str], None], context_length: int | None = None,
-    ) -> None:
+    def __init__(self, *, config: WorkerConfig, make_host: HostFactory, sink: OutputSink,
+                 redis_client: redis.Redis, dispatch: Callable[[str], None]) -> None:
         self.config = config
         self._redis = redis_client
         self._dispatch = dispatch
-        self.host = JobHost(engine, sink, model_name=Path(config.model_path).name, context_length=context_length,
-                            stream_interval_s=config.stream_interval_s, on_tick=self._tick)
+        self.host: Host = make_host(sink, self._tick, self._refused)
         self.control = WorkerControl(worker_id=config.worker_id, host=self.host, redis_client=redis_client,
                                      heartbeat_s=config.heartbeat_s, lease_s=config.lease_s)
         self._stopping = False
@@ -57,8 +60,8 @@ class EngineWorkerService:
         return self.config.worker_id
 
     def start(self) -> None:
-        self.control.beat()  # visible to /health and the dashboard before the first job arrives
         self.host.start()
+        self.control.beat()  # visible to /health and the dashboard before the first job arrives
 
     # -- jobs ---------------------------------------------------------------------------------
 
@@ -86,12 +89,21 @@ class EngineWorkerService:
                 return True
             self._hand_back([job_id])  # draining
         except (RequestError, ValueError, TypeError) as exc:  # this job cannot run anywhere: it fails alone
-            logger.warning("job %s cannot run: %s", job_id, exc)
-            job_lifecycle.job_fail(job_id=job_id, worker_id=self.worker_id, error=str(exc))
-        except Exception:  # the engine's trouble, not the job's: another worker may run it
-            logger.exception("could not start job %s here; handing it back", job_id)
-            self._hand_back([job_id])
+            self._refused(job_id, str(exc), True)
+        except Exception as exc:  # the engine's trouble, not the job's: another worker may run it
+            logger.exception("could not start job %s here", job_id)
+            self._refused(job_id, str(exc), False)
         return False
+
+    def _refused(self, job_id: str, error: str, job_fault: bool) -> None:
+        """The engine would not take the job: it fails alone when the fault is its own, else it
+        goes back to the queue for another worker."""
+        if job_fault:
+            logger.warning("job %s cannot run: %s", job_id, error)
+            job_lifecycle.job_fail(job_id=job_id, worker_id=self.worker_id, error=error)
+        else:
+            logger.warning("job %s could not start here (%s); handing it back", job_id, error)
+            self._hand_back([job_id])
 
     def cancel(self, job_id: str) -> bool:
         return self.host.cancel(job_id)
@@ -107,7 +119,7 @@ class EngineWorkerService:
         if remaining:
             logger.info("handing back %s unfinished jobs", len(remaining))
         handed_back = self._hand_back(remaining)
-        self.host.stop()
+        self.host.stop()  # every output of the engine is written
         self.control.close()
         return handed_back
 

@@ -1,9 +1,11 @@
-"""The worker runtime: hosts jobs on an in-process EngineCore and streams them to a sink.
+"""The worker runtime: hosts jobs on an EngineCore (in this process, or in a child process of
+its own) and streams their outputs to a sink.
 
-Django-free; the service side supplies an :class:`OutputSink` (see ``api/streaming``).
+Django-free; the service side supplies an :class:`OutputSink` (see ``api/worker``).
 """
 
-from engine_worker.runtime.host import HostedEngine, JobHost
+from engine_worker.runtime.engine_process import ChildSpec, EngineProcess
+from engine_worker.runtime.host import Host, HostedEngine, JobHost
 from engine_worker.runtime.sink import MemorySink, OutputSink, SinkError
 
-__all__ = ["HostedEngine", "JobHost", "MemorySink", "OutputSink", "SinkError"]
+__all__ = ["ChildSpec", "EngineProcess", "Host", "HostedEngine", "JobHost", "MemorySink", "OutputSink", "SinkError"]

@@ -11,13 +11,14 @@ import time
 from pathlib import Path
 
 import pytest
-from api.streaming.sink import RedisJobSink
 from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
 
+from api.keys import job_stream_key
 from api.model_fields import decode_text, encode_text
 from api.models import Job, JobStatus
 from api.services import job_lifecycle as lc
+from api.worker.sink import RedisJobSink
 from engine_worker.protocol import FinalResult, OutputChunk, StepBatch
 from tests.api.factories import make_job
 
@@ -69,22 +70,12 @@ def test_finals_and_progress_holding_nul_are_stored_next_to_ordinary_jobs_and_re
         assert cursor.fetchone()[0] == "ab\uffff0cd\uffff\uffff0"
 
 
-class Recorder:
-    """A GroupSender that records what it would send."""
-
-    def __init__(self) -> None:
-        self.events: list[tuple[str, dict]] = []
-
-    def send(self, events: list[tuple[str, dict]]) -> None:
-        self.events += events
-
-
 @pytest.mark.django_db
 def test_a_job_streaming_nul_ends_with_the_same_text_in_the_row_and_the_stream_next_to_ordinary_jobs(redis_client):
     from api.selectors.jobs import job_streamed_text
 
     nul, ordinary = (make_job(status=JobStatus.IN_PROGRESS, worker_id="w") for _ in range(2))
-    sink = RedisJobSink(worker_id="w", redis_client=redis_client, sender=Recorder(), progress_interval_s=0.0)
+    sink = RedisJobSink(worker_id="w", redis_client=redis_client, progress_interval_s=0.0)
     pieces = {str(nul.id): ["x", "\x00", "\x00y"], str(ordinary.id): ["a", "b", "c"]}
     for seq in (1, 2, 3):
         chunks = tuple(OutputChunk(job_id=job_id, seq=seq, text=texts[seq - 1], completion_tokens=seq)
@@ -98,7 +89,9 @@ def test_a_job_streaming_nul_ends_with_the_same_text_in_the_row_and_the_stream_n
         row = Job.objects.get(id=job_id)
         assert (row.status, row.output_text) == (JobStatus.COMPLETED, "".join(texts))
         assert job_streamed_text(job_id=job_id) == row.output_text
-    assert [e["message"]["status"] for _, e in sink._sender.events if e["type"] == "job.final"] == ["completed"] * 2
+    finals = [json.loads(f["data"])["status"] for job_id in pieces
+              for _, f in redis_client.xrange(job_stream_key(job_id)) if f["type"] == "final"]
+    assert finals == ["completed"] * 2
 
 
 @pytest.mark.django_db(transaction=True)

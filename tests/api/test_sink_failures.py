@@ -9,29 +9,16 @@ from __future__ import annotations
 import time
 
 import pytest
-from api.streaming.sink import OUTPUT_NOT_STORED, RedisJobSink
 from django.db import DataError, OperationalError
 
 from api.keys import job_stream_key
 from api.models import Job, JobStatus
 from api.services import job_lifecycle
+from api.worker.sink import OUTPUT_NOT_STORED, RedisJobSink
 from engine_worker.protocol import FinalResult, OutputChunk, StepBatch
 from tests.api.factories import make_job
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-class Recorder:
-    """A GroupSender that records the events it would send."""
-
-    def __init__(self) -> None:
-        self.events: list[tuple[str, dict]] = []
-
-    def send(self, events: list[tuple[str, dict]]) -> None:
-        self.events += events
-
-    def finals(self, job_id: str) -> list[dict]:
-        return [e["message"] for group, e in self.events if e["type"] == "job.final" and job_id in group]
 
 
 def _refuse(monkeypatch, name: str, bad: str, error: type[Exception] = DataError) -> list[int]:
@@ -64,18 +51,20 @@ def _chunk(job_id: str, seq: int) -> OutputChunk:
     return OutputChunk(job_id=job_id, seq=seq, text=f"<{seq}>", completion_tokens=seq)
 
 
-def _stream_finals(redis_client, job_id: str) -> list[str]:
+def _final_messages(redis_client, job_id: str) -> list[dict]:
     import json
 
-    return [json.loads(f["data"])["status"] for _, f in redis_client.xrange(job_stream_key(job_id))
-            if f["type"] == "final"]
+    return [json.loads(f["data"]) for _, f in redis_client.xrange(job_stream_key(job_id)) if f["type"] == "final"]
+
+
+def _stream_finals(redis_client, job_id: str) -> list[str]:
+    return [final["status"] for final in _final_messages(redis_client, job_id)]
 
 
 def test_a_failed_batch_of_finals_is_written_job_by_job_and_only_the_refused_job_fails(redis_client, monkeypatch):
     bad, *good = _jobs(3)
     sizes = _refuse(monkeypatch, "jobs_complete", bad)
-    sender = Recorder()
-    sink = RedisJobSink(worker_id="w", redis_client=redis_client, sender=sender)
+    sink = RedisJobSink(worker_id="w", redis_client=redis_client)
     sink.publish(StepBatch(chunks=tuple(_chunk(j, 1) for j in (bad, *good))))
 
     sink.publish(StepBatch(chunks=tuple(_chunk(j, 2) for j in (bad, *good)),
@@ -85,13 +74,13 @@ def test_a_failed_batch_of_finals_is_written_job_by_job_and_only_the_refused_job
     for job_id in good:
         row = Job.objects.get(id=job_id)
         assert (row.status, row.output_text) == (JobStatus.COMPLETED, "done")
-        assert _stream_finals(redis_client, job_id) == ["completed"] and sender.finals(job_id)[0]["status"] == "completed"
+        assert _stream_finals(redis_client, job_id) == ["completed"]
     row = Job.objects.get(id=bad)
     assert (row.status, row.finish_reason, row.error) == (
         JobStatus.FAILED, "error", OUTPUT_NOT_STORED.format(error="DataError"))
     # Its clients get that end, never a completed one, after the chunks they already had.
     assert _stream_finals(redis_client, bad) == ["failed"]
-    [final] = sender.finals(bad)
+    [final] = _final_messages(redis_client, bad)
     assert (final["status"], final["error"], final["seq"]) == ("failed", row.error, 1)
     deltas = [int(f["seq"]) for _, f in redis_client.xrange(job_stream_key(bad)) if f["type"] == "delta"]
     assert deltas == [1]
@@ -101,8 +90,7 @@ def test_a_failed_batch_of_finals_is_written_job_by_job_and_only_the_refused_job
 def test_a_job_whose_progress_write_is_refused_fails_alone_and_its_later_outputs_are_dropped(redis_client, monkeypatch):
     bad, good = _jobs(2)
     sizes = _refuse(monkeypatch, "jobs_record_progress", bad)
-    sender = Recorder()
-    sink = RedisJobSink(worker_id="w", redis_client=redis_client, sender=sender, progress_interval_s=0.0)
+    sink = RedisJobSink(worker_id="w", redis_client=redis_client, progress_interval_s=0.0)
 
     sink.publish(StepBatch(chunks=(_chunk(bad, 1), _chunk(good, 1))))
 
@@ -110,7 +98,7 @@ def test_a_job_whose_progress_write_is_refused_fails_alone_and_its_later_outputs
     assert Job.objects.get(id=good).output_text == "<1>"
     row = Job.objects.get(id=bad)
     assert row.status == JobStatus.FAILED and row.error == OUTPUT_NOT_STORED.format(error="DataError")
-    assert [f["seq"] for f in sender.finals(bad)] == [1]
+    assert [f["seq"] for f in _final_messages(redis_client, bad)] == [1]
     # The worker's next heartbeat stops it in the engine.
     assert job_lifecycle.jobs_cancel_requested(worker_id="w", job_ids=[bad, good]) == [bad]
     # Until then its chunks and its final (the engine's abort) go nowhere; the other job goes on.
@@ -118,7 +106,7 @@ def test_a_job_whose_progress_write_is_refused_fails_alone_and_its_later_outputs
     sink.publish(StepBatch(chunks=(_chunk(bad, 3), _chunk(good, 3)), finals=(_final(bad, seq=3), _final(good, seq=3))))
     assert [int(f["seq"]) for _, f in redis_client.xrange(job_stream_key(bad)) if f["type"] == "delta"] == [1]
     assert sink._failed == set()
-    assert _stream_finals(redis_client, bad) == ["failed"] and len(sender.finals(bad)) == 1
+    assert _stream_finals(redis_client, bad) == ["failed"]
     assert Job.objects.get(id=bad).status == JobStatus.FAILED
     assert Job.objects.get(id=good).status == JobStatus.COMPLETED and _stream_finals(redis_client, good) == ["completed"]
 
@@ -126,25 +114,23 @@ def test_a_job_whose_progress_write_is_refused_fails_alone_and_its_later_outputs
 def test_a_lost_database_connection_fails_no_job_and_publishes_no_final(redis_client, monkeypatch):
     jobs = _jobs(2)
     _refuse(monkeypatch, "jobs_complete", jobs[0], error=OperationalError)
-    sender = Recorder()
-    sink = RedisJobSink(worker_id="w", redis_client=redis_client, sender=sender)
+    sink = RedisJobSink(worker_id="w", redis_client=redis_client)
 
     sink.publish(StepBatch(finals=tuple(_final(j) for j in jobs)))
 
     # The first job's own write hit the lost connection too: the jobs are left to their leases
     # (they run again), and nothing announced an end the database does not have.
     assert {Job.objects.get(id=j).status for j in jobs} == {JobStatus.IN_PROGRESS}
-    assert sender.events == [] and all(_stream_finals(redis_client, j) == [] for j in jobs)
+    assert all(_stream_finals(redis_client, j) == [] for j in jobs)
 
 
 def test_the_final_of_a_job_handed_on_to_another_worker_is_not_published(redis_client):
     handed_on, mine = _jobs(2)
     Job.objects.filter(id=handed_on).update(worker_id="w-other")
-    sender = Recorder()
-    sink = RedisJobSink(worker_id="w", redis_client=redis_client, sender=sender)
+    sink = RedisJobSink(worker_id="w", redis_client=redis_client)
 
     sink.publish(StepBatch(finals=(_final(handed_on), _final(mine))))
 
-    assert sender.finals(handed_on) == [] and _stream_finals(redis_client, handed_on) == []
-    assert [f["status"] for f in sender.finals(mine)] == ["completed"]
+    assert _stream_finals(redis_client, handed_on) == []
+    assert _stream_finals(redis_client, mine) == ["completed"]
     assert Job.objects.get(id=handed_on).status == JobStatus.IN_PROGRESS

@@ -12,7 +12,7 @@ from api.worker.config import WorkerConfig
 from api.worker.service import EngineWorkerService
 from engine_worker.errors import EngineClosed, InvalidRequest
 from engine_worker.protocol import OutputChunk
-from engine_worker.runtime import MemorySink
+from engine_worker.runtime import JobHost, MemorySink
 from tests.api.factories import make_job
 
 pytestmark = pytest.mark.django_db
@@ -51,8 +51,8 @@ class FakeEngine:
 def _service(engine: FakeEngine, redis_client, dispatch=lambda job_id: None) -> EngineWorkerService:
     config = WorkerConfig(worker_id="w1", model_path="tiny", lease_s=30, heartbeat_s=2, drain_s=1,
                           redispatch_after_s=30, stream_interval_s=0, prefetch=16)
-    return EngineWorkerService(config=config, engine=engine, sink=MemorySink(), redis_client=redis_client,
-                               dispatch=dispatch)
+    return EngineWorkerService(config=config, make_host=lambda sink, on_tick, on_refused: JobHost(engine, sink),
+                               sink=MemorySink(), redis_client=redis_client, dispatch=dispatch)
 
 
 def test_a_good_job_starts_a_bad_one_fails_alone_and_engine_trouble_hands_back(redis_client):

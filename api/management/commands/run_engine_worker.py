@@ -1,19 +1,18 @@
 """``python manage.py run_engine_worker``: one engine worker process (api/worker/).
 
-It loads the model itself (never in a process that forks later, mlx-notes.md section 6), runs
-EngineCore on its engine thread, and consumes only the ``engine`` Celery queue with the solo pool
-on its main thread.
+The engine runs in a child process that this one spawns (engine_worker/runtime/engine_process.py:
+it loads the model; mlx never runs here, so nothing here can deadlock on a fork). This process
+consumes only the ``engine`` Celery queue with the solo pool on its main thread, and writes the
+engine's outputs from its I/O thread.
 
 SIGTERM (or Ctrl-C): the consumer stops (Celery's warm shutdown), running jobs get
-``WORKER_DRAIN_S`` seconds to finish, the rest are handed back to the queue, the engine thread is
-stopped, and the process exits without the interpreter's finalization (see
-``_exit_without_finalization``).
+``WORKER_DRAIN_S`` seconds to finish, the rest are handed back to the queue, and the engine process
+stops once its outputs are written.
 """
 
 from __future__ import annotations
 
 import logging
-import sys
 from dataclasses import replace
 from typing import Any
 
@@ -39,22 +38,16 @@ class Command(BaseCommand):
         config = WorkerConfig.from_settings()
         if options["worker_id"]:
             config = replace(config, worker_id=options["worker_id"])
-        service, engine = _build(config)
+        service = _build(config)
+        service.start()  # the engine process has loaded the model and runs
         worker.install(service)
-        service.start()
         logger.info("engine worker %s ready (model %s)", config.worker_id, config.model_path)
         try:
             consume(worker_id=config.worker_id, prefetch=config.prefetch, loglevel=options["loglevel"])
         finally:
-            try:
-                handed_back = service.shutdown()
-                logger.info("engine worker %s stopped; %s jobs handed back", config.worker_id, len(handed_back))
-            finally:
-                # Always stop the engine thread before the interpreter exits (mlx can abort otherwise).
-                worker.install(None)
-                engine.stop()
-                engine.close()
-        _exit_without_finalization()
+            worker.install(None)
+            handed_back = service.shutdown()
+            logger.info("engine worker %s stopped; %s jobs handed back", config.worker_id, len(handed_back))
 
 
 def _keep_database_connections() -> None:
@@ -68,36 +61,21 @@ def _keep_database_connections() -> None:
         connections[alias].settings_dict["CONN_MAX_AGE"] = None
 
 
-def _exit_without_finalization() -> None:
-    """Leave the process now that everything is stopped, handed back and written, skipping the
-    interpreter's finalization: native libraries (mlx, OpenBLAS) keep threads of their own, and
-    tearing their static objects down while a daemon thread may still call into them can abort
-    the process (``terminate called without an active exception``) after an orderly stop."""
-    import os
-
-    from django.db import connections
-
-    connections.close_all()
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
-
-
-def _build(config: WorkerConfig) -> tuple[worker.EngineWorkerService, Any]:
-    """Load the model in this process, start the engine thread, wire the service to Redis and the
-    database. Returns the service and the engine."""
+def _build(config: WorkerConfig) -> worker.EngineWorkerService:
+    """The service, its engine in a child process (which loads the model: this process never
+    evaluates an mlx array), its outputs written by this process's I/O thread."""
     from api.redis_client import get_redis
     from api.tasks import dispatch_job
     from api.worker.sink import RedisJobSink
-    from engine_worker.engine_core import EngineConfig, EngineCore
-    from engine_worker.loader import context_length, load_model
+    from engine_worker.runtime import ChildSpec, EngineProcess
 
     redis_client = get_redis()
-    model, tokenizer = load_model(config.model_path)
-    engine = EngineCore(model, tokenizer, EngineConfig.from_env())
-    engine.start()
-    sink = RedisJobSink(worker_id=config.worker_id, redis_client=redis_client)
-    service = worker.EngineWorkerService(config=config, engine=engine, sink=sink, redis_client=redis_client,
-                                         dispatch=dispatch_job, context_length=context_length(model))
-    return service, engine
+    spec = ChildSpec(worker_id=config.worker_id, model_path=config.model_path,
+                     stream_interval_s=config.stream_interval_s, heartbeat_s=config.heartbeat_s)
+
+    def make_host(sink, on_tick, on_refused):  # noqa: ANN001, ANN202 - HostFactory
+        return EngineProcess(spec, sink, on_tick=on_tick, on_refused=on_refused)
+
+    return worker.EngineWorkerService(
+        config=config, make_host=make_host, sink=RedisJobSink(worker_id=config.worker_id, redis_client=redis_client),
+        redis_client=redis_client, dispatch=dispatch_job)

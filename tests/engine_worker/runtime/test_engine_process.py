@@ -1,0 +1,131 @@
+"""EngineProcess: the engine in a spawned child, driven over one connection, on the real tiny model."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+from engine_worker.errors import EngineClosed, InvalidRequest, RequestError
+from engine_worker.protocol import JobSpec
+from engine_worker.runtime import ChildSpec, EngineProcess, MemorySink
+from engine_worker.runtime.engine_process import Refused, Submit, _obey
+
+PROMPT = (1, 40, 41, 42, 43)
+
+
+@pytest.fixture
+def started(tiny_model_path):
+    """An EngineProcess on the tiny model with its sink, ticks and refusals recorded."""
+    sink = MemorySink()
+    ticks: list[float] = []
+    refused: list[tuple[str, str, bool]] = []
+    host = EngineProcess(ChildSpec(worker_id="w-proc", model_path=str(tiny_model_path), stream_interval_s=0.0,
+                                   heartbeat_s=0.2),
+                         sink, on_tick=lambda: ticks.append(time.monotonic()),
+                         on_refused=lambda *args: refused.append(args), tick_s=0.05)
+    host.start()
+    yield host, sink, ticks, refused
+    if host.engine_running():
+        host.stop()
+
+
+def spec(job_id: str, max_tokens: int = 12, **kw) -> JobSpec:
+    return JobSpec(job_id=job_id, prompt_token_ids=PROMPT, max_tokens=max_tokens, ignore_eos=True, **kw)
+
+
+def test_jobs_stream_from_the_child_and_their_text_is_the_final_text(started):
+    host, sink, ticks, _ = started
+    assert host.heartbeat("w-proc").model == "tiny" and host.heartbeat("w-proc").worker_id == "w-proc"
+    for job_id in ("a", "b", "c"):
+        assert host.submit(spec(job_id, first_seq=5 if job_id == "c" else 1))
+    assert not host.submit(spec("a"))  # held already
+    finals = {job_id: sink.wait_final(job_id, 60) for job_id in ("a", "b", "c")}
+
+    for job_id, final in finals.items():
+        assert final is not None and final.completion_tokens == 12 and final.finish_reason == "length"
+        chunks = sink.chunks(job_id)
+        assert "".join(c.text for c in chunks) == final.text
+    assert [c.seq for c in sink.chunks("c")][0] == 5
+    assert wait_until(lambda: host.held_jobs() == [])  # released as their finals were written
+    idle = len(ticks)
+    time.sleep(0.5)
+    assert len(ticks) >= idle + 3  # the parent's duties run on its I/O thread, messages or not
+
+
+def test_cancel_ends_a_job_with_abort_and_hand_back_releases_one_without_a_final(started):
+    host, sink, _, _ = started
+    assert host.submit(spec("long", max_tokens=2000)) and host.submit(spec("back", max_tokens=2000))
+    assert wait_until(lambda: sink.chunks("long") and sink.chunks("back"))
+
+    assert host.cancel("long")
+    assert host.hand_back(["back"]) == ["back"]
+
+    assert sink.wait_final("long", 60).finish_reason == "abort"
+    time.sleep(0.5)
+    assert sink.final("back") is None and host.held_jobs() == []
+    assert not host.cancel("back")
+
+
+def test_a_job_that_cannot_run_fails_alone_with_an_error_final(started):
+    host, sink, _, _ = started
+    too_long = tuple(range(10, 10 + 5000))  # the tiny model's context is 4096 tokens
+    assert host.submit(JobSpec(job_id="bad", prompt_token_ids=too_long, max_tokens=4))
+    assert host.submit(spec("fine", max_tokens=4))
+    bad, fine = sink.wait_final("bad", 60), sink.wait_final("fine", 60)
+    assert bad.finish_reason == "error" and bad.error and fine.finish_reason == "length"
+
+
+class RefusingHost:
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+    def submit(self, spec: JobSpec) -> bool:
+        raise self.error
+
+
+@pytest.mark.parametrize(("error", "job_fault"), [(InvalidRequest("bad"), True), (ValueError("bad"), True),
+                                                   (EngineClosed("down"), False)])
+def test_a_submit_the_engine_refuses_is_sent_back_as_the_jobs_fault_or_the_engines(error, job_fault):
+    sent: list[object] = []
+    out = type("Out", (), {"publish": lambda self, message: sent.append(message)})()
+    _obey(RefusingHost(error), out, Submit(spec("x")), RequestError)
+    assert sent == [Refused("x", str(error), job_fault=job_fault)]
+
+
+def test_a_refusal_releases_the_job_and_reaches_the_worker():
+    refused: list[tuple] = []
+    host = EngineProcess(ChildSpec(worker_id="w", model_path="-", stream_interval_s=0, heartbeat_s=1), MemorySink(),
+                         on_refused=lambda *args: refused.append(args))
+    host._held["x"] = 0.0
+    host._handle(Refused("x", "no", job_fault=False))
+    assert refused == [("x", "no", False)] and host.held_jobs() == []
+
+
+def test_drain_waits_for_running_jobs_and_stop_ends_the_child(started):
+    host, sink, _, _ = started
+    assert host.submit(spec("short", max_tokens=8))
+    assert host.drain(60) == []
+    assert sink.final("short") is not None
+    assert not host.submit(spec("late"))  # draining: no new job
+    host.stop()
+    assert not host.engine_running() and host._proc.exitcode == 0
+
+
+def test_a_child_that_dies_turns_the_engine_off_for_the_worker(started):
+    host, _, ticks, _ = started
+    assert host.submit(spec("doomed", max_tokens=5000))
+    os.kill(host._proc.pid, signal.SIGKILL)
+    assert wait_until(lambda: not host.engine_running())
+    assert host.drain(5) == ["doomed"]  # nothing finishes it: the worker hands it back
+
+
+def wait_until(condition, timeout: float = 60.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.05)
+    return False
