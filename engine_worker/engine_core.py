@@ -182,10 +182,6 @@ class EngineCore(AsyncRequestAPI):
             self.memory_limit_bytes = budget.total
             while True:
                 with self._cond:
-                    if not (self._commands or self._stop_requested or self.scheduler.has_requests()):
-                        # Going idle: the buffers mlx keeps for reuse go back to the device, for
-                        # the other workers on it.
-                        memory.clear_allocator_cache()
                     while not (self._commands or self._stop_requested or self.scheduler.has_requests()):
                         self._cond.wait()
                     if self._idle_step and not (self._commands or self._stop_requested):

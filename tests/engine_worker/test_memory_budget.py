@@ -57,7 +57,8 @@ def test_an_engine_bounds_mlx_to_its_budget_on_a_cuda_device(tiny_model, monkeyp
         engine.generate_batch_sync([[5, 6, 7]], SamplingParams(max_tokens=2, temperature=0.0))
         assert engine.memory_limit_bytes == budget.total == mx.get_memory_limit()
         assert mx.set_cache_limit(budget.allocator_cache) == budget.allocator_cache
-        assert 0 < budget.allocator_cache < 64 << 20  # one decode step's buffers, not the device
+        # A bounded share of the budget (a step's buffers are reused), not the device.
+        assert budget.allocator_cache == budget.total // 16
     finally:
         engine.close()
 

@@ -184,7 +184,7 @@ def test_a_budgeted_batch_never_holds_more_than_its_budget(tiny_model):
     config = SchedulerConfig(completion_batch_size=32, enable_prefix_cache=True)
     arrivals = {0: [Request(f"r{i}", p, greedy(200, ignore_eos=True)) for i, p in enumerate(make_prompts(tokenizer, 32))]}
     base = MemoryBudget.for_model(model, config, 1.0, device_bytes=1 << 30)
-    budget = replace(base, total=base.weights + (40 << 20), prefix_cache=8 << 20)
+    budget = replace(base, total=base.weights + (40 << 20), prefix_cache=8 << 20, allocator_cache=8 << 20)
     scheduler = Scheduler(model, tokenizer, config, memory_budget=budget)
     memory.apply_allocator_limits(1 << 40, budget.allocator_cache)
     mx.synchronize()
