@@ -134,7 +134,7 @@ async def one_job(port: int, key: str, prompt: str, max_tokens: int) -> tuple[st
             if msg["type"] == "final":
                 return msg.get("finish_reason") or "?", msg["usage"]["completion_tokens"]
             if msg["type"] == "error":
-                return "error", 0
+                return f"error: {msg['error'].get('code')}", 0
     return "closed", 0
 
 

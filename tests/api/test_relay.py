@@ -252,3 +252,29 @@ def test_without_redis_opening_the_relay_is_service_unavailable():
 
     with pytest.raises(ServiceUnavailable):
         asyncio.run(scenario())
+
+
+def test_more_followers_than_redis_pys_default_pool_all_get_the_stream(redis_client):
+    # Each follower waits in XREAD BLOCK on a connection of its own; 150 of them share one
+    # event loop's client, as one web process's consumers do (redis-py's default pool holds 100).
+    from api.redis_client import get_async_redis
+
+    job = make_job(status=JobStatus.IN_PROGRESS)
+
+    async def scenario() -> list[list[dict]]:
+        redis = get_async_redis()
+        clients = [Client(str(job.id)) for _ in range(150)]
+        relays = [JobStreamRelay(job_id=str(job.id), after=0, redis_client=redis, send=c._send) for c in clients]
+        tasks = []
+        for i, relay in enumerate(relays):
+            await relay.open()  # the later ones while the earlier ones wait in XREAD BLOCK
+            tasks.append(asyncio.ensure_future(relay.run()))
+            if i == 119:
+                await asyncio.sleep(1.0)
+        await asyncio.sleep(1.0)
+        write(redis_client, str(job.id), chunk(str(job.id), 1), final(str(job.id), 1))
+        await asyncio.wait_for(asyncio.gather(*tasks), 20)
+        return [c.sent for c in clients]
+
+    for sent in asyncio.run(scenario()):
+        assert [(m["type"], m["seq"]) for m in sent] == [("delta", 1), ("final", 1)]
