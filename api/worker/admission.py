@@ -24,12 +24,15 @@ def stream_restart(*, redis_client: redis.Redis, job: Job) -> int:
     """Start the stream of a job that ran before anew; returns the seq its first chunk takes.
 
     The reset's seq is past both the stream's last seq and the row's (the row may be ahead when
-    the stream was lost). With Redis down nothing is written, and the chunks still continue the
-    row's seqs."""
+    the stream was lost). An earlier attempt that streamed nothing (no stream, no seq in the row)
+    needs no reset: the job starts at seq 1. With Redis down nothing is written, and the chunks
+    still continue the row's seqs."""
     key = job_stream_key(str(job.id))
     try:
         last = redis_client.xrevrange(key, count=1)
         stream_seq = int(last[0][1].get("seq", 0)) if last else 0
+        if not last and job.last_seq == 0:
+            return 1  # the earlier attempt streamed nothing: there is nothing to drop
         reset_seq = max(stream_seq, job.last_seq) + 1
         pipe = redis_client.pipeline(transaction=True)
         pipe.delete(key)

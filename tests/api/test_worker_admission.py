@@ -124,3 +124,14 @@ def test_a_first_attempt_leaves_the_stream_alone(redis_client):
     job = make_job()
     _service(FakeEngine(), redis_client).admit(str(job.id))
     assert not redis_client.exists(job_stream_key(str(job.id)))
+
+
+def test_a_job_whose_first_attempt_streamed_nothing_starts_again_at_seq_one(redis_client):
+    job = make_job(attempts=1)  # its worker died before the first chunk
+    service = _service(FakeEngine(), redis_client)
+    specs = []
+    service.host.submit = lambda spec: specs.append(spec) or True
+
+    assert service.admit(str(job.id)) is True
+
+    assert specs[0].first_seq == 1 and not redis_client.exists(job_stream_key(str(job.id)))

@@ -24,10 +24,16 @@ def assert_streams_match(followed: dict[str, Followed], stored: dict[str, dict[s
         assert got.error is None, (job_id, got.error)
         assert got.final is not None, job_id
         assert got.final["status"] == body["status"], (job_id, got.final, body["status"])
-        assert got.seqs == list(range(1, len(got.seqs) + 1)), (job_id, got.seqs)
+        # One chunk after another; after a reset the new attempt's seqs go on past the old ones.
+        first = got.seqs[0] if got.seqs else 1
+        assert got.seqs == list(range(first, first + len(got.seqs))), (job_id, got.seqs)
+        assert got.resets > 0 or first == 1, (job_id, got.seqs)
         assert got.text == body["output_text"], (job_id, got.text, body["output_text"])
 
 
-def assert_no_server_errors(*clients: DrillClient) -> None:
-    errors = [e for client in clients for e in client.server_errors]
+def assert_no_server_errors(*clients: DrillClient, unavailable_ok: bool = False) -> None:
+    """No 5xx; with ``unavailable_ok`` a 503 ``service_unavailable`` in the error envelope is
+    allowed (the database is out of reach: issue 28 asks for that answer or a retry)."""
+    errors = [e for client in clients for e in client.server_errors
+              if not (unavailable_ok and e[1] == 503 and e[2].get("error", {}).get("code") == "service_unavailable")]
     assert errors == [], errors[:5]
