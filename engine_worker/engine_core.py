@@ -331,9 +331,6 @@ class EngineCore(AsyncRequestAPI):
         ``fn`` must only enqueue: it runs inside the engine loop."""
         self._listeners = [*self._listeners, fn]
 
-    def remove_output_listener(self, fn: OutputListener) -> None:
-        self._listeners = [f for f in self._listeners if f is not fn]
-
     def generate_batch_sync(
         self, prompts: list[str | list[int]], sampling_params: SamplingParams | None = None
     ) -> list[RequestOutput]:

@@ -85,10 +85,6 @@ class SamplingParams:
         if self.stop_token_ids is None:
             self.stop_token_ids = []
 
-    @property
-    def is_greedy(self) -> bool:
-        return self.temperature <= 0.0
-
 
 class OutputText:
     """A request's generated text as append-only pieces, joined only when read.
