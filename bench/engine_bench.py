@@ -42,9 +42,12 @@ import time
 import traceback
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+BENCH = Path(__file__).resolve().parent
+sys.path[:0] = [str(BENCH), str(BENCH.parent)]  # common and engine_worker
 
-from common import (  # noqa: E402  (imports engine_worker first: BLAS before mlx)
+from engine_worker.mlx_core import mx  # noqa: E402
+
+from common import (  # noqa: E402
     count_params,
     dump_json_line,
     ensure_default_model,
@@ -55,8 +58,6 @@ from common import (  # noqa: E402  (imports engine_worker first: BLAS before ml
     model_dtype,
     percentile,
 )
-
-mx = importlib.import_module("mlx.core")  # only after common (BLAS preload before mlx)
 
 # --------------------------------------------------------------------------------------------
 # (a) raw BatchGenerator

@@ -16,6 +16,8 @@ from codecs import utf_8_decode
 from collections.abc import Callable
 from typing import Any
 
+import engine_worker.mlx_core  # noqa: F401  (OpenBLAS before mlx-lm loads mlx)
+
 from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer
 
 

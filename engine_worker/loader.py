@@ -6,7 +6,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
-import mlx.core as mx
+from engine_worker.mlx_core import mx
+
 import mlx_lm
 from mlx_lm.utils import dequantize_model
 

@@ -31,6 +31,9 @@ import logging
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from engine_worker.mlx_core import mx
+
+from mlx.utils import tree_flatten
 from mlx_lm.models.cache import BatchKVCache, KVCache
 
 logger = logging.getLogger(__name__)
@@ -104,27 +107,17 @@ def _attention_layers(model: Any, layers: int) -> int:
 def _compute_dtype_bytes(model: Any) -> int:
     """Bytes of the dtype activations and KV are computed in: that of the first floating-point
     parameter (a quantized model's weights are packed integers; its scales are floating)."""
-    from mlx.utils import tree_flatten
-
     for _, value in tree_flatten(model.parameters()):
         if value.dtype in _FLOAT_BYTES:
             return _FLOAT_BYTES[value.dtype]
     raise ValueError("the model has no floating-point parameter")
 
 
-def _float_bytes() -> dict[Any, int]:
-    import mlx.core as mx
-
-    return {mx.float32: 4, mx.float16: 2, mx.bfloat16: 2}
-
-
-_FLOAT_BYTES = _float_bytes()
+_FLOAT_BYTES = {mx.float32: 4, mx.float16: 2, mx.bfloat16: 2}
 
 
 def weights_bytes(model: Any) -> int:
     """Bytes of the model's parameters (0 for an object without ``parameters``)."""
-    from mlx.utils import tree_flatten
-
     parameters = getattr(model, "parameters", None)
     if parameters is None:
         return 0

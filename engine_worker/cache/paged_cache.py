@@ -19,7 +19,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-import mlx.core as mx
+from engine_worker.mlx_core import mx
+
 from mlx_lm.models.cache import KVCache
 
 from engine_worker.cache import kv

@@ -28,6 +28,10 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+import engine_worker.mlx_core  # noqa: F401  (OpenBLAS before mlx-lm loads mlx)
+
+from mlx_lm.models.cache import can_trim_prompt_cache
+
 from engine_worker.cache_protocol import PrefixCacheBackend
 
 logger = logging.getLogger(__name__)
@@ -68,8 +72,6 @@ def store_prompt_snapshot(
     after the next step), True when an entry was offered, False when there is nothing to store
     (trimmable cache, or a coverage that is neither the prompt nor the prompt + one token).
     """
-    from mlx_lm.models.cache import can_trim_prompt_cache
-
     if extracted is None or not extracted[0]:
         return None  # still queued, without a cache yet
     layers, tokens = extracted
