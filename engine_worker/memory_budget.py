@@ -11,7 +11,7 @@ The budget bounds everything the worker's mlx allocator holds on the device::
 * ``allocator_cache``: the freed buffers mlx keeps for reuse (``mx.set_cache_limit``): the working
   memory of one decode step of a full batch, and at least 1/16 of ``total``, which is what the
   next steps reuse. It is bounded because a continuous batch's KV buffers change size at every
-  join and finish and are never reused: unbounded, the cache grew to most of the device.
+  join and finish and are never reused: unbounded, the cache would grow to most of the device.
 * ``prefix_cache``: ``cache_memory_mb``, or ``cache_memory_percent`` of ``total``. Running
   requests come first: the scheduler lowers the prefix cache's limit (least recently used
   entries go) while the batch needs the memory, and raises it again when the batch shrinks.
@@ -48,8 +48,8 @@ _VOCAB_ROWS = 4
 _FALLBACK_CACHE_BYTES = 32 << 20
 # The allocator cache keeps at least this share of the budget: a step's temporaries (a prefill
 # chunk's attention scores above all) are then reused by the next step instead of going back to
-# the device and being allocated again. On the H200 a cache of one decode step's working memory
-# (69 MiB for the 316M model) left the engine at 0.62 of raw BatchGenerator's tok/s.
+# the device and being allocated again. With only one decode step's working memory cached, a GPU
+# engine spends a large part of each prefill step allocating.
 ALLOCATOR_CACHE_SHARE = 16
 
 

@@ -13,8 +13,8 @@ to a shorter prefix (a sliding-window ``RotatingKVCache`` that wrapped, under ``
 stored whole under exactly the tokens it holds and only serves prompts that extend them (the next
 turn); the scheduler therefore also stores a prompt-only snapshot of such a request, taken when
 its prompt is processed (``stores_wrapped_windows``; see :mod:`engine_worker.cache_lifecycle`),
-so the same prompt with another follow-up hits too. Recurrent
-(``ArraysCache``) state is not stored.
+so the same prompt with another follow-up hits too. Recurrent (``ArraysCache``) state is not
+stored.
 """
 
 from __future__ import annotations
