@@ -103,7 +103,7 @@ class EngineCore(AsyncRequestAPI):
         self._start_time: float | None = None
         self._steps_executed = 0
         self.memory_limit_bytes: int | None = None  # mlx's memory limit, the budget, once started
-        self.loop_iterations = 0  # engine-loop passes; flat while idle (no polling)
+        self.loop_iterations = 0  # engine-loop iterations; flat while idle (no polling)
         _live_engines.add(self)
 
     @property
