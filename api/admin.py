@@ -1,5 +1,5 @@
-"""Operators' admin: keys (revoke), jobs (cancel, requeue, delete content), usage. The engine dashboard is a
-separate staff view (api.views.dashboard), linked from every admin page."""
+"""Operators' admin: keys (revoke), jobs (cancel, requeue, delete content), usage. The engine
+dashboard is a separate staff view (api.views.dashboard), linked from every admin page."""
 
 from __future__ import annotations
 
@@ -14,9 +14,13 @@ from django.http import HttpRequest
 from django.utils import timezone
 
 from api.errors import ServiceError
-from api.key_revocation import api_key_revocation_announce
 from api.models import ApiKey, Job, UsageRecord
-from api.services.api_keys import api_key_generate_secret, api_key_revoke, api_key_set_secret
+from api.services.api_keys import (
+    api_key_generate_secret,
+    api_key_revocation_announce,
+    api_key_revoke,
+    api_key_set_secret,
+)
 from api.services.job_deletion import job_delete
 from api.services.jobs import job_cancel, job_requeue
 from api.services.quotas import usage_rollup

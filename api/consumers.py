@@ -152,8 +152,8 @@ class JobStreamConsumer(KeyRevocationEvents, FollowsJob, AsyncWebsocketConsumer)
         """Channels' send, except to a client that has already gone. Between the client's close
         frame and the disconnect event that follows it, daphne hands a send to autobahn, which raises
         ``Disconnected``; a server keeping to the ASGI spec raises an ``OSError``. Either way there is
-        nobody to tell, and the disconnect event ends the consumer as usual, where the raise had
-        logged an "Exception inside application" traceback for it."""
+        nobody to tell, and the disconnect event ends the consumer as usual, where raising would log
+        an "Exception inside application" traceback for it."""
         try:
             await super().send(text_data=text_data, bytes_data=bytes_data, close=close)
         except (Disconnected, OSError):
@@ -250,8 +250,8 @@ def scope_api_key(scope: dict[str, Any]) -> str | None:
 
 def db_thread(func: Callable[..., Any]) -> Callable[..., Any]:
     """Run ``func`` (ORM code) off the event loop on a thread of its own. Channels' default
-    (thread_sensitive) runs every consumer's DB call of the process on one shared thread, so a
-    burst of connections queued there one after another. A lost database connection comes out as
+    (thread_sensitive) runs every consumer's DB call of the process on one shared thread, where a
+    burst of connections would queue one after another. A lost database connection comes out as
     DatabaseUnavailable (a ServiceError, 503), as the REST API answers it; Channels then discards
     the connection (``close_old_connections`` after the call)."""
 

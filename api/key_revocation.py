@@ -3,10 +3,11 @@
 A job's WebSocket or event stream (SSE) outlives the request that authenticated it, and can follow
 any of the owner's jobs. So each joins its key's channel-layer group (``apikey.<hash>``, see
 api/keys.py) *before* its key is read: a revocation committed after that read is announced to a
-group it is already in. :func:`api_key_revocation_announce` (the revoke service calls it once the
-revocation commits) tells every such connection, in every web process; each ends with the
-``revoked_api_key`` error (close code 4401 on a WebSocket, an ``error`` event on a stream). The jobs
-themselves run on: the owner's other keys still reach them.
+group it is already in. The announcement
+(:func:`api.services.api_keys.api_key_revocation_announce`, sent once the revocation commits)
+reaches every such connection, in every web process; each ends with the ``revoked_api_key`` error
+(close code 4401 on a WebSocket, an ``error`` event on a stream). The jobs themselves run on: the
+owner's other keys still reach them.
 """
 
 from __future__ import annotations
@@ -14,26 +15,12 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from asgiref.sync import async_to_sync
-from channels.layers import get_channel_layer
 from redis.exceptions import RedisError
 
 from api.keys import api_key_group_name
 from api.services.api_keys import hash_secret
 
 logger = logging.getLogger(__name__)
-
-EVENT_REVOKED = "api_key.revoked"
-
-
-def api_key_revocation_announce(*, hashed_key: str) -> None:
-    """Tell the connections authenticated by the key with this stored hash that it is revoked.
-    Best effort: with Redis down there are no streams to end (they need Redis), and every new
-    request is refused by the database row anyway."""
-    try:
-        async_to_sync(get_channel_layer().group_send)(api_key_group_name(hashed_key), {"type": EVENT_REVOKED})
-    except (RedisError, OSError, TimeoutError):
-        logger.warning("Could not announce a key's revocation to its open streams", exc_info=True)
 
 
 class KeyRevocationEvents:
@@ -66,7 +53,7 @@ class KeyRevocationEvents:
             except (RedisError, OSError):
                 logger.warning("Cannot leave a key's group (its entry expires by itself)", exc_info=True)
 
-    async def api_key_revoked(self, event: dict[str, Any]) -> None:
+    async def api_key_revoked(self, event: dict[str, Any]) -> None:  # api_keys.EVENT_REVOKED
         await self.key_revoked()
 
     async def key_revoked(self) -> None:

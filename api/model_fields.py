@@ -8,8 +8,8 @@ neither character, all text before migration 0008, is stored unchanged, so the c
 reads as the text in ``psql`` and the migration had only the rare rows holding U+FFFF to rewrite.
 
 Every ORM read and write, ``values()`` and hand-written SQL that prepares its parameters with the
-field (``get_db_prep_value``) and builds instances with its converters (api/db_rows.py) see the
-real text. SQL that compares the column to a constant in the database sees the stored form:
+field (``get_db_prep_value``) and builds instances with its converters (``Manager.raw``, as the
+claim does) see the real text. SQL that compares the column to a constant in the database sees the stored form:
 ``exact`` lookups match (the constant is escaped too); ``contains`` may also match a NUL at an
 escaped U+FFFF, and no code filters on the text.
 """

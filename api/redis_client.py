@@ -32,15 +32,15 @@ def get_redis() -> redis.Redis:
 
 # Every client following a job's stream holds one connection while it waits in XREAD BLOCK
 # (api/streaming/relay.py), so a web process needs as many as it has followers: redis-py's default
-# of 100 per pool refused the 101st follower with MaxConnectionsError. Redis itself accepts 10,000
+# of 100 per pool would refuse the 101st follower with MaxConnectionsError. Redis itself accepts 10,000
 # clients by default; a process's file descriptors bound it long before this does.
 FOLLOWER_CONNECTIONS = 10_000
 
 
 def get_async_redis() -> aioredis.Redis:
     """The asyncio client of the running event loop (daphne runs one per process), shared by
-    every consumer on it. A client per WebSocket cost a pool, a TCP connect and the protocol
-    handshake per connection: in a 32-job burst, a sixth of daphne's time. Do not close it."""
+    every consumer on it. A client per WebSocket would cost a pool, a TCP connect and the
+    protocol handshake per connection, a large share of daphne's time in a burst. Do not close it."""
     per_url = _async_clients.setdefault(asyncio.get_running_loop(), {})
     client = per_url.get(settings.REDIS_URL)
     if client is None:

@@ -115,10 +115,10 @@ def get_tokenizer(model_path: str | None = None) -> PromptTokenizer:
 def load_tokenizer_at_start() -> bool:
     """Load the tokenizer now, while the web process starts (the ASGI module calls this).
 
-    Without it the first submission of every web process paid for importing transformers and
-    reading the tokenizer (seconds), and every request that arrived meanwhile queued behind it.
-    Synchronous on purpose: loading it on a thread raced with other imports of transformers (its
-    lazy module handed a half-initialised package to mlx_lm's import in the main thread). A
+    Without it the first submission of every web process would pay for importing transformers
+    and reading the tokenizer (seconds), and every request that arrived meanwhile would queue
+    behind it. Synchronous on purpose: loading it on a thread races with other imports of
+    transformers (its lazy module can hand a half-initialised package to another importer). A
     failure is only logged: submissions answer 503 until the model folder is readable."""
     try:
         get_tokenizer()

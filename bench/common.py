@@ -1,7 +1,7 @@
 """Helpers shared by the benchmark scripts: model loading, deterministic prompts, statistics.
 
-Importing this module imports :mod:`engine_worker` first, so the OpenBLAS preload happens before
-``mlx.core`` is imported (unless ``MLX_DISABLE_OPENBLAS=1``).
+Importing this module puts the repository on ``sys.path`` and imports mlx through
+:mod:`engine_worker.mlx_core`, so OpenBLAS is loaded first (unless ``MLX_DISABLE_OPENBLAS=1``).
 """
 
 from __future__ import annotations
@@ -18,8 +18,9 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-import engine_worker  # noqa: E402,F401  (side effect: OpenBLAS before mlx)
-from engine_worker import blas  # noqa: E402
+from engine_worker.mlx_core import mx  # noqa: E402
+
+from engine_worker.blas import blas_status  # noqa: E402
 
 DEFAULT_MODEL = REPO / "var" / "models" / "tiny"
 
@@ -104,8 +105,6 @@ def percentile(xs, q: float):
 
 def environment() -> dict:
     """Where the numbers come from: machine, device, versions, BLAS."""
-    import mlx.core as mx
-
     try:
         import mlx_lm
 
@@ -121,7 +120,7 @@ def environment() -> dict:
         "mlx": mx.__version__,
         "mlx_lm": mlx_lm_version,
         "device": str(mx.default_device()),
-        "blas": blas.blas_status(),
+        "blas": blas_status(),
     }
     try:
         info["device_name"] = mx.device_info().get("device_name")

@@ -36,15 +36,17 @@ import argparse
 import asyncio
 import dataclasses
 import gc
-import importlib
 import sys
 import time
 import traceback
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+BENCH = Path(__file__).resolve().parent
+sys.path[:0] = [str(BENCH), str(BENCH.parent)]  # common and engine_worker
 
-from common import (  # noqa: E402  (imports engine_worker first: BLAS before mlx)
+from engine_worker.mlx_core import mx  # noqa: E402
+
+from common import (  # noqa: E402
     count_params,
     dump_json_line,
     ensure_default_model,
@@ -55,8 +57,6 @@ from common import (  # noqa: E402  (imports engine_worker first: BLAS before ml
     model_dtype,
     percentile,
 )
-
-mx = importlib.import_module("mlx.core")  # only after common (BLAS preload before mlx)
 
 # --------------------------------------------------------------------------------------------
 # (a) raw BatchGenerator
@@ -112,24 +112,10 @@ def run_raw(model, prompts, max_tokens, completion_batch_size, prefill_batch_siz
 
 
 def import_engine():
-    """Import the engine's public classes wherever the engine keeps them."""
-    ec = importlib.import_module("engine_worker.engine_core")
+    """The engine's public classes, through the seed's import path."""
+    from engine_worker.engine_core import EngineConfig, EngineCore, SchedulerConfig
     from engine_worker.request import SamplingParams
 
-    EngineCore = ec.EngineCore
-    EngineConfig = getattr(ec, "EngineConfig", None)
-    SchedulerConfig = getattr(ec, "SchedulerConfig", None)
-    for mod in ("engine_worker.config", "engine_worker.scheduler"):
-        if EngineConfig is not None and SchedulerConfig is not None:
-            break
-        try:
-            m = importlib.import_module(mod)
-        except ImportError:
-            continue
-        EngineConfig = EngineConfig or getattr(m, "EngineConfig", None)
-        SchedulerConfig = SchedulerConfig or getattr(m, "SchedulerConfig", None)
-    if EngineConfig is None or SchedulerConfig is None:
-        raise ImportError("EngineConfig/SchedulerConfig not found in engine_worker")
     return EngineCore, EngineConfig, SchedulerConfig, SamplingParams
 
 
@@ -316,13 +302,7 @@ def main(argv=None):
           f"device {result['env']['device']}, blas {result['env']['blas'].get('loaded')}", flush=True)
 
     pauses = GcPauses()
-    classes = None
-    if not args.skip_engine:
-        try:
-            classes = import_engine()
-        except Exception as exc:  # the bench still gives raw and sequential figures
-            result["engine_import_error"] = f"{type(exc).__name__}: {exc}"
-            print(f"# engine import failed, raw/seq only: {result['engine_import_error']}", flush=True)
+    classes = None if args.skip_engine else import_engine()
 
     async def bench_level(c):
         prompts = prompts_all[:c]

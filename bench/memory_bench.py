@@ -35,16 +35,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
-import importlib
 import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+BENCH = Path(__file__).resolve().parent
+sys.path[:0] = [str(BENCH), str(BENCH.parent)]  # common and engine_worker
+
+from engine_worker.mlx_core import mx  # noqa: E402
 
 from common import dump_json_line, ensure_default_model, environment, make_prompts, median  # noqa: E402
-
-mx = importlib.import_module("mlx.core")  # only after common (BLAS preload before mlx)
 
 from engine_worker.config import EngineConfig, SchedulerConfig  # noqa: E402
 from engine_worker.engine_core import EngineCore  # noqa: E402

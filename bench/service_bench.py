@@ -23,7 +23,8 @@ with daphne, Redis and Postgres a second one costs the service several times its
 
 Database: ``BENCH_DATABASE_URL`` (default: a ``service_bench`` database on the local PostgreSQL,
 created if missing). daphne runs with ``DB_POOL=1`` (psycopg's connection pool) when
-``psycopg_pool`` is importable, as ``scripts/run.sh`` does; ``BENCH_DB_POOL=0|1`` forces it. Redis: ``BENCH_REDIS_URL`` (default DB 11 of the local Redis; flushed).
+``psycopg_pool`` is importable, as ``scripts/run.sh`` does; ``BENCH_DB_POOL=0|1`` forces it.
+Redis: ``BENCH_REDIS_URL`` (default DB 11 of the local Redis; flushed).
 
     python bench/service_bench.py [--model PATH] [--concurrency 32] [--max-tokens 128] [--repeats 2]
 
@@ -170,7 +171,7 @@ class Service:
     def check_alone(self, r) -> None:
         """Refuse to measure when another engine worker consumes this Redis DB (a leftover of an
         interrupted run, say): it would take some of the jobs, and with another model or load
-        turn a run into nonsense (seen once: half the jobs took 80 s instead of 7)."""
+        turn a run into nonsense."""
         time.sleep(2.5)  # a heartbeat period (WORKER_HEARTBEAT_S, 2 s): a live worker re-publishes after the flush
         others = sorted(k.decode() for k in r.keys("engine:workers:*") if k.decode() != f"engine:workers:{self.worker_id}")
         if others:

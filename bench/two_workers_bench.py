@@ -13,8 +13,8 @@ also samples ``nvidia-smi``'s memory per process (each worker's process and its 
 
 A worker is **within its budget** when the most its mlx allocator can have held stayed at or below
 its budget: the largest of live arrays plus kept freed buffers seen, and mlx's peak of live arrays
-since the worker started plus the most freed buffers seen; on CUDA ``nvidia_within_budget`` says the same of nvidia-smi's figure, which also counts
-the CUDA context. **No OOM**: every job completed, no worker process exited, and no worker logged
+since the worker started plus the most freed buffers seen; on CUDA ``nvidia_within_budget`` says
+the same of nvidia-smi's figure, which also counts the CUDA context. **No OOM**: every job completed, no worker process exited, and no worker logged
 an out-of-memory step. Each worker's completed jobs (``worker_id`` in ``GET /api/v1/jobs``) show
 how the load split between them.
 

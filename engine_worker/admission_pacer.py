@@ -2,10 +2,9 @@
 
 mlx-lm samples a sequence's first token in the step that ends its prompt and returns it from the
 next step, after that step's own work. If that next step also admits prompts (merging their
-caches, prefilling, splitting them into the decode batch), the first tokens wait for all of it: on
-an H200 with a small model an admission step takes ~10 ms against ~2 ms for a decode-only step.
-Holding admission for that one step releases them a decode step later instead, and delays every
-waiting request by one decode step.
+caches, prefilling, splitting them into the decode batch), the first tokens wait for all of it,
+and an admission step can take several decode steps' time. Holding admission for that one step
+releases them a decode step later instead, and delays every waiting request by one decode step.
 
 So the pacer holds when what the due requests gain outweighs what the queue pays::
 

@@ -1,4 +1,4 @@
-"""The seed's asyncio request API of :class:`~engine_worker.engine_core.EngineCore`.
+"""The seed's asyncio request API of :class:`~engine_worker.engine.EngineCore`.
 
 ``add_request`` registers a per-request :class:`AsyncCollector` on the caller's loop; the engine
 thread fills it once per step; ``stream_outputs`` and ``generate`` drain it. A consumer that stops

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from engine_worker.config import EngineConfig
+from engine_worker.engine import EngineCore
 from engine_worker.request import RequestOutput, SamplingParams
 
 
@@ -17,8 +18,6 @@ class AsyncEngineCore:
     and, on exit, stops it and closes the engine."""
 
     def __init__(self, model: Any, tokenizer: Any, config: EngineConfig | None = None) -> None:
-        from engine_worker.engine_core import EngineCore  # engine_core re-exports this class
-
         self.engine = EngineCore(model, tokenizer, config)
 
     async def __aenter__(self) -> AsyncEngineCore:

@@ -1,18 +1,19 @@
 """Load a fast BLAS before mlx on Linux CPU.
 
-The ``mlx-cpu`` wheel links ``cblas_sgemm`` from a bundled netlib *reference* BLAS: about
-3 GFLOP/s on the dev machine, so batching gives no speedup at all. Loading OpenBLAS with
-``RTLD_GLOBAL`` before the first ``import mlx.core`` makes the dynamic linker resolve those
-symbols to OpenBLAS instead (150-260 GFLOP/s, mlx-notes.md section 4).
+The ``mlx-cpu`` wheel links ``cblas_sgemm`` from a bundled netlib *reference* BLAS, some fifty
+times slower than OpenBLAS (bench/blas_gemm.py measures both), so batching gives no speedup. Loading
+OpenBLAS with ``RTLD_GLOBAL`` before the first ``import mlx.core`` makes the dynamic linker
+resolve those symbols to OpenBLAS instead.
 
-Import this module (or call :func:`preload_openblas`) before anything imports ``mlx``. It is a
-no-op on macOS and when mlx is already imported, and it never fails: without OpenBLAS the engine
-still runs, only slower, and :func:`blas_status` says so.
+:mod:`engine_worker.mlx_core` calls :func:`preload_openblas` before it imports ``mlx.core``;
+importing this module loads nothing. The preload is a no-op on macOS and when mlx is already
+imported, and it never fails: without OpenBLAS the engine still runs, only slower, and
+:func:`blas_status` says so.
 
 A library built for one CPU (no ``DYNAMIC_ARCH``) is only loaded where the CPU has the
-instructions its kernels use. cmeel-openblas 0.3.31 is built for SKYLAKEX: on an AVX2-only EPYC
-its first sgemm died with SIGILL (``vmovups %zmm0`` in ``sgemm_beta``), taking every process that
-ran the model with it. Such a library is skipped and the next candidate tried: Debian's
+instructions its kernels use. cmeel-openblas 0.3.31 is built for SKYLAKEX: on a CPU without
+AVX-512 its first sgemm dies with SIGILL (``vmovups %zmm0`` in ``sgemm_beta``), taking the
+process with it. Such a library is skipped and the next candidate tried: Debian's
 ``libopenblas0-pthread`` is a DYNAMIC_ARCH build that picks its kernels at run time.
 """
 
@@ -122,5 +123,3 @@ def blas_status() -> dict[str, str | bool | None]:
     """What :func:`preload_openblas` did, for stats and the README's troubleshooting."""
     return dict(_status)
 
-
-preload_openblas()

@@ -14,7 +14,8 @@ import logging
 from collections.abc import Sequence
 from typing import Any, NamedTuple, Protocol
 
-import mlx.core as mx
+from engine_worker.mlx_core import mx
+
 from mlx_lm.generate import BatchGenerator
 from mlx_lm.models.cache import KVCache, RotatingKVCache, make_prompt_cache
 

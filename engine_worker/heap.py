@@ -15,9 +15,8 @@ def freeze_startup_heap() -> bool:
 
     Called when the first engine starts. The model, the tokenizer and the imported modules (tens
     of thousands of objects) live as long as the process, yet every full collection would rescan
-    them: about 40 ms a collection on the dev VM, triggered every few thousand steps by the outputs
-    the engine allocates, and paid by whichever thread allocates, the engine thread mid-step
-    included. vLLM's engine core freezes its start-up heap for the same reason. Frozen objects are
+    them: tens of milliseconds a collection, triggered every few thousand steps by the outputs the
+    engine allocates, and paid by whichever thread allocates, the engine thread mid-step included. vLLM's engine core freezes its start-up heap for the same reason. Frozen objects are
     never collected, so this runs once, not for every engine. Returns True if it froze now.
     """
     global _frozen

@@ -6,7 +6,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
-import mlx.core as mx
+from engine_worker.mlx_core import mx
+
 import mlx_lm
 from mlx_lm.utils import dequantize_model
 
@@ -19,8 +20,8 @@ def load_model(path: str | Path, dtype: str | None = None) -> tuple[Any, Any]:
     """Load ``(model, tokenizer)`` from an mlx-lm model folder.
 
     On the CPU the weights are made fp32 (dequantized first if needed): only fp32 matmuls use the
-    fast BLAS there; bf16/fp16/4-bit run many times slower (mlx-notes.md section 4c). ``dtype``
-    (e.g. ``"bfloat16"``) overrides that choice.
+    fast BLAS there; bf16/fp16/4-bit run many times slower. ``dtype`` (e.g. ``"bfloat16"``)
+    overrides that choice.
     """
     model, tokenizer = mlx_lm.load(str(path))
     target = getattr(mx, dtype) if dtype else (mx.float32 if device_label() == "cpu" else None)

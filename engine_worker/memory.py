@@ -2,7 +2,7 @@
 limits, and how an allocation failure is recognised.
 
 Nothing here assumes Metal: the figures come from ``mx.get_active_memory()`` and friends, which
-work on the CPU, CUDA and Metal builds alike (mlx-notes.md section 4e).
+work on the CPU, CUDA and Metal builds alike.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import logging
 import os
 from typing import Any
 
-import mlx.core as mx
+from engine_worker.mlx_core import mx
 
 logger = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ def apply_allocator_limits(total_bytes: int, cache_bytes: int) -> None:
 
     mlx's own defaults keep freed buffers up to the memory limit, 95 % of the device on CUDA:
     a continuous batch frees buffers of a new size at every join and finish, which are never
-    reused, so the cache alone grew to tens of GB. Process-wide: one engine per process.
+    reused, so the cache alone would grow to tens of GB. Process-wide: one engine per process.
     """
     mx.set_memory_limit(int(total_bytes))
     mx.set_cache_limit(int(cache_bytes))

@@ -11,7 +11,7 @@ The budget bounds everything the worker's mlx allocator holds on the device::
 * ``allocator_cache``: the freed buffers mlx keeps for reuse (``mx.set_cache_limit``): the working
   memory of one decode step of a full batch, and at least 1/16 of ``total``, which is what the
   next steps reuse. It is bounded because a continuous batch's KV buffers change size at every
-  join and finish and are never reused: unbounded, the cache grew to most of the device.
+  join and finish and are never reused: unbounded, the cache would grow to most of the device.
 * ``prefix_cache``: ``cache_memory_mb``, or ``cache_memory_percent`` of ``total``. Running
   requests come first: the scheduler lowers the prefix cache's limit (least recently used
   entries go) while the batch needs the memory, and raises it again when the batch shrinks.
@@ -31,6 +31,9 @@ import logging
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from engine_worker.mlx_core import mx
+
+from mlx.utils import tree_flatten
 from mlx_lm.models.cache import BatchKVCache, KVCache
 
 logger = logging.getLogger(__name__)
@@ -45,8 +48,8 @@ _VOCAB_ROWS = 4
 _FALLBACK_CACHE_BYTES = 32 << 20
 # The allocator cache keeps at least this share of the budget: a step's temporaries (a prefill
 # chunk's attention scores above all) are then reused by the next step instead of going back to
-# the device and being allocated again. On the H200 a cache of one decode step's working memory
-# (69 MiB for the 316M model) left the engine at 0.62 of raw BatchGenerator's tok/s.
+# the device and being allocated again. With only one decode step's working memory cached, a GPU
+# engine spends a large part of each prefill step allocating.
 ALLOCATOR_CACHE_SHARE = 16
 
 
@@ -104,27 +107,17 @@ def _attention_layers(model: Any, layers: int) -> int:
 def _compute_dtype_bytes(model: Any) -> int:
     """Bytes of the dtype activations and KV are computed in: that of the first floating-point
     parameter (a quantized model's weights are packed integers; its scales are floating)."""
-    from mlx.utils import tree_flatten
-
     for _, value in tree_flatten(model.parameters()):
         if value.dtype in _FLOAT_BYTES:
             return _FLOAT_BYTES[value.dtype]
     raise ValueError("the model has no floating-point parameter")
 
 
-def _float_bytes() -> dict[Any, int]:
-    import mlx.core as mx
-
-    return {mx.float32: 4, mx.float16: 2, mx.bfloat16: 2}
-
-
-_FLOAT_BYTES = _float_bytes()
+_FLOAT_BYTES = {mx.float32: 4, mx.float16: 2, mx.bfloat16: 2}
 
 
 def weights_bytes(model: Any) -> int:
     """Bytes of the model's parameters (0 for an object without ``parameters``)."""
-    from mlx.utils import tree_flatten
-
     parameters = getattr(model, "parameters", None)
     if parameters is None:
         return 0

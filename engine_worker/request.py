@@ -1,7 +1,7 @@
 """Request types of the seed (vllm-mlx ``request.py``), with the same names, arguments and defaults.
 
-See ``shared/notes/request-api.md``. Additions over the seed are keyword-only and defaulted, so code
-written against vllm-mlx constructs these unchanged:
+Additions over the seed are keyword-only and defaulted, so code written against vllm-mlx
+constructs these unchanged:
 
 * ``SamplingParams.seed`` (per-request reproducible sampling) and ``top_k``/``min_p`` are honoured
   per request; ``ignore_eos`` makes a request run to ``max_tokens`` (benchmarks).
@@ -84,10 +84,6 @@ class SamplingParams:
             self.stop = [self.stop]
         if self.stop_token_ids is None:
             self.stop_token_ids = []
-
-    @property
-    def is_greedy(self) -> bool:
-        return self.temperature <= 0.0
 
 
 class OutputText:

@@ -8,13 +8,16 @@ to the memory budget (preempting if it must, see :mod:`engine_worker.memory_guar
 generator step, turn its responses into :class:`RequestOutput`s. A step that runs out of device
 memory is survived: the batch waits again and runs at most half as large.
 
+This file holds admission and the step; the class's other parts are mixins, one file each: how a
+request leaves the batch (:mod:`engine_worker.scheduler_exits`), the memory budget and preemption
+(:mod:`engine_worker.scheduler_memory`), stats, caches and resets (:mod:`engine_worker.scheduler_ops`).
+
 Not thread-safe: one thread calls every method (``EngineCore`` runs it on its engine thread and
 hands other threads' requests and aborts over through queues).
 """
 
 from __future__ import annotations
 
-import gc
 import logging
 import time
 from collections.abc import Callable
@@ -37,16 +40,16 @@ from engine_worker.memory_guard import MemoryGuard
 from engine_worker.prefix_seam import PrefixSeam, default_backend
 from engine_worker.request import Request, RequestOutput, RequestStatus, step_output
 from engine_worker.sampling import SamplingFactory, eos_token_ids
+from engine_worker.scheduler_exits import BatchExits
 from engine_worker.scheduler_memory import BatchMemory, sequence_tokens
-from engine_worker.stats import SchedulerCounters, mtp_status, request_rows
+from engine_worker.scheduler_ops import SchedulerOps
+from engine_worker.stats import SchedulerCounters, mtp_status
 from engine_worker.text_stream import TextStream
 from engine_worker.waiting_queue import WaitingQueue
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["Scheduler", "SchedulerConfig", "SchedulerOutput", "SchedulingPolicy"]
-
-_FINISH_STATUS = {"stop": RequestStatus.FINISHED_STOPPED, "length": RequestStatus.FINISHED_LENGTH_CAPPED}
 
 
 @dataclass
@@ -61,7 +64,7 @@ class SchedulerOutput:
     has_work: bool = False
 
 
-class Scheduler(BatchMemory):
+class Scheduler(BatchExits, BatchMemory, SchedulerOps):
     """Continuous-batching request manager (seed API: ``Scheduler(model, tokenizer, config)``).
 
     ``prefix_cache`` plugs a cache back end in (see :mod:`engine_worker.cache_protocol`); by
@@ -375,222 +378,3 @@ class Scheduler(BatchMemory):
         if asking:
             for (out, _), entry in zip(asking, token_logprobs([row for _, row in asking]), strict=True):
                 out.new_logprobs = [entry]
-
-    def _processor_guard(self, request: Request) -> Any:
-        if not request.sampling_params.logits_processors:
-            return None
-        errors, rid = self._processor_errors, request.request_id
-        return lambda exc: errors.setdefault(rid, exc)
-
-    def _fail_processor_errors(self) -> None:
-        errors, self._processor_errors = self._processor_errors, {}
-        for rid, exc in errors.items():
-            request = self.running.get(rid)
-            if request is not None:
-                self._remove_from_batch(request)
-                self._fail(request, f"logits processor failed: {exc!r}")
-
-    def _remove_from_batch(self, request: Request, *, stop_string: bool = False) -> None:
-        uid = self.request_id_to_uid.get(request.request_id)
-        if uid is None or self.runner is None:
-            return
-        want = stop_string and self._cache.active
-        removed = self.runner.remove([uid], return_caches=want)
-        if want and uid in removed:
-            cache, tokens = removed[uid]
-            request.prompt_cache = (cache, list(tokens))
-
-    def _finish(self, request: Request, reason: str, cache: Any = None, all_tokens: Any = None) -> None:
-        rid = request.request_id
-        request.set_finished(_FINISH_STATUS[reason], reason)
-        if cache is None and isinstance(request.prompt_cache, tuple):
-            cache, all_tokens = request.prompt_cache
-        request.prompt_cache = None
-        if cache is not None and all_tokens is not None and self._cache.active:
-            self._cache.store(rid, all_tokens, cache)
-        self._release(rid)  # after the store: the blocks it was served from stay pinned till then
-        self.counters.num_requests_processed += 1
-        self.counters.total_completion_tokens += request.num_output_tokens
-
-    def _release(self, rid: str) -> None:
-        self._unmap(rid)
-        self._streams.pop(rid, None)
-
-    def _unmap(self, rid: str) -> None:
-        """Take a request out of the batch's bookkeeping (not out of the generator)."""
-        self.running.pop(rid, None)
-        self._lifecycle.forget(rid)
-        self._cache.release(rid)
-        uid = self.request_id_to_uid.pop(rid, None)
-        if uid is not None:
-            self.uid_to_request_id.pop(uid, None)
-            self._live_by_uid.pop(uid, None)
-            self._logprobs_by_uid.pop(uid, None)
-            self._prefilling.discard(uid)
-
-    def _final_output(self, request: Request) -> RequestOutput:
-        """The output of a request that ended outside a generator step (error, abort)."""
-        out = step_output(request, [], "", request.finish_reason)
-        out.finished = True
-        out.error = request.error
-        return out
-
-    def _fail(self, request: Request, message: str) -> None:
-        """Finish one request with an error; its output goes out with the next step."""
-        request.error = message
-        request.set_finished(RequestStatus.FINISHED_ERROR, "error")
-        request.prompt_cache = None
-        self._release(request.request_id)
-        self.counters.num_requests_failed += 1
-        self._pending_outputs.append(self._final_output(request))
-
-    def _fail_running(self, message: str) -> None:
-        for request in list(self.running.values()):
-            self._fail(request, message)
-        self._drop_runner()
-
-    def _drop_runner(self) -> None:
-        """Discard a generator whose state is unknown after a failed step."""
-        self._prefilling.clear()
-        self._first_tokens_due = 0
-        runner, self.runner = self.runner, None
-        if runner is not None:
-            try:
-                runner.close()
-            except Exception:  # best effort: the generator is being discarded anyway
-                logger.exception("closing a failed generator raised")
-
-    # ----------------------------------------------------------------- abort
-
-    def abort_request(self, request_id: str) -> bool:
-        """Abort now: a waiting request is dropped and never runs; a running one leaves the batch
-        before the next step. Its final output (``finish_reason="abort"``) goes out with the next
-        step. Returns False if the request is unknown or already finished."""
-        request = self.requests.get(request_id)
-        if request is None or request.is_finished():
-            return False
-        if request.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED):
-            self.waiting.remove(request)
-            self.counters.total_completion_tokens += request.num_output_tokens  # a preempted one has some
-        else:
-            self._abort_in_batch(request)
-            self.counters.total_completion_tokens += request.num_output_tokens
-        request.set_finished(RequestStatus.FINISHED_ABORTED, "abort")
-        request.prompt_cache = None
-        self._release(request_id)
-        self.counters.num_requests_aborted += 1
-        self._pending_outputs.append(self._final_output(request))
-        return True
-
-    def _abort_in_batch(self, request: Request) -> None:
-        """Take a running request out of the batch, keeping what it had prefilled (and
-        generated) in the prefix cache: a long prompt aborted halfway stays reusable."""
-        uid = self.request_id_to_uid.get(request.request_id)
-        if uid is None or self.runner is None:
-            return
-        active = self._cache.active
-        removed = self.runner.remove([uid], return_caches=active)
-        if active:
-            self._lifecycle.store_removed(request, removed.get(uid))
-
-    # ----------------------------------------------------------------- stats
-
-    def get_running_requests_info(self) -> list[dict[str, Any]]:
-        """Dashboard rows with exactly the seed's fields: waiting requests, then running ones."""
-        return request_rows(list(self.waiting), list(self.running.values()), time.time())
-
-    def get_stats(self) -> dict[str, Any]:
-        c = self.counters
-        stats: dict[str, Any] = {
-            "num_waiting": len(self.waiting),
-            "num_running": len(self.running),
-            "num_requests_processed": c.num_requests_processed,
-            "total_prompt_tokens": c.total_prompt_tokens,
-            "total_completion_tokens": c.total_completion_tokens,
-            "counters": {**c.as_dict(), "num_cache_errors": self._cache.errors},
-        }
-        stats["memory"] = mem = memory.memory_stats()
-        mem.update(self._memory_use())
-        stats.update(memory.seed_memory_keys(mem))
-        if self.mtp_status is not None:
-            stats["mtp"] = dict(self.mtp_status)
-        cache_stats = self._cache.stats()
-        if cache_stats is not None:
-            stats[self.prefix_cache.name] = cache_stats
-        return stats
-
-    def get_cache_stats(self) -> dict[str, Any] | None:
-        return self._cache.stats()
-
-    def list_cache_entries(self) -> list[dict[str, Any]]:
-        """Operator view: one row per prefix-cache entry (key_hash, tokens, bytes, tier,
-        hit_count, last_used, quantized); empty without a cache."""
-        return self._lifecycle.list_entries()
-
-    def evict_cache_entry(self, key: str) -> bool:
-        """Drop one prefix-cache entry (every tier) by its ``key_hash``; False if unknown."""
-        return self._lifecycle.evict(key)
-
-    # ----------------------------------------------------------------- caches and resets
-
-    def clear_runtime_caches(self) -> dict[str, bool]:
-        """Clear the prefix cache and the allocator cache; requests are untouched."""
-        result = {"paged_cache": False, "memory_aware_cache": False, "prefix_cache": False}
-        if self._cache.clear():
-            result[self.prefix_cache.name] = True
-        memory.clear_allocator_cache()
-        return result
-
-    def clear_prefix_cache(self) -> None:
-        self._cache.clear()
-
-    def save_cache_to_disk(self, cache_dir: str) -> bool:
-        return self._cache.save(cache_dir)
-
-    def load_cache_from_disk(self, cache_dir: str) -> int:
-        return self._cache.load(cache_dir)
-
-    def close_ssd_tier(self) -> None:
-        """Flush and stop the prefix cache's SSD tier, if it has one (seed API; ``deep_reset``
-        does it too)."""
-        self._cache.close()
-
-    def reset(self) -> None:
-        """Abort every request, drop the generator, clear the caches and the counters' queues."""
-        # Detached while aborting: the generator is discarded, so nothing is removed from it and
-        # no aborted prefix is stored (the cache is cleared below; after a failure it is suspect).
-        runner, self.runner = self.runner, None
-        for rid in list(self.requests):
-            self.abort_request(rid)
-        self.runner = runner
-        self.requests.clear()
-        self.waiting.clear()
-        self.running.clear()
-        self._streams.clear()
-        self._pending_outputs.clear()
-        self.request_id_to_uid.clear()
-        self.uid_to_request_id.clear()
-        self._live_by_uid.clear()
-        self._logprobs_by_uid.clear()
-        self.finished_req_ids = set()
-        self.close()
-        self.clear_runtime_caches()
-
-    def deep_reset(self) -> None:
-        """``reset()`` plus dropping every cache reference the model may hold, and closing the
-        prefix cache's disk tier (it flushes pending writes)."""
-        self.reset()
-        self._cache.close()
-        for obj in [self.model, *getattr(self.model, "layers", [])]:
-            for holder in (obj, getattr(obj, "self_attn", None)):
-                if holder is not None and hasattr(holder, "cache"):
-                    holder.cache = None
-        gc.collect()
-
-    def close(self) -> None:
-        """Release the generator (on the thread that stepped it)."""
-        self._prefilling.clear()  # its uids die with it
-        self._first_tokens_due = 0
-        runner, self.runner = self.runner, None
-        if runner is not None:
-            runner.close()

@@ -5,7 +5,7 @@ extension point daphne or Twisted offers (the CLI's ``server_class``, the ``Serv
 ``Factory.protocol`` and ``LineReceiver.lineLengthExceeded``):
 
 * **the access log holds no secrets.** daphne writes each request's path with its query string,
-  so ``?api_key=`` reached the log in full; every path goes through
+  so ``?api_key=`` would reach the log in full; every path goes through
   :func:`inference_service.redaction.redact_secrets` first.
 * **an over-long request head is answered, not dropped.** Twisted's HTTP channel closes the
   connection without a word on a line over 16 KiB (a 64 KiB ``Authorization`` header, say) and

@@ -15,8 +15,8 @@ burst while the others idle. The supervisor keeps every socket open, so connecti
 dead child's socket wait for its replacement instead of being refused. Elsewhere (macOS's
 SO_REUSEPORT does not balance) the children share one socket.
 
-WebSockets need no affinity: a socket lives in the child that accepted it, and the Redis channel
-layer delivers a job's messages to whichever child holds its group members.
+WebSockets need no affinity: a socket lives in the child that accepted it, which reads its job's
+Redis stream itself; a key's revocation reaches every child through the channel layer.
 """
 
 from __future__ import annotations

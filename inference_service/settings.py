@@ -1,8 +1,8 @@
 """Django settings, read from the environment through :mod:`inference_service.env`.
 
 Embedded defaults (no variables set): SQLite under ``var/``, Redis on localhost DB 0, the demo
-model shipped in ``engine_worker/model/demo``. ``DATABASE_URL``/``REDIS_URL``/``MODEL_PATH`` switch to real
-deployments.
+model shipped in ``engine_worker/model/demo``. ``DATABASE_URL``/``REDIS_URL``/``MODEL_PATH``
+switch to real deployments.
 """
 
 from __future__ import annotations
@@ -97,7 +97,7 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql" and env_boo
     DATABASES["default"]["CONN_MAX_AGE"] = 0
     # Django's health checks would make the pool check each connection it lends, and psycopg's
     # pool waits 1, 2, 4 s... between failed checks: after pg_terminate_backend on its idle
-    # connections, a lone request waited 10 s for a 503 and the next one 7 s. Instead a request
+    # connections, a request would wait many seconds for its 503. Instead a request
     # that meets a dead connection is a 503 at once (api/errors.py), which also has the pool's
     # idle connections checked, so their loss fails no other request.
     DATABASES["default"]["CONN_HEALTH_CHECKS"] = False
@@ -215,10 +215,6 @@ WORKER_DRAIN_S = env_float("WORKER_DRAIN_S", 30.0, minimum=0.0)
 JOB_REDISPATCH_AFTER_S = env_float("JOB_REDISPATCH_AFTER_S", 30.0, minimum=0.5)
 WORKER_STREAM_INTERVAL_MS = env_float("WORKER_STREAM_INTERVAL_MS", 40.0, minimum=0.0)
 WORKER_PREFETCH = env_int("WORKER_PREFETCH", 16, minimum=1)
-# How long a job's stream stays replayable after its last write; after that a client that
-# resumes gets the job's end from the database.
-JOB_STREAM_TTL_S = env_int("JOB_STREAM_TTL_S", 6 * 3600, minimum=1)
-
 # One handler, which redacts secrets (API keys sent as ``?api_key=``, say) from every line it
 # writes. Django's own loggers write through it too instead of Django's default handlers, which
 # would print the same records unredacted (inference_service/redaction.py; daphne's access log is

@@ -1,23 +1,33 @@
-"""API keys: creation (the secret is returned once), revocation, last-used bookkeeping."""
+"""API keys: creation (the secret is returned once), revocation (announced to the job streams the
+key opened, api/key_revocation.py), last-used bookkeeping."""
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import secrets
 from datetime import timedelta
 
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 from django.utils import timezone
+from redis.exceptions import RedisError
 
+from api.keys import api_key_group_name
 from api.models import ApiKey
 from api.selectors.owned_keys import api_key_get
+
+logger = logging.getLogger(__name__)
 
 SECRET_PREFIX = "sk-"
 VISIBLE_PREFIX_LENGTH = 12
 # last_used_at is a hint for operators, not an audit log: write it at most once a minute per key
 # so polling clients do not turn every GET into a row update.
 TOUCH_INTERVAL = timedelta(seconds=60)
+# The channel-layer message a revocation sends; KeyRevocationEvents.api_key_revoked handles it.
+EVENT_REVOKED = "api_key.revoked"
 
 
 def hash_secret(raw: str) -> str:
@@ -64,14 +74,22 @@ def api_key_generate_secret() -> str:
 def api_key_revoke(*, api_key_id: int) -> bool:
     """Revoke a key; returns False if it was already revoked. Takes effect on the next request, and
     once the revocation commits, the job streams the key opened end (api/key_revocation.py)."""
-    from api.key_revocation import api_key_revocation_announce
-
     updated = ApiKey.objects.filter(id=api_key_id, revoked_at__isnull=True).update(revoked_at=timezone.now())
     if updated != 1:
         return False
     hashed_key = ApiKey.objects.values_list("hashed_key", flat=True).get(id=api_key_id)
     transaction.on_commit(lambda: api_key_revocation_announce(hashed_key=hashed_key))
     return True
+
+
+def api_key_revocation_announce(*, hashed_key: str) -> None:
+    """Tell the connections authenticated by the key with this stored hash that it is revoked.
+    Best effort: with Redis down there are no streams to end (they need Redis), and every new
+    request is refused by the database row anyway."""
+    try:
+        async_to_sync(get_channel_layer().group_send)(api_key_group_name(hashed_key), {"type": EVENT_REVOKED})
+    except (RedisError, OSError, TimeoutError):
+        logger.warning("Could not announce a key's revocation to its open streams", exc_info=True)
 
 
 def api_key_revoke_owned(*, key_id: int, owner: AbstractBaseUser) -> ApiKey:

@@ -3,10 +3,11 @@
 A user's delete keeps the row as a tombstone. Its prompt, messages, token ids, output, error,
 stop strings, metadata, log probabilities and idempotency key are cleared and ``deleted_at`` is
 set; its status, token counts and timings stay. The key's daily token quota and the usage roll-up
-count those rows (services/quotas.py), so a delete never gives a quota back. Every user-facing read (the job, the list, cancel, the WebSocket and the events
-stream) treats a tombstone as not found, and the job's Redis stream, which holds the same text,
-goes once the delete commits. A job still queued or running cannot be deleted: it must end first,
-or a worker could write its output after the content was cleared.
+count those rows (services/quotas.py), so a delete never gives a quota back. Every user-facing
+read (the job, the list, cancel, the WebSocket and the events stream) treats a tombstone as not
+found, and the job's Redis stream, which holds the same text, goes once the delete commits. A job
+still queued or running cannot be deleted: it must end first, or a worker could write its output
+after the content was cleared.
 
 What a delete does not reach: the engine workers' prefix caches keep the KV state of recent
 prompts, keyed by their token ids (in memory, and on disk with ``ENGINE_SSD_CACHE_DIR``), until
@@ -80,8 +81,8 @@ def job_delete(*, job_id: uuid.UUID | str, owner: AbstractBaseUser | None) -> Jo
 
 def _drop_stream_now_and_later(job_id: str) -> None:
     drop_stream(job_id)
-    # The worker's output process writes a job's final to the database before its last chunks and
-    # final reach the stream: a client that saw the job end and deleted it at once can be a few
+    # A worker writes a job's final to the database before its last chunks and final reach the
+    # stream: a client that saw the job end and deleted it at once can be a few
     # milliseconds ahead of those writes, which would make the stream again. So once more, later.
     try:
         celery_app.send_task(DROP_JOB_STREAM_TASK, args=[job_id], countdown=STREAM_REDROP_S)

@@ -107,8 +107,8 @@ def jobs_record_progress(*, worker_id: str, progress: list[Progress]) -> int:
     first-token times seen since the last write, in one transaction (one statement on
     PostgreSQL). A row's first-token time, once set, stays.
 
-    Plain SQL: the ORM form (a CASE per column with a WHEN per job) took 38.7 ms of the worker's
-    CPU for 32 jobs (this takes 6.8), mostly compiling, while the engine thread waited for the GIL."""
+    Plain SQL: the ORM's form of it (a CASE per column with a WHEN per job) costs several times the
+    CPU, mostly compiling the query, on the thread that writes every job's output."""
     if not progress:
         return 0
     pk, text = Job._meta.pk, Job._meta.get_field("output_text")
@@ -160,23 +160,18 @@ def _progress_sql() -> str:
     )
 
 
-def job_complete(*, result: FinalResult, worker_id: str) -> bool:
-    """in_progress → completed / failed / cancelled with the engine's text and token counts.
+def jobs_complete(*, results: list[FinalResult], worker_id: str) -> list[str]:
+    """in_progress → completed / failed / cancelled with the engine's text and token counts, for
+    the finals of one output batch. Returns the ids of the jobs whose rows it changed (their finals
+    are stored; only those may be published).
 
     A job whose cancellation already moved it to ``cancelled`` still gets its partial text and
     usage. A worker that no longer holds the job (its lease expired and it was handed on) changes
-    nothing."""
-    return bool(jobs_complete(results=[result], worker_id=worker_id))
+    nothing.
 
-
-def jobs_complete(*, results: list[FinalResult], worker_id: str) -> list[str]:
-    """:func:`job_complete` for the finals of one output batch, in one transaction. Returns the
-    ids of the jobs whose rows it changed (their finals are stored; only those may be published).
-
-    With 32 jobs finishing on the same step, one ORM UPDATE and commit per final kept the last
-    final 45-59 ms (median) from its client on the GPU host, while the engine had already
-    finished. On PostgreSQL the batch is one ``UPDATE ... FROM (VALUES ...)``: the 32 statements
-    of an ``executemany`` were each parsed and planned, 11 ms on the dev VM against 6 ms."""
+    One transaction for the batch: a commit per final would hold the last of a step's finals back
+    by the others' round trips. On PostgreSQL the batch is one ``UPDATE ... FROM (VALUES ...)``,
+    parsed and planned once, where an ``executemany`` would parse and plan a statement per job."""
     if not results:
         return []
     # A job's last final wins, as it would have with one statement per final.
@@ -244,9 +239,9 @@ def _complete_sql_pg() -> str:
 def _complete_sql() -> str:
     """The final's UPDATE: the status changes only from in_progress; an aborted job that a cancel
     already moved to cancelled gets its text and usage too, unless its owner deleted it meanwhile
-    (its content stays gone). The first-token time is the final's
-    unless the row has one: a job whose first token and final the worker sent together (one token,
-    or batches the output process merged) has no other."""
+    (its content stays gone). The first-token time is the final's unless the row has one: a job
+    whose first token and final the worker sent together (one token, or outputs the I/O thread
+    folded into one batch) has no other."""
     q = connection.ops.quote_name
     column = _job_columns("status", "output_text", "finish_reason", "error", "prompt_tokens", "cached_tokens",
                           "completion_tokens", "finished_at", "last_seq", "first_token_at", "lease_expires_at", "id",
@@ -337,7 +332,7 @@ def job_renew_leases(*, worker_id: str, job_ids: list[str], lease_s: float) -> i
 def jobs_cancel_requested(*, worker_id: str, job_ids: list[str]) -> list[str]:
     """Held jobs the worker should stop: their cancellation was requested (the fallback when the
     pub/sub message is lost), or they already ended cancelled or failed (a job whose output
-    could not be stored, api/streaming/sink.py)."""
+    could not be stored, api/worker/sink.py)."""
     if not job_ids:
         return []
     rows = Job.objects.filter(id__in=job_ids, worker_id=worker_id).filter(

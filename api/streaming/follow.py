@@ -2,8 +2,9 @@
 
 The WebSocket (api/consumers.py), server-sent events (api/sse.py) and OpenAI's completions
 (api/openai_api/consumer.py) all mix this in. ``open_relay`` looks at the stream first (so a
-consumer can still refuse with a clear error when Redis is down, before it promises a stream), ``follow`` runs the relay until
-the job's final has been sent, and ``stop_following`` (from ``disconnect``) cancels it.
+consumer can still refuse with a clear error when Redis is down, before it promises a stream),
+``follow`` runs the relay until the job's final has been sent, and ``stop_following`` (from
+``disconnect``) cancels it.
 """
 
 from __future__ import annotations

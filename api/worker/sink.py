@@ -136,9 +136,9 @@ class RedisJobSink:
         return self._write_progress()
 
     def _write_progress(self) -> list[dict[str, Any]]:
-        """Every job's text so far, in one UPDATE per interval. A timer per job (as before) let
-        jobs that started at different steps fall due on different steps: with 32 running jobs
-        nearly every batch compiled and ran its own CASE UPDATE, a fifth of the worker's time."""
+        """Every job's text so far, in one UPDATE per interval for all of them: with a timer per
+        job, jobs that started at different steps would fall due on different steps, and nearly
+        every batch would compile and run an UPDATE of its own."""
         now = time.monotonic()
         if not self._unsaved or now - self._progress_at < self._progress_interval_s:
             return []

@@ -19,7 +19,8 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-import mlx.core as mx
+from engine_worker.mlx_core import mx
+
 import numpy as np
 import safetensors.numpy as st
 from safetensors import SafetensorError

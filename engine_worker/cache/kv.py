@@ -21,7 +21,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import mlx.core as mx
+from engine_worker.mlx_core import mx
+
 from mlx_lm.models.cache import KVCache, RotatingKVCache
 
 from engine_worker.cache.types import UnsupportedCache

@@ -13,8 +13,8 @@ to a shorter prefix (a sliding-window ``RotatingKVCache`` that wrapped, under ``
 stored whole under exactly the tokens it holds and only serves prompts that extend them (the next
 turn); the scheduler therefore also stores a prompt-only snapshot of such a request, taken when
 its prompt is processed (``stores_wrapped_windows``; see :mod:`engine_worker.cache_lifecycle`),
-so the same prompt with another follow-up hits too. Recurrent
-(``ArraysCache``) state is not stored.
+so the same prompt with another follow-up hits too. Recurrent (``ArraysCache``) state is not
+stored.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from engine_worker.cache import entry_io, kv
 from engine_worker.cache.budget import MB, resolve_budget_bytes
 from engine_worker.cache.index import as_token_array
 from engine_worker.cache.persistence import load_entries, save_entries
-from engine_worker.cache.ssd_tier import SSDCacheTier, SSDCandidate
+from engine_worker.cache.ssd_tier import SSDCacheTier
 from engine_worker.cache.store import Entry, EntryStore
 from engine_worker.cache.types import (
     CacheCounters,
@@ -81,7 +81,6 @@ class MemoryAwarePrefixCache:
         self._max_bytes = self._store.max_bytes  # the configured limit; set_byte_limit lowers below it
         self._counters = CacheCounters()
         self._ssd: SSDCacheTier | None = None
-        self._last_match_type = MatchType.MISS
 
     # ---- the scheduler's seam -------------------------------------------------------------------
     @property
@@ -109,10 +108,6 @@ class MemoryAwarePrefixCache:
                 self._spill(old)
         return sum(e.nbytes for e in evicted)
 
-    @property
-    def last_match_type(self) -> MatchType:
-        return self._last_match_type
-
     def fetch(self, tokens: Sequence[int]) -> tuple[list[Any] | None, list[int], str]:
         """``(cache_layers | None, remaining_tokens, hit_type)``; see the module docstring."""
         return self.lookup(tokens).as_tuple()
@@ -134,7 +129,6 @@ class MemoryAwarePrefixCache:
             self._counters.record(hit.match_type, hit.cached_tokens)
         if hit.match_type is MatchType.SSD_HIT and self._ssd is not None:
             self._ssd.count("ssd_hits")
-        self._last_match_type = hit.match_type
         return hit
 
     def store(self, tokens: Sequence[int], cache_layers: list[Any], evict_prefixes: bool = True) -> bool:
@@ -223,19 +217,6 @@ class MemoryAwarePrefixCache:
     @property
     def ssd_tier(self) -> SSDCacheTier | None:
         return self._ssd
-
-    def check_ssd(self, tokens: Sequence[int]) -> SSDCandidate | None:
-        """A disk entry serving ``tokens`` better than RAM, with its background read queued."""
-        if self._ssd is None:
-            return None
-        candidate = self._ssd.best_match(as_token_array(tokens))
-        if candidate is not None:
-            self._ssd.request_load(candidate)
-        return candidate
-
-    def promotion_pending(self, candidate: SSDCandidate) -> bool:
-        """True while the background read of ``candidate`` is still running (non-blocking)."""
-        return self._ssd is not None and self._ssd.is_pending(candidate.key)
 
     def absorb_promotions(self) -> int:
         """Move entries the SSD reader finished into RAM (host → mlx copies, no disk I/O)."""

@@ -6,9 +6,10 @@ per layer by concatenating the blocks (the blocks themselves are never handed ou
 
 Requests are tracked by id when the caller gives one (:meth:`fetch_cache`, :meth:`fetch_for`,
 :meth:`store_cache`, :meth:`release`; the scheduler's seam calls :meth:`fetch_for` at admission
-and :meth:`release` when the request finishes, fails or is aborted): the blocks a running request was served stay referenced, so they cannot be
-evicted under it, until it finishes or is aborted. Through the id-less protocol methods
-(:meth:`fetch`/:meth:`store`) references last only for the duration of the call.
+and :meth:`release` when the request finishes, fails or is aborted): the blocks a running request
+was served stay referenced, so they cannot be evicted under it, until it finishes or is aborted.
+Through the id-less protocol methods (:meth:`fetch`/:meth:`store`) references last only for the
+duration of the call.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-import mlx.core as mx
+from engine_worker.mlx_core import mx
+
 from mlx_lm.models.cache import KVCache
 
 from engine_worker.cache import kv

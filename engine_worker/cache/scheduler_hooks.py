@@ -1,13 +1,12 @@
-"""What the Scheduler calls around the prefix cache, beyond the fetch/store seam.
+"""The prefix-cache steps the scheduler takes around a request, beyond the fetch/store seam.
 
-Each function is small and engine-thread safe (no disk I/O):
+:class:`engine_worker.cache_lifecycle.CacheLifecycle` calls them on the engine thread; none does
+disk I/O:
 
-* :func:`default_prefix_cache` builds the back end the config asks for (the seed builds it inside
-  ``Scheduler.__init__``), or :class:`NoPrefixCache`.
-* :func:`store_removed_prefix` keeps what an aborted (or stop-string-removed) request had already
-  prefilled: ``BatchGenerator.remove(uids, return_prompt_caches=True)`` returns the cache even in
-  the middle of a prefill, with ``offset`` = tokens processed so far, and the memory-aware store
-  cuts the key to that offset. So a long prompt aborted halfway leaves its prefix reusable.
+* :func:`store_removed_prefix` keeps what an aborted request had already prefilled:
+  ``BatchGenerator.remove(uids, return_prompt_caches=True)`` returns the cache even in the
+  middle of a prefill, with ``offset`` = tokens processed so far, and the store cuts the key to
+  that offset. So a long prompt aborted halfway leaves its prefix reusable.
 * :class:`MidPrefillSaver` implements ``mid_prefill_save_interval``: after a step, for each
   request still prefilling, it reads ``BatchGenerator.extract_cache([uid])`` (public; works in
   every stage) and stores the processed prefix each time it grew by ``interval`` tokens. Each
@@ -18,30 +17,8 @@ Each function is small and engine-thread safe (no disk I/O):
   also captured once the prompt is processed (``extract_cache``) and stored under exactly the
   tokens it covers (the prompt, or the prompt + first generated token). A later prompt that
   extends the prompt with a different follow-up then hits it.
-* :func:`prefill_segments` cuts a prompt at multiples of ``mid_prefill_save_interval``, for a
-  scheduler that prefers ``insert_segments`` + ``end_of_segment`` to polling.
-* :class:`SSDWaitPolicy` lets a request whose lookup said ``ssd_pending`` wait a bounded number
-  of steps for the background read, instead of prefilling cold.
-* :func:`close_prefix_cache` flushes the SSD tier's writer on shutdown.
-
-Wiring into ``Scheduler`` (about 20 lines; the tests for it are ready in the cache test package):
-
-1. ``__init__``: ``self._mid_prefill = MidPrefillSaver(self.prefix_cache,
-   config.mid_prefill_save_interval)`` and ``self.ssd_wait = SSDWaitPolicy()``.
-2. ``MlxBatchRunner.extract_cache(uids)``: ``return self.generator.extract_cache(uids)``.
-3. ``step()``, right after ``responses = self.runner.step()``:
-   ``self._mid_prefill.after_step(((r.request_id, r.batch_uid, r.prompt_token_ids) for r in
-   self.running.values() if not r.output_token_ids), self.runner.extract_cache)``.
-4. ``abort_request`` of a running request: ``removed = self.runner.remove([uid],
-   return_caches=True)``, then ``store_removed_prefix(self.prefix_cache,
-   request.prompt_token_ids, request.output_token_ids, removed.get(uid))``; ``forget(rid)`` on
-   the saver at abort, finish and failure.
-5. Admission: keep ``"ssd_pending"`` as the request's ``cache_hit_type``; in
-   ``_schedule_waiting``, a request for which ``self.ssd_wait.should_wait(rid, hit_type)`` is
-   popped into a deferred list with ``remaining_tokens = None`` (looked up again next step) and
-   pushed back after the loop, so it never blocks the queue.
-6. Operator view: ``list_cache_entries()`` / ``evict_cache_entry(key)`` delegate to the back
-   end's ``list_entries()`` / ``evict(key)``.
+* :class:`SSDWaitPolicy` lets a request whose lookup said ``ssd_pending`` wait a bounded time
+  for the background read, rather than prefill cold.
 """
 
 from __future__ import annotations
@@ -51,16 +28,13 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from engine_worker.cache.factory import build_prefix_cache
-from engine_worker.cache_protocol import NoPrefixCache, PrefixCacheBackend
+import engine_worker.mlx_core  # noqa: F401  (OpenBLAS before mlx-lm loads mlx)
+
+from mlx_lm.models.cache import can_trim_prompt_cache
+
+from engine_worker.cache_protocol import PrefixCacheBackend
 
 logger = logging.getLogger(__name__)
-
-
-def default_prefix_cache(model: Any, config: Any) -> PrefixCacheBackend:
-    """The configured back end, or :class:`NoPrefixCache` when ``enable_prefix_cache`` is off."""
-    cache = build_prefix_cache(model, config)
-    return cache if cache is not None else NoPrefixCache()
 
 
 def store_removed_prefix(
@@ -69,7 +43,7 @@ def store_removed_prefix(
     output_tokens: Sequence[int],
     removed: tuple[list[Any], Sequence[int]] | None,
 ) -> bool:
-    """Store the cache of a request taken out of the batch (abort, stop string, segment end).
+    """Store the cache of a request taken out of the batch (an abort).
 
     ``removed`` is the ``(cache_layers, tokens)`` pair from ``remove(..., return_prompt_caches=True)``
     or ``extract_cache``. The entry's key is the prompt + output cut to the cache's offset, so
@@ -98,8 +72,6 @@ def store_prompt_snapshot(
     after the next step), True when an entry was offered, False when there is nothing to store
     (trimmable cache, or a coverage that is neither the prompt nor the prompt + one token).
     """
-    from mlx_lm.models.cache import can_trim_prompt_cache
-
     if extracted is None or not extracted[0]:
         return None  # still queued, without a cache yet
     layers, tokens = extracted
@@ -117,25 +89,6 @@ def store_prompt_snapshot(
         return False
     backend.store(key, layers)
     return True
-
-
-def prefill_segments(tokens: Sequence[int], cached_tokens: int, interval: int) -> list[list[int]]:
-    """Split the tokens still to prefill so that segment ends fall on multiples of ``interval``
-    counted from the prompt start (``cached_tokens`` are already covered). ``interval <= 0`` or a
-    short prompt gives one segment. The last segment is never empty."""
-    tokens = list(tokens)
-    if interval <= 0 or len(tokens) <= 1:
-        return [tokens]
-    segments: list[list[int]] = []
-    start = 0
-    boundary = (cached_tokens // interval + 1) * interval - cached_tokens
-    # Keep at least one token in the last segment: it is what produces the first new token.
-    while boundary < len(tokens):
-        segments.append(tokens[start:boundary])
-        start = boundary
-        boundary += interval
-    segments.append(tokens[start:])
-    return segments
 
 
 class MidPrefillSaver:
@@ -211,9 +164,3 @@ class SSDWaitPolicy:
     def forget(self, request_id: str) -> None:
         self._since.pop(request_id, None)
 
-
-def close_prefix_cache(backend: PrefixCacheBackend) -> None:
-    """Flush and stop the SSD tier's I/O thread, if the back end has one (shutdown only)."""
-    tier = getattr(backend, "ssd_tier", None)
-    if tier is not None:
-        tier.close()

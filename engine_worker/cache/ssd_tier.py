@@ -158,10 +158,6 @@ class SSDCacheTier:
         self._queue.put((_READ, next(self._seq), candidate.key))
         return True
 
-    def is_pending(self, key: str) -> bool:
-        with self._lock:
-            return key in self._pending_reads
-
     def take_loaded(self) -> list[LoadedEntry]:
         """Entries read since the last call (never blocks)."""
         with self._lock:

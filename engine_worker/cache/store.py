@@ -21,7 +21,7 @@ import numpy as np
 
 from engine_worker.cache import kv
 from engine_worker.cache.index import DEFAULT_INDEX_BLOCK, PrefixIndex
-from engine_worker.cache.types import CacheHit, EntryInfo, MatchType, Tier, key_hash
+from engine_worker.cache.types import CacheHit, EntryInfo, MatchType, Tier
 
 
 @dataclass(slots=True)
@@ -179,9 +179,6 @@ class EntryStore:
     def remove(self, key: str) -> Entry | None:
         with self.lock:
             return self._drop(key) if key in self._entries else None
-
-    def remove_tokens(self, tokens: np.ndarray) -> Entry | None:
-        return self.remove(key_hash(tokens.tolist()))
 
     def clear(self) -> int:
         with self.lock:

@@ -18,8 +18,6 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import engine_worker  # noqa: F401  (BLAS preload before mlx)
-
 logger = logging.getLogger(__name__)
 
 CORPUS_PATH = Path(__file__).with_name("corpus.txt")
@@ -111,7 +109,8 @@ def model_config(spec: ModelSpec, ids: dict[str, int]) -> dict:
 
 def build_model(out_dir: str | Path, spec: ModelSpec = ModelSpec()) -> Path:
     """Build the model into ``out_dir`` (atomically) and return its path."""
-    import mlx.core as mx
+    from engine_worker.mlx_core import mx
+
     from mlx.utils import tree_map
     from mlx_lm.models import llama
     from mlx_lm.utils import save_config, save_model

@@ -3,9 +3,9 @@
 A *document* is one module: each section of the shipped ``corpus.txt`` (``# ---- json/decoder.py
 ----``), a ``.py`` file of the running Python's standard library, or optionally one of its
 site-packages. Its split (train, val or test) depends only on its key (the module path), so every
-machine and Python version puts a module in the same split, and a module held out on the GPU host
-that trained the model is held out here too. Where the corpus and the standard library both have a
-module, the corpus's copy is used.
+machine and Python version puts a module in the same split, and a module held out when the
+shipped model was trained is held out here too. Where the corpus and the standard library both
+have a module, the corpus's copy is used.
 
 Text is normalized before use: ``\\r\\n`` becomes ``\\n`` and other control characters (form
 feeds, ...) are dropped, so the model never learns to emit them.

@@ -26,7 +26,6 @@ from typing import Any
 
 import numpy as np
 
-import engine_worker  # noqa: F401  (BLAS preload before mlx)
 from engine_worker.model import code_data
 
 logger = logging.getLogger(__name__)
@@ -42,7 +41,8 @@ _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 def heldout_loss(model: Any, tokens: np.ndarray, *, seq: int = 512, batch: int = 16) -> float:
     """Mean next-token cross-entropy (nats) of ``model`` over ``tokens``, in non-overlapping
     windows of ``seq`` predictions (a shorter last window included)."""
-    import mlx.core as mx
+    from engine_worker.mlx_core import mx
+
     import mlx.nn as nn
 
     starts = list(range(0, max(len(tokens) - 1, 0), seq))
@@ -94,7 +94,8 @@ def sample_checks(text: str, spans: list[tuple[int, int]]) -> dict[str, Any]:
 def greedy_ids(model: Any, tokenizer: Any, prompt: str, n: int = SAMPLE_TOKENS) -> list[int]:
     """``n`` greedy tokens after ``prompt`` (BOS added as the service adds it), never a special
     token, so the sample always has ``n`` tokens."""
-    import mlx.core as mx
+    from engine_worker.mlx_core import mx
+
     from mlx_lm.generate import generate_step
 
     banned = mx.array(sorted(set(tokenizer.all_special_ids)))

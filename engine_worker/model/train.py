@@ -30,9 +30,14 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-import numpy as np
+from engine_worker.mlx_core import mx
 
-import engine_worker  # noqa: F401  (BLAS preload before mlx)
+import mlx.nn as nn
+import mlx.optimizers as optim
+import numpy as np
+from mlx.utils import tree_flatten, tree_unflatten
+from mlx_lm.models import llama
+
 from engine_worker.model import code_data
 from engine_worker.model.builder import ModelSpec, model_config, save_tokenizer, train_tokenizer
 
@@ -77,10 +82,6 @@ def learning_rate(cfg: TrainConfig, step: int, progress: float) -> float:
 def init_model(spec: ModelSpec, config: dict) -> Any:
     """An fp32 Llama with GPT-2's initialization: N(0, 0.02), residual projections scaled by
     1/sqrt(2 * layers) so the residual stream's variance does not grow with depth."""
-    import mlx.core as mx
-    from mlx.utils import tree_flatten, tree_unflatten
-    from mlx_lm.models import llama
-
     mx.random.seed(spec.seed)
     model = llama.Model(llama.ModelArgs.from_dict(config))
     residual = 0.02 / math.sqrt(2 * spec.layers)
@@ -138,12 +139,8 @@ class Trainer:
 
     def build(self) -> None:
         """The model, its optimizer (AdamW, no weight decay on norms) and the compiled step."""
-        import mlx.core as mx
-        import mlx.nn as nn
-        import mlx.optimizers as optim
-
         self.model = init_model(self.spec, self.config)
-        n_params = sum(p.size for _, p in _flat(self.model.parameters()))
+        n_params = sum(p.size for _, p in tree_flatten(self.model.parameters()))
         self.log["parameters"] = n_params
         decayed = optim.AdamW(self.cfg.lr, betas=[0.9, 0.95], weight_decay=self.cfg.weight_decay)
         plain = optim.AdamW(self.cfg.lr, betas=[0.9, 0.95], weight_decay=0.0)
@@ -175,10 +172,8 @@ class Trainer:
 
     def save_weights(self) -> None:
         """Write the current weights in the spec's dtype to ``OUT/model.safetensors``, atomically."""
-        import mlx.core as mx
-
         dtype = getattr(mx, self.spec.dtype)
-        weights = {k: v.astype(dtype) for k, v in _flat(self.model.parameters())}
+        weights = {k: v.astype(dtype) for k, v in tree_flatten(self.model.parameters())}
         tmp = self.out / ".model.tmp.safetensors"  # a leftover never matches mlx-lm's model*.safetensors
         mx.save_safetensors(str(tmp), weights, metadata={"format": "mlx"})
         os.replace(tmp, self.out / "model.safetensors")
@@ -217,8 +212,6 @@ class Trainer:
         return self._summary(step, time.monotonic() - start)
 
     def _step(self, rng: np.random.Generator) -> Any:
-        import mlx.core as mx
-
         x, y = _batch(self.train_stream, self.cfg.batch, self.cfg.seq, rng)
         loss = self.step_fn(mx.array(x), mx.array(y))
         mx.async_eval(loss, self.state)
@@ -252,12 +245,6 @@ class Trainer:
                    "last_train_loss": round(self._recent_loss(), 4) if self.losses else None}
         self.log["training"] = summary
         return summary
-
-
-def _flat(tree: Any) -> list[tuple[str, Any]]:
-    from mlx.utils import tree_flatten
-
-    return tree_flatten(tree)
 
 
 def _say(message: str) -> None:

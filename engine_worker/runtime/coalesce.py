@@ -87,8 +87,9 @@ class ChunkCoalescer:
                 if out.new_logprobs is not None:
                     if job.logprobs is None:
                         job.logprobs = []
-                    # Plain tuples: the output process unpickles them without importing mlx. A
-                    # token without text yet goes with the next chunk (see _emit).
+                    # Plain tuples, not TokenLogprob: the worker's parent process unpickles the
+                    # batch and never imports mlx. A token without text yet goes with the next
+                    # chunk (see _emit).
                     job.logprobs.extend((e.token_id, e.logprob, e.top) for e in out.new_logprobs)
                 if out.completion_tokens or out.new_token_ids:
                     job.completion_tokens = max(job.completion_tokens, out.completion_tokens)

@@ -274,7 +274,8 @@ class _ConnectionSink:
 def serve(conn: Any, spec: ChildSpec) -> None:
     """The child's main: load the model, run the engine, obey the parent's messages until
     :class:`Stop` (or the parent is gone). Runs in a spawned process."""
-    from engine_worker.engine_core import EngineConfig, EngineCore
+    from engine_worker.config import EngineConfig
+    from engine_worker.engine import EngineCore
     from engine_worker.errors import RequestError
     from engine_worker.loader import context_length, load_model
     from engine_worker.runtime.host import JobHost

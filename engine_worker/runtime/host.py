@@ -1,6 +1,6 @@
 """JobHost: runs jobs on an in-process EngineCore and streams their outputs to a sink.
 
-Threads (DESIGN.md, "One thread owns the model"):
+Threads (one of them owns the model):
 
 * the engine thread (EngineCore's own) steps the scheduler; after each step it calls our output
   listener, which only enqueues;

@@ -124,7 +124,7 @@ class IOThread:
         """Ordinary deltas wait until ``interval_s`` after the previous write, folding the steps
         in between: fewer, larger chunks for every process downstream. Whatever is urgent ends the
         wait as soon as it arrives: a job admitted meanwhile must not have its first token held back
-        by the other jobs' interval (it was, by up to ``interval_s``, when this slept it out)."""
+        by the other jobs' interval."""
         self._wake.clear()
         self._take_waiting(items)  # what arrived before the clear
         if self._urgent(items):
@@ -132,7 +132,7 @@ class IOThread:
         remaining = self._last_publish + self._interval_s - time.monotonic()
         if remaining > 0:
             # Plain outputs do not wake this thread: with a step every few ms, waking for each
-            # took the GIL from the engine thread (and from the admission) once per step.
+            # would take the GIL from the engine thread once per step.
             self._wake.wait(remaining)
         self._take_waiting(items)
 
@@ -145,9 +145,9 @@ class IOThread:
 
     def _urgent(self, items: list[object]) -> bool:
         """Commands, finals and a job's output until its first text is out (TTFT) never wait for
-        the interval. Urgent up to the first token only, a job whose first token had no text (a
-        character split over tokens, or only the leading space the detokenizer trims) waited a
-        whole interval for its first delta."""
+        the interval. Until the first text, not the first token: a first token can bring no text (a
+        character split over tokens, or only the leading space the detokenizer trims), and its job
+        would then wait a whole interval for its first delta."""
         for item in items:
             if not isinstance(item, list):
                 return True

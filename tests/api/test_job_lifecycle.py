@@ -57,12 +57,12 @@ def test_a_setting_the_row_lacks_runs_with_the_services_default_as_a_submission_
 def test_finish_records_text_and_usage_only_for_the_worker_that_holds_the_job():
     job = make_job()
     lc.job_claim(job_id=str(job.id), worker_id="w1", lease_s=30)
-    assert not lc.job_complete(result=final(job), worker_id="w-late")
-    assert lc.job_complete(result=final(job), worker_id="w1")
+    assert not lc.jobs_complete(results=[final(job)], worker_id="w-late")
+    assert lc.jobs_complete(results=[final(job)], worker_id="w1")
     job.refresh_from_db()
     assert (job.status, job.output_text, job.completion_tokens, job.last_seq) == (JobStatus.COMPLETED, "hello", 5, 2)
     assert job.lease_expires_at is None and job.finished_at is not None
-    assert not lc.job_complete(result=final(job, text="again"), worker_id="w1")  # duplicate final
+    assert not lc.jobs_complete(results=[final(job, text="again")], worker_id="w1")  # duplicate final
 
 
 @pytest.mark.parametrize(("reason", "status"), [("stop", JobStatus.COMPLETED), ("error", JobStatus.FAILED),
@@ -70,7 +70,8 @@ def test_finish_records_text_and_usage_only_for_the_worker_that_holds_the_job():
 def test_finish_reason_decides_the_status(reason, status):
     job = make_job()
     lc.job_claim(job_id=str(job.id), worker_id="w1", lease_s=30)
-    lc.job_complete(result=final(job, reason=reason, error="boom" if reason == "error" else None), worker_id="w1")
+    result = final(job, reason=reason, error="boom" if reason == "error" else None)
+    lc.jobs_complete(results=[result], worker_id="w1")
     job.refresh_from_db()
     assert job.status == status and job.finish_reason == reason
 
@@ -153,7 +154,7 @@ def test_requeue_by_lease_only_after_the_lease_expired():
     job.refresh_from_db()
     assert job.status == JobStatus.QUEUED and job.worker_id is None
     # The dead worker's late final changes nothing.
-    assert not lc.job_complete(result=final(job), worker_id="w1")
+    assert not lc.jobs_complete(results=[final(job)], worker_id="w1")
 
 
 def test_a_progress_write_records_the_first_token_time_once():

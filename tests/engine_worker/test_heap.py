@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import gc
 
-from engine_worker import engine_core, heap
+from engine_worker import engine as engine_module
+from engine_worker import heap
 
 
 def test_the_first_freeze_moves_live_objects_out_of_gc_scans_and_later_calls_do_nothing(monkeypatch):
@@ -28,9 +29,9 @@ def test_the_first_freeze_moves_live_objects_out_of_gc_scans_and_later_calls_do_
 
 def test_starting_an_engine_freezes_the_heap(monkeypatch, tiny_model):
     calls = []
-    monkeypatch.setattr(engine_core, "freeze_startup_heap", lambda: calls.append(1))
+    monkeypatch.setattr(engine_module, "freeze_startup_heap", lambda: calls.append(1))
     model, tokenizer = tiny_model
-    engine = engine_core.EngineCore(model, tokenizer)
+    engine = engine_module.EngineCore(model, tokenizer)
     try:
         engine.start()
         assert calls == [1]

@@ -8,8 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from engine_worker.model.builder import ensure_model  # noqa: F401  (BLAS preload before mlx)
-
 # Real, non-periodic text (the tiny model's own training corpus), so prompts of different
 # variants really diverge.
 CORPUS = Path(__file__).resolve().parents[3] / "engine_worker" / "model" / "corpus.txt"

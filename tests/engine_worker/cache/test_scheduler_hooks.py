@@ -1,18 +1,12 @@
-"""The scheduler-side hooks: abort keeps the processed prefix, segment cuts, SSD wait policy."""
+"""The scheduler-side hooks: abort keeps the processed prefix, mid-prefill saves, SSD wait policy."""
 
 from __future__ import annotations
 
-import pytest
-
 from engine_worker.cache import MemoryAwarePrefixCache, MemoryCacheConfig
-from engine_worker.cache.scheduler_hooks import (
-    SSDWaitPolicy,
-    default_prefix_cache,
-    prefill_segments,
-    store_removed_prefix,
-)
+from engine_worker.cache.scheduler_hooks import SSDWaitPolicy, store_removed_prefix
 from engine_worker.cache_protocol import NoPrefixCache
 from engine_worker.config import SchedulerConfig
+from engine_worker.prefix_seam import default_backend
 
 
 def test_a_long_prompt_aborted_halfway_leaves_its_processed_prefix_reusable(tiny_model, prompts, greedy):
@@ -39,23 +33,6 @@ def test_a_long_prompt_aborted_halfway_leaves_its_processed_prefix_reusable(tiny
     assert greedy(remaining, layers) == greedy(prompt)
 
 
-@pytest.mark.parametrize(
-    "n, cached, interval, expected",
-    [
-        (10, 0, 0, [10]),
-        (10, 0, 4, [4, 4, 2]),
-        (8, 0, 4, [4, 4]),
-        (9, 0, 4, [4, 4, 1]),
-        (10, 3, 4, [1, 4, 4, 1]),  # boundaries at absolute positions 4, 8, 12
-        (3, 0, 4, [3]),
-    ],
-)
-def test_prefill_segments_end_on_interval_multiples(n, cached, interval, expected):
-    segments = prefill_segments(list(range(n)), cached, interval)
-    assert [len(s) for s in segments] == expected
-    assert sum(segments, []) == list(range(n))
-
-
 def test_ssd_wait_policy_holds_pending_requests_only_within_its_bound():
     patient = SSDWaitPolicy(max_wait_s=3600)
     assert patient.should_wait("a", "ssd_pending") is True
@@ -64,10 +41,9 @@ def test_ssd_wait_policy_holds_pending_requests_only_within_its_bound():
     assert impatient.should_wait("b", "ssd_pending") is False
 
 
-def test_default_prefix_cache_is_a_no_op_backend_when_disabled(tiny_model):
-    assert isinstance(default_prefix_cache(tiny_model[0], SchedulerConfig(enable_prefix_cache=False)),
-                      NoPrefixCache)
-    assert default_prefix_cache(tiny_model[0], SchedulerConfig(cache_memory_mb=8)).active is True
+def test_the_default_backend_is_a_no_op_when_prefix_caching_is_disabled(tiny_model):
+    assert isinstance(default_backend(tiny_model[0], SchedulerConfig(enable_prefix_cache=False)), NoPrefixCache)
+    assert default_backend(tiny_model[0], SchedulerConfig(cache_memory_mb=8)).active is True
 
 
 def test_mid_prefill_saves_store_the_processed_prefix_every_interval(tiny_model, prompts, greedy):
