@@ -19,6 +19,7 @@ from django.utils import timezone
 
 from api.models import JobStatus
 from api.services import job_deletion, job_lifecycle, quotas
+from api.services.jobs import job_send
 from api.worker import service as worker
 
 logger = logging.getLogger(__name__)
@@ -40,7 +41,7 @@ def run_job(job_id: str) -> bool:
 
 def dispatch_job(job_id: str) -> None:
     """Send ``job_id`` to the engine queue (after the row that says it is queued is committed)."""
-    run_job.apply_async(args=[str(job_id)], queue=ENGINE_QUEUE)
+    job_send(job_id)
 
 
 def _declare_engine_queue() -> None:

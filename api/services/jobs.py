@@ -209,6 +209,12 @@ def _tokenize(request: JobRequest) -> tuple[list[int], str]:
     return tokenizer.encode_prompt(request.prompt or ""), "prompt"
 
 
+def job_send(job_id: str) -> None:
+    """Put one ``run_job`` message for ``job_id`` on the engine queue (``task_routes`` sends it
+    there). Raises what the broker raises."""
+    celery_app.send_task(RUN_JOB_TASK, args=[str(job_id)])
+
+
 def job_dispatch(*, job_id: str, counted: bool = False) -> bool:
     """Send a queued job to the engine queue and count the send in its ``dispatch_count``. Never
     raises: with the broker down the job stays queued and the reconciler sends it later. Returns
@@ -217,7 +223,7 @@ def job_dispatch(*, job_id: str, counted: bool = False) -> bool:
     ``counted``: the row's ``dispatch_count`` already includes this send (job_create inserts it
     so, which saves an UPDATE per submission); it is taken back if the send fails."""
     try:
-        celery_app.send_task(RUN_JOB_TASK, args=[job_id])
+        job_send(job_id)
     except Exception:  # noqa: BLE001 - any broker failure; the DB row is the truth
         logger.warning("Dispatch of job %s failed; the reconciler will retry", job_id, exc_info=True)
         if counted:

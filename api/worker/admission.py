@@ -1,8 +1,7 @@
-"""Taking one delivered job into this worker's engine: claim, restart its stream, submit.
+"""The stream of a claimed job that ran before (service.py's ``admit`` claims, then calls this).
 
-The claim is one conditional UPDATE (job_lifecycle.job_claim): a duplicate delivery, a cancelled
-or a finished job claims nothing and is ignored. A job that ran before (its worker died, or handed
-it back) starts its stream afresh: the old entries go, and a ``reset`` entry whose seq follows
+A job whose earlier attempt ended with its worker (it died, or handed the job back) starts its
+stream afresh: the old entries go, and a ``reset`` entry whose seq follows
 every seq of the earlier attempt tells the clients following it to drop what they have
 (api/streaming/relay.py); the new attempt's chunks are numbered on from there.
 """
