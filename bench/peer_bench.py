@@ -3,7 +3,8 @@
 Servers (one at a time, loopback only, the same model folder and the same streaming client):
 
 * ``ours``: this tree's service (daphne + one engine worker, SQLite, a local Redis), and with
-  ``--old DIR`` the same service from another checkout (an A/B of a change);
+  ``--old [NAME=]DIR`` (repeatable) the same service from another checkout, server NAME (default
+  ``old``): an A/B of a change;
 * ``vllm``: ``vllm-mlx serve --continuous-batching`` (the seed's own server);
 * ``mlxlm``: ``mlx_lm.server``.
 
@@ -302,8 +303,8 @@ def measure(server: Server, levels: list[int], args: argparse.Namespace) -> list
 def make_server(name: str, batch: int, args: argparse.Namespace, work: Path) -> Server:
     if name == "ours":
         return OurService(f"ours_b{batch}", work, ROOT, args.model, batch, 8100)
-    if name == "old":
-        return OurService(f"old_b{batch}", work, Path(args.old).resolve(), args.model, batch, 8103)
+    if name in args.trees:
+        return OurService(f"{name}_b{batch}", work, args.trees[name], args.model, batch, 8103)
     if name == "vllm":
         return VllmMlx(f"vllm_b{batch}", work, args.model, batch, 8101)
     return MlxLmServer(f"mlxlm_b{batch}", work, args.model, batch, 8102)
@@ -338,8 +339,10 @@ def ratios(rows: list[dict]) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True, help="an mlx-lm model folder")
-    parser.add_argument("--servers", default="ours,vllm,mlxlm", help="ours, old (needs --old), vllm, mlxlm")
-    parser.add_argument("--old", help="another checkout of this project, for an A/B (server 'old')")
+    parser.add_argument("--servers", default="ours,vllm,mlxlm",
+                        help="ours, vllm, mlxlm, and the names of --old checkouts")
+    parser.add_argument("--old", action="append", default=[], metavar="[NAME=]DIR",
+                        help="another checkout of this project, for an A/B (server NAME, default 'old'); repeatable")
     parser.add_argument("--concurrency", default="1,32,128")
     parser.add_argument("--batch", default="32,128", help="completion batch sizes")
     parser.add_argument("--max-tokens", type=int, default=128)
@@ -347,6 +350,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1, help="repeats, the servers interleaved")
     parser.add_argument("--out", default=None, help="folder for the servers' logs and the JSON result")
     args = parser.parse_args()
+    args.trees = {}
+    for item in args.old:
+        name, _, tree = item.rpartition("=")
+        args.trees[name or "old"] = Path(tree).resolve()
     work = Path(args.out or tempfile.mkdtemp(prefix="peer-bench-")).resolve()
     work.mkdir(parents=True, exist_ok=True)
     levels = [int(c) for c in args.concurrency.split(",")]
@@ -354,6 +361,7 @@ def main() -> None:
     skipped = [s for s in servers if not _available(s)]
     servers = [s for s in servers if s not in skipped]
     samples: dict[tuple[str, int, int], list[dict]] = {}
+    result = _result(samples, args, skipped)
     for round_ in range(args.rounds):
         for batch in (int(b) for b in args.batch.split(",")):
             for name in servers if round_ % 2 == 0 else list(reversed(servers)):
@@ -365,11 +373,15 @@ def main() -> None:
                     continue
                 for row in rows:
                     samples.setdefault((name, batch, row["concurrency"]), []).append(row)
-    rows = summarize(samples)
-    result = {"model": args.model, "max_tokens": args.max_tokens, "rounds": args.rounds, "skipped": skipped,
-              "rows": rows, "ratios": ratios(rows)}
-    (work / "peer_bench.json").write_text(json.dumps(result, indent=1))
+                result = _result(samples, args, skipped)
+                (work / "peer_bench.json").write_text(json.dumps(result, indent=1))  # so far, if cut short
     print(json.dumps(result))
+
+
+def _result(samples: dict[tuple[str, int, int], list[dict]], args: argparse.Namespace, skipped: list[str]) -> dict:
+    rows = summarize(samples)
+    return {"model": args.model, "max_tokens": args.max_tokens, "rounds": args.rounds, "skipped": skipped,
+            "rows": rows, "ratios": ratios(rows)}
 
 
 if __name__ == "__main__":
