@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import datetime as dt
 import json
 import os
 import shutil
@@ -195,6 +196,10 @@ class Server:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(10)
 
+    def phases(self, since: dt.datetime, until: dt.datetime) -> dict:
+        """Where the time to first token went, for servers that record it (ours)."""
+        return {}
+
     def wait_ready(self, base: str, key: str = "") -> str:
         headers = {"Authorization": f"Bearer {key}"} if key else {}
         deadline = time.monotonic() + 600
@@ -237,6 +242,23 @@ class OurService(Server):
         self._spawn(["bash", "-c", script], self.tree, self.env)
         base = f"http://127.0.0.1:{self.port}"
         return base, self.wait_ready(base, key), key
+
+
+    def phases(self, since: dt.datetime, until: dt.datetime) -> dict:
+        """Medians over the jobs submitted in [since, until): queued -> claimed by the worker, and
+        claimed -> first token (the rest of the TTFT is the web side: request, insert, stream)."""
+        import sqlite3
+
+        with sqlite3.connect(self.env["DATABASE_URL"].removeprefix("sqlite:///")) as db:
+            rows = db.execute("SELECT queued_at, started_at, first_token_at FROM api_job WHERE started_at IS NOT NULL "
+                              "AND first_token_at IS NOT NULL").fetchall()
+        stamps = [[dt.datetime.fromisoformat(v).replace(tzinfo=dt.UTC) for v in row] for row in rows]
+        stamps = [s for s in stamps if since <= s[0] < until]
+        if not stamps:
+            return {}
+        return {"claim_p50_ms": round(1000 * statistics.median((s[1] - s[0]).total_seconds() for s in stamps), 1),
+                "claim_to_token_p50_ms": round(1000 * statistics.median((s[2] - s[1]).total_seconds()
+                                                                        for s in stamps), 1)}
 
 
 class VllmMlx(Server):
@@ -288,16 +310,25 @@ def measure(server: Server, levels: list[int], args: argparse.Namespace) -> list
         asyncio.run(load(base, model, key, max(4, min(levels)), args.max_tokens, 8))  # warm: kernels, caches
         rows = []
         for c in levels:
+            since = dt.datetime.now(dt.UTC)
             row = asyncio.run(load(base, model, key, c, args.max_tokens, c * args.requests_per_client))
+            row.update(server.phases(since, dt.datetime.now(dt.UTC)))
             rows.append({"concurrency": c, **row})
-            print(f"  {server.label:>10} C={c:<4} tok/s={row['tok_s']:<8} ttft p50={row['ttft_p50_ms']} "
-                  f"p95={row['ttft_p95_ms']} errors={row['errors']} {row['error_samples'] or ''}", flush=True)
+            print(_line(server.label, row), flush=True)
     finally:
         peak = sampler.stop()
         server.stop()
     for row in rows:
         row["peak_memory_bytes"], row["memory_kind"] = peak, sampler.kind
     return rows
+
+
+def _line(label: str, row: dict) -> str:
+    line = (f"  {label:>10} C={row['concurrency']:<4} tok/s={row['tok_s']:<8} ttft p50={row['ttft_p50_ms']} "
+            f"p95={row['ttft_p95_ms']} errors={row['errors']} {row['error_samples'] or ''}")
+    if "claim_p50_ms" in row:
+        line += f" (claim p50={row['claim_p50_ms']}, claim to token p50={row['claim_to_token_p50_ms']})"
+    return line
 
 
 def make_server(name: str, batch: int, args: argparse.Namespace, work: Path) -> Server:
@@ -313,8 +344,9 @@ def make_server(name: str, batch: int, args: argparse.Namespace, work: Path) -> 
 def summarize(samples: dict[tuple[str, int, int], list[dict]]) -> list[dict]:
     rows = []
     for (name, batch, c), runs in sorted(samples.items()):
-        med = {k: statistics.median(r[k] for r in runs if r[k] is not None) if any(r[k] is not None for r in runs)
-               else None for k in ("tok_s", "ttft_p50_ms", "ttft_p95_ms")}
+        med = {k: statistics.median(r[k] for r in runs if r.get(k) is not None)
+               if any(r.get(k) is not None for r in runs) else None
+               for k in ("tok_s", "ttft_p50_ms", "ttft_p95_ms", "claim_p50_ms", "claim_to_token_p50_ms")}
         rows.append({"server": name, "batch": batch, "concurrency": c, **med, "runs": len(runs),
                      "errors": sum(r["errors"] for r in runs),
                      "peak_memory_gb": round(max(r["peak_memory_bytes"] for r in runs) / 1e9, 2),
