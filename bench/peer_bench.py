@@ -311,9 +311,10 @@ def measure(server: Server, levels: list[int], args: argparse.Namespace) -> list
         rows = []
         for c in levels:
             since = dt.datetime.now(dt.UTC)
-            row = asyncio.run(load(base, model, key, c, args.max_tokens, c * args.requests_per_client))
+            row = {"concurrency": c, **asyncio.run(load(base, model, key, c, args.max_tokens,
+                                                        c * args.requests_per_client))}
             row.update(server.phases(since, dt.datetime.now(dt.UTC)))
-            rows.append({"concurrency": c, **row})
+            rows.append(row)
             print(_line(server.label, row), flush=True)
     finally:
         peak = sampler.stop()
