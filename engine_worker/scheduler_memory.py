@@ -120,17 +120,18 @@ class BatchMemory:
         self.counters.num_preemptions += 1
 
     def _recover_from_allocation_failure(self, exc: BaseException) -> None:
-        """The device ran out of memory inside a step. The generator's state is unknown, so it is
+        """A step failed on the device (out of memory, or another failure of its evaluation, which
+        mlx reports with the same exception type: memory.is_allocation_failure). The generator's state is unknown, so it is
         dropped; the allocator's cache and half the prefix cache are freed; the batch waits again,
         ahead of the queue, and the next ones run at most half as large. A batch of one request
         cannot shrink: that request fails alone."""
         running = sorted(self.running.values(), key=lambda r: r.arrival_time, reverse=True)
-        logger.warning("the device ran out of memory in a step of %d requests (%r); running at most %d at once",
+        logger.warning("a step of %d requests failed on the device (%r); running at most %d at once",
                        len(running), exc, max(1, len(running) // 2))
         self.counters.num_allocation_failures += 1
         self._guard.allocation_failed(len(running))
         if len(running) == 1:
-            self._fail(running[0], f"the device ran out of memory for this request alone: {exc}")
+            self._fail(running[0], f"the device failed a step of this request alone: {exc!r}")
         else:
             for request in running:  # latest first: each goes to the head, so the earliest ends first
                 self._requeue(request)

@@ -118,7 +118,7 @@ def test_an_allocation_failure_of_a_single_request_fails_it_alone():
     scheduler.step()
     ScriptedRunner.instances[-1].fail_next = MemoryError()
     out = {o.request_id: o for o in scheduler.step().outputs}
-    assert out["alone"].finish_reason == "error" and "out of memory" in out["alone"].error
+    assert out["alone"].finish_reason == "error" and "this request alone: MemoryError()" in out["alone"].error
     assert final(run_scheduler(scheduler)["next"]).finish_reason == "length"
 
 
