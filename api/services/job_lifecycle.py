@@ -360,6 +360,8 @@ def jobs_with_expired_lease(*, limit: int = 500) -> list[str]:
 def jobs_expire_queued(*, older_than_s: float) -> int:
     """queued → expired for jobs waiting longer than ``older_than_s``."""
     cutoff = timezone.now() - dt.timedelta(seconds=older_than_s)
+    # It never ran this attempt: its prompt is not charged (a finished job's usage is the engine's).
     return Job.objects.filter(status=JobStatus.QUEUED, queued_at__lt=cutoff).update(
         status=JobStatus.EXPIRED, finish_reason=None, finished_at=timezone.now(), lease_expires_at=None,
+        prompt_tokens=0, cached_tokens=0,
     )
