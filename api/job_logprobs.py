@@ -3,7 +3,7 @@
 
 Each token's text is decoded after the token before it (see ``_token_text``). With a byte-level
 tokenizer a character split over two tokens shows as U+FFFD in each; ``bytes`` (OpenAI's field)
-then holds that text's UTF-8, not the token's raw bytes.
+holds each token's own bytes, so a client joining them gets the character back.
 """
 
 from __future__ import annotations
@@ -44,8 +44,10 @@ def job_logprobs(stored: list[Any] | None) -> list[dict[str, Any]] | None:
 
 def chat_logprobs(entries: list[dict[str, Any]]) -> dict[str, Any]:
     """OpenAI's ``logprobs`` of a chat choice (or chunk) from :func:`job_logprobs`'s entries."""
+    tokenizer = get_tokenizer()
+
     def entry(e: dict[str, Any]) -> dict[str, Any]:
-        return {"token": e["token"], "logprob": e["logprob"], "bytes": list(e["token"].encode())}
+        return {"token": e["token"], "logprob": e["logprob"], "bytes": list(tokenizer.token_bytes(e["token_id"]))}
 
     return {"content": [{**entry(e), "top_logprobs": [entry(t) for t in e["top_logprobs"]]} for e in entries],
             "refusal": None}

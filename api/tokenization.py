@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import threading
 from dataclasses import dataclass
 from functools import lru_cache
@@ -19,10 +20,13 @@ from django.conf import settings
 from jinja2.exceptions import TemplateError, TemplateSyntaxError
 
 from api.errors import ChatTemplateMissing, InvalidRequest, ServiceUnavailable
+from engine_worker.token_bytes import piece_bytes
 
 logger = logging.getLogger(__name__)
 
 _load_lock = threading.Lock()
+# SentencePiece's byte-fallback pieces: one byte each, for characters outside the vocabulary.
+_BYTE_FALLBACK = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 
 
 @dataclass(frozen=True)
@@ -37,9 +41,12 @@ class PromptTokenizer:
     """Tokenizes plain prompts and chat messages for one model folder."""
 
     def __init__(self, model_path: str) -> None:
+        from tokenizers.decoders import ByteLevel
         from transformers import AutoTokenizer  # heavy import, only when first needed
 
         self._tokenizer = AutoTokenizer.from_pretrained(model_path)
+        backend = getattr(self._tokenizer, "backend_tokenizer", None)
+        self._byte_level = backend is not None and isinstance(backend.decoder, ByteLevel)
         config = json.loads((Path(model_path) / "config.json").read_text())
         self.info = ModelInfo(path=model_path, name=Path(model_path).name, context_length=_context_length(config, model_path),
                               vocab_size=_vocab_size(config, len(self._tokenizer)))
@@ -52,6 +59,21 @@ class PromptTokenizer:
     def decode_tokens(self, token_ids: list[int]) -> str:
         """The text of some token ids (a log probability's ``token``: api/job_logprobs.py)."""
         return self._tokenizer.decode(token_ids)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The token's own bytes (OpenAI's logprobs ``bytes``), which for a token that ends inside
+        a character are not its text's: a byte-level BPE token's bytes from its vocabulary piece,
+        a SentencePiece byte-fallback token's (``<0xE2>``) its byte, any other token its text's
+        UTF-8 (SentencePiece's "▁" read as the space it stands for)."""
+        piece = self._tokenizer.convert_ids_to_tokens(token_id)
+        if piece is None:
+            return b""
+        if self._byte_level:
+            return piece_bytes(piece)
+        byte = _BYTE_FALLBACK.fullmatch(piece)
+        if byte is not None:
+            return bytes([int(byte[1], 16)])
+        return piece.replace("\u2581", " ").encode()
 
     def encode_prompt(self, text: str) -> list[int]:
         """Token ids of a plain prompt, with the tokenizer's special tokens (BOS) once."""

@@ -52,7 +52,8 @@ class UsageDaySerializer(serializers.Serializer):
     cached_tokens = serializers.IntegerField()
     completion_tokens = serializers.IntegerField()
     total_tokens = serializers.IntegerField()
-    updated_at = serializers.DateTimeField(help_text="When this day was last rolled up")
+    updated_at = serializers.DateTimeField(help_text="When this day was counted: now for today, "
+                                                "the last roll-up for earlier days")
 
 
 class KeyUsageSerializer(serializers.Serializer):

@@ -21,46 +21,7 @@ import engine_worker.mlx_core  # noqa: F401  (OpenBLAS before mlx-lm loads mlx)
 
 from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer
 
-
-def _byte_decoder() -> dict[str, int]:
-    """GPT-2's reversible byte <-> printable-character map, character to byte."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(
-        range(ord("®"), ord("ÿ") + 1))
-    chars = printable[:]
-    n = 0
-    for b in range(256):
-        if b not in printable:
-            printable.append(b)
-            chars.append(256 + n)
-            n += 1
-    return {chr(c): b for b, c in zip(printable, chars, strict=True)}
-
-
-def token_byte_table(tokenmap: list[str]) -> list[bytes]:
-    """The bytes of every token; characters outside the byte alphabet (special tokens) are
-    taken as their own UTF-8, as mlx-lm does."""
-    decoder = _byte_decoder()
-    table = []
-    for piece in tokenmap:
-        out = bytearray()
-        for ch in piece:
-            b = decoder.get(ch)
-            if b is None:
-                out.extend(ch.encode("utf-8"))
-            else:
-                out.append(b)
-        table.append(bytes(out))
-    return table
-
-
-def token_texts(table: list[bytes]) -> list[str | None]:
-    """Each token's text when its bytes are whole UTF-8 characters (invalid bytes read as U+FFFD,
-    as the decoder gives them); None when they end inside a character."""
-    texts: list[str | None] = []
-    for data in table:
-        text, used = utf_8_decode(data, "replace", False)
-        texts.append(text if used == len(data) else None)
-    return texts
+from engine_worker.token_bytes import token_byte_table, token_texts
 
 
 class ByteLevelDetokenizer:

@@ -22,6 +22,12 @@ def _raw(name: str) -> str | None:
     return value.strip()
 
 
+def env_given(name: str) -> str | None:
+    """The variable exactly as set, blank included; None when it is unset (for checks that must
+    tell "set to nothing" from "not set")."""
+    return os.environ.get(name)
+
+
 def env_str(name: str, default: str) -> str:
     value = _raw(name)
     return default if value is None else value

@@ -12,7 +12,8 @@ from pathlib import Path
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
-from inference_service.env import env_bool, env_float, env_int, env_list, env_str
+from inference_service.deployment import refuse_unsafe_settings
+from inference_service.env import env_bool, env_float, env_given, env_int, env_list, env_str
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = BASE_DIR / "var"
@@ -21,6 +22,8 @@ DEBUG = env_bool("DEBUG", False)
 # The embedded default is for a developer machine; production sets SECRET_KEY.
 SECRET_KEY = env_str("SECRET_KEY", "insecure-dev-key-set-SECRET_KEY-in-production")
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"])
+# Outside DEBUG, a placeholder SECRET_KEY or ALLOWED_HOSTS=* stops every process here.
+refuse_unsafe_settings(debug=DEBUG, secret_key=env_given("SECRET_KEY"), allowed_hosts=ALLOWED_HOSTS)
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
 
 INSTALLED_APPS = [

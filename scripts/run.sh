@@ -23,7 +23,7 @@ mkdir -p "$LOG_DIR"
 
 PIDS=()
 stop_all() {
-  trap - INT TERM EXIT
+  trap - INT TERM HUP EXIT
   echo
   echo "stopping..."
   # Reverse start order; SIGTERM lets the engine worker hand its jobs back.
@@ -31,11 +31,17 @@ stop_all() {
   for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
   echo "stopped."
 }
-trap stop_all INT TERM EXIT
+# Ctrl-C (or a TERM, or the terminal closing) is an orderly stop: stop everything and exit 0.
+trap 'stop_all; exit 0' INT TERM HUP
+trap stop_all EXIT
 
 start() {  # name, command...: run in the background with its log under var/log
   local name=$1; shift
+  # A process group of its own (job control on for this fork only): Ctrl-C reaches this script
+  # alone, which then stops the processes in order, instead of all of them at once.
+  set -m
   "$@" >"$LOG_DIR/$name.log" 2>&1 &
+  set +m
   PIDS+=($!)
   echo "  $name (pid $!, log $LOG_DIR/$name.log)"
 }
@@ -69,7 +75,11 @@ if [ -z "${MODEL_PATH:-}" ]; then
 fi
 
 $BIN/python manage.py migrate --noinput >"$LOG_DIR/migrate.log"
-DEMO_KEY=$($BIN/python manage.py create_api_user "$DEMO_USER" --staff --password "$DEMO_PASSWORD" --key-name "make run" --quiet)
+# --replace: the demo keys of earlier runs are revoked, so only the one printed below is valid.
+DEMO_KEY=$($BIN/python manage.py create_api_user "$DEMO_USER" --staff --password "$DEMO_PASSWORD" --key-name "make run" \
+  --replace --quiet)
+# GET /metrics wants this bearer token (or a staff session); one per run unless it is set.
+export METRICS_TOKEN="${METRICS_TOKEN:-$($BIN/python -c 'import secrets; print(secrets.token_urlsafe(24))')}"
 
 # daphne runs each request on a thread of its own, so without a pool every request opens a
 # database connection (~8 ms of PostgreSQL CPU). On PostgreSQL with psycopg[pool] installed it
@@ -102,35 +112,35 @@ raise SystemExit(0 if any(True for _ in r.scan_iter('engine:workers:*')) else 1)
 BASE="http://$HOST:$PORT"
 cat <<EOF
 
-ready. Demo API key (user '$DEMO_USER'):
-  $DEMO_KEY
+ready. Demo API key of user '$DEMO_USER' (the keys of earlier runs no longer work); in your shell:
+  export KEY=$DEMO_KEY
 
 Submit a job and read it back:
-  curl -s -X POST $BASE/api/v1/jobs -H "Authorization: Bearer $DEMO_KEY" -H "Content-Type: application/json" \\
+  curl -s -X POST $BASE/api/v1/jobs -H "Authorization: Bearer \$KEY" -H "Content-Type: application/json" \\
        -d '{"prompt": "def fibonacci(n):", "max_tokens": 64}'
-  curl -s $BASE/api/v1/jobs/<id> -H "Authorization: Bearer $DEMO_KEY"
+  curl -s $BASE/api/v1/jobs/<id> -H "Authorization: Bearer \$KEY"
 
 Stream over a WebSocket (type the JSON line and press Enter):
-  $BIN/python -m websockets "ws://$HOST:$PORT/ws/v1/generate?api_key=$DEMO_KEY"
+  $BIN/python -m websockets "ws://$HOST:$PORT/ws/v1/generate?api_key=\$KEY"
   {"prompt": "class Stack:", "max_tokens": 64}
 or watch an existing job (resume with ?after=<seq>):
-  $BIN/python -m websockets "ws://$HOST:$PORT/ws/v1/jobs/<id>/?api_key=$DEMO_KEY"
+  $BIN/python -m websockets "ws://$HOST:$PORT/ws/v1/jobs/<id>/?api_key=\$KEY"
 or as server-sent events over plain HTTP:
-  curl -N $BASE/api/v1/jobs/<id>/events -H "Authorization: Bearer $DEMO_KEY"
+  curl -N $BASE/api/v1/jobs/<id>/events -H "Authorization: Bearer \$KEY"
 
 OpenAI-compatible (any OpenAI SDK with base_url $BASE/v1 and this key):
-  curl -s $BASE/v1/chat/completions -H "Authorization: Bearer $DEMO_KEY" -H "Content-Type: application/json" \\
+  curl -s $BASE/v1/chat/completions -H "Authorization: Bearer \$KEY" -H "Content-Type: application/json" \\
        -d '{"model": "$(basename "$MODEL_PATH")", "messages": [{"role": "user", "content": "Once upon a time"}], "max_tokens": 64}'
 
 Admin and engine dashboard: $BASE/admin/  (user '$DEMO_USER', password '$DEMO_PASSWORD')
+Prometheus metrics: curl -s $BASE/metrics -H "Authorization: Bearer $METRICS_TOKEN"
 API docs: $BASE/api/v1/docs
 Logs: $LOG_DIR/   Ctrl-C stops everything.
 EOF
 
-# Exit (and stop the rest) as soon as any process dies. Ctrl-C reaches every process of the
-# group at once, so one of them may exit (status 130) before the trap runs: nothing to report.
+# Stop the rest as soon as a process exits by itself. Ctrl-C never gets here: its trap stops
+# everything and exits.
 status=0
 wait -n "${PIDS[@]}" || status=$?
-if [ "$status" -ne 130 ]; then
-  echo "a process exited (status $status); see $LOG_DIR/"
-fi
+echo "a process exited by itself (status $status); stopping the rest. See $LOG_DIR/"
+exit 1

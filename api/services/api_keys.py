@@ -61,6 +61,17 @@ def api_key_create(
     return api_key, raw
 
 
+def api_key_replace(*, owner: AbstractBaseUser, name: str) -> tuple[ApiKey, str]:
+    """A new key named ``name`` for ``owner``, whose earlier valid keys of that name are revoked in
+    the same transaction: one valid key of that name at a time (``make run``'s demo key, minted
+    at every start). Returns the new key and its secret."""
+    with transaction.atomic():
+        for api_key_id in ApiKey.objects.filter(owner=owner, name=name, revoked_at__isnull=True).values_list(
+                "id", flat=True):
+            api_key_revoke(api_key_id=api_key_id)
+        return api_key_create(owner=owner, name=name)
+
+
 def api_key_set_secret(*, api_key: ApiKey, raw: str) -> None:
     """Fill the stored hash and visible prefix of an unsaved key (used by the admin's add form)."""
     api_key.prefix = raw[:VISIBLE_PREFIX_LENGTH]

@@ -291,8 +291,10 @@ def job_requeue(*, job_id: str, worker_id: str | None, redispatch_after_s: float
     rows = rows.filter(worker_id=worker_id) if worker_id else rows.filter(lease_expires_at__lt=now)
     # Two conditional UPDATEs: a cancel that lands between them finds the job still in progress
     # and is seen by the second; one that lands after the first finds it queued and ends it there.
+    # Its text so far and the first-token time go together: both stay (a cancel in the queue ends
+    # it with them) until the next claim clears both.
     if rows.filter(cancel_requested=False).update(
-        status=JobStatus.QUEUED, worker_id=None, first_token_at=None,
+        status=JobStatus.QUEUED, worker_id=None,
         lease_expires_at=now + dt.timedelta(seconds=redispatch_after_s),
     ):
         return JobStatus.QUEUED
@@ -360,6 +362,8 @@ def jobs_with_expired_lease(*, limit: int = 500) -> list[str]:
 def jobs_expire_queued(*, older_than_s: float) -> int:
     """queued → expired for jobs waiting longer than ``older_than_s``."""
     cutoff = timezone.now() - dt.timedelta(seconds=older_than_s)
+    # It never ran this attempt: its prompt is not charged (a finished job's usage is the engine's).
     return Job.objects.filter(status=JobStatus.QUEUED, queued_at__lt=cutoff).update(
         status=JobStatus.EXPIRED, finish_reason=None, finished_at=timezone.now(), lease_expires_at=None,
+        prompt_tokens=0, cached_tokens=0,
     )

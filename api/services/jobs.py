@@ -130,6 +130,8 @@ def job_create(
                 prompt=request.prompt or "",
                 messages=request.messages,
                 prompt_token_ids=prompt_token_ids,
+                # Known from here on: the job's usage shows its prompt while it waits and runs.
+                prompt_tokens=len(prompt_token_ids),
                 params={**SAMPLING_DEFAULTS, **request.sampling, "max_tokens": max_tokens},
                 priority=priority,
                 metadata=request.metadata,
@@ -247,8 +249,9 @@ def job_cancel(*, job_id: uuid.UUID | str, owner: AbstractBaseUser | None = None
     # or the job is finished. Each pass is one conditional UPDATE, so there is no lost update.
     for _ in range(3):
         now = timezone.now()
+        # It never ran: nothing is charged (a finished job's usage is what the engine processed).
         if jobs.filter(status=JobStatus.QUEUED).update(
-            status=JobStatus.CANCELLED, cancel_requested=True, finished_at=now
+            status=JobStatus.CANCELLED, cancel_requested=True, finished_at=now, prompt_tokens=0, cached_tokens=0,
         ):
             ended_in_queue = True
             break
@@ -284,13 +287,15 @@ def job_requeue(*, job_id: uuid.UUID | str) -> Job:
     left and is never requeued. Running jobs are never requeued here: the
     reconciler does that when their worker's lease expires."""
     now = timezone.now()
+    # The prompt's ids never change (a deleted job's are gone, and it is not requeued).
+    prompt = Job.objects.filter(id=job_id).values_list("prompt_token_ids", flat=True).first()
     updated = Job.objects.filter(id=job_id, status__in=REQUEUEABLE_STATUSES, deleted_at__isnull=True).update(
         status=JobStatus.QUEUED,
         output_text="",
         logprobs=None,
         finish_reason=None,
         error=None,
-        prompt_tokens=0,
+        prompt_tokens=len(prompt or []),
         cached_tokens=0,
         completion_tokens=0,
         worker_id=None,

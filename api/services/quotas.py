@@ -19,6 +19,7 @@ import datetime as dt
 import logging
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import redis
 from django.db import connection
@@ -169,32 +170,37 @@ def _usage(*, api_key_id: int, now: dt.datetime) -> tuple[int, int]:
     return int(active), int(tokens)
 
 
+def usage_day_totals(*, day: dt.date, api_key_id: int | None = None) -> list[dict[str, Any]]:
+    """Each key's usage on ``day`` (UTC), counted from the jobs created that day (all keys, or
+    ``api_key_id``'s): ``api_key``, ``owner``, ``requests`` (every job) and the engine's
+    ``prompt_tokens``, ``cached_tokens`` and ``completion_tokens`` of the finished ones. The one
+    definition of a day's usage: the roll-up stores it, ``GET /api/v1/usage`` reads today's live."""
+    start = dt.datetime.combine(day, dt.time.min, tzinfo=dt.UTC)
+    jobs = Job.objects.filter(created_at__gte=start, created_at__lt=start + dt.timedelta(days=1), api_key__isnull=False)
+    if api_key_id is not None:
+        jobs = jobs.filter(api_key_id=api_key_id)
+    finished = ~Q(status__in=ACTIVE_STATUSES)
+    rows = jobs.values("api_key", "owner").annotate(
+        requests=Count("id"),
+        prompt=Sum("prompt_tokens", filter=finished),
+        cached=Sum("cached_tokens", filter=finished),
+        completion=Sum("completion_tokens", filter=finished),
+    )
+    return [{"api_key": row["api_key"], "owner": row["owner"], "requests": row["requests"],
+             "prompt_tokens": row["prompt"] or 0, "cached_tokens": row["cached"] or 0,
+             "completion_tokens": row["completion"] or 0} for row in rows]
+
+
 def usage_rollup(*, day: dt.date) -> int:
     """Recompute the UsageRecord rows of ``day`` (UTC) from the jobs created that day. Idempotent:
     running it twice, or after more jobs finished, gives the same totals as running it once."""
-    start = dt.datetime.combine(day, dt.time.min, tzinfo=dt.UTC)
-    rows = (
-        Job.objects.filter(created_at__gte=start, created_at__lt=start + dt.timedelta(days=1), api_key__isnull=False)
-        .values("api_key", "owner")
-        .annotate(
-            n=Count("id"),
-            prompt=Sum("prompt_tokens", filter=~Q(status__in=ACTIVE_STATUSES)),
-            cached=Sum("cached_tokens", filter=~Q(status__in=ACTIVE_STATUSES)),
-            completion=Sum("completion_tokens", filter=~Q(status__in=ACTIVE_STATUSES)),
-        )
-    )
     count = 0
-    for row in rows:
+    for row in usage_day_totals(day=day):
         UsageRecord.objects.update_or_create(
             api_key_id=row["api_key"],
             day=day,
-            defaults={
-                "owner_id": row["owner"],
-                "requests": row["n"],
-                "prompt_tokens": row["prompt"] or 0,
-                "cached_tokens": row["cached"] or 0,
-                "completion_tokens": row["completion"] or 0,
-            },
+            defaults={"owner_id": row["owner"], "requests": row["requests"], "prompt_tokens": row["prompt_tokens"],
+                      "cached_tokens": row["cached_tokens"], "completion_tokens": row["completion_tokens"]},
         )
         count += 1
     return count

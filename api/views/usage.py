@@ -19,7 +19,8 @@ class UsageView(APIView):
         summary="Your API key's quotas, what is used of each, and its daily usage",
         description=(
             "Counted as a submission counts them; reading this does not count as a request. "
-            "`days` lists the daily roll-up (refreshed every few minutes), newest first."
+            "`days` lists the daily usage, newest first: today's counted from the jobs at this read, "
+            "earlier days from the daily roll-up."
         ),
         parameters=[UsageQuerySerializer],
         responses={

@@ -25,7 +25,7 @@ class WorkerConfig:
     @classmethod
     def from_settings(cls) -> WorkerConfig:
         return cls(
-            worker_id=settings.WORKER_ID or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}",
+            worker_id=settings.WORKER_ID or f"{host_worker_id_prefix()}{os.getpid()}-{uuid.uuid4().hex[:6]}",
             model_path=settings.MODEL_PATH,
             lease_s=float(settings.JOB_LEASE_S),
             heartbeat_s=float(settings.WORKER_HEARTBEAT_S),
@@ -34,3 +34,9 @@ class WorkerConfig:
             stream_interval_s=float(settings.WORKER_STREAM_INTERVAL_MS) / 1000.0,
             prefetch=int(settings.WORKER_PREFETCH),
         )
+
+
+def host_worker_id_prefix() -> str:
+    """How the default id of every worker on this host starts (a container's health check finds
+    its own worker by it: ``manage.py check_engine_worker``)."""
+    return f"{socket.gethostname()}-"

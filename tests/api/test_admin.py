@@ -100,7 +100,8 @@ def test_cancel_action_cancels_a_queued_job(staff, redis_client):
 def test_requeue_action_resets_a_failed_job_and_dispatches_it_after_commit(
     staff, redis_client, dispatched, django_capture_on_commit_callbacks
 ):
-    job = make_job(status=JobStatus.FAILED, error="boom", output_text="par", completion_tokens=3, worker_id="w")
+    job = make_job(status=JobStatus.FAILED, error="boom", output_text="par", completion_tokens=3, worker_id="w",
+                   prompt_tokens=0)  # the engine failed it before counting its prompt
     redis_client.xadd(keys.job_stream_key(str(job.id)), {"seq": 1, "text": "par"})
 
     with django_capture_on_commit_callbacks(execute=True):
@@ -108,6 +109,7 @@ def test_requeue_action_resets_a_failed_job_and_dispatches_it_after_commit(
 
     job.refresh_from_db()
     assert (job.status, job.error, job.output_text, job.completion_tokens, job.worker_id) == ("queued", None, "", 0, None)
+    assert job.prompt_tokens == len(job.prompt_token_ids)  # queued again with its prompt counted
     assert dispatched == [str(job.id)]
     assert redis_client.exists(keys.job_stream_key(str(job.id))) == 0
 

@@ -112,6 +112,23 @@ def test_create_api_user_twice_adds_a_second_key_to_the_same_user():
     assert ApiKey.objects.filter(owner__username="demo").count() == 2
 
 
+def test_create_api_user_with_replace_revokes_the_earlier_key_of_that_name_only(redis_client):
+    def mint(*args: str) -> str:
+        out = StringIO()
+        call_command("create_api_user", "demo", "--quiet", *args, stdout=out)
+        return out.getvalue().strip()
+
+    other = mint("--key-name", "ci")
+    first = mint("--key-name", "make run", "--replace")
+    second = mint("--key-name", "make run", "--replace")
+
+    assert authenticate_api_key(second).name == "make run"
+    assert authenticate_api_key(other).name == "ci"
+    with pytest.raises(AuthenticationFailed):
+        authenticate_api_key(first)
+    assert ApiKey.objects.filter(owner__username="demo", name="make run", revoked_at__isnull=True).count() == 1
+
+
 def test_a_jobs_websocket_learns_the_key_and_whether_the_job_is_its_owners_in_one_query(django_assert_num_queries):
     from api.authentication import authenticate_api_key_for_job
     from tests.api.factories import make_job

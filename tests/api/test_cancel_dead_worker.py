@@ -78,6 +78,34 @@ def test_a_job_handed_back_without_a_cancel_goes_back_to_the_queue():
     assert (job.status, job.worker_id) == (JobStatus.QUEUED, None)
 
 
+@pytest.mark.django_db
+def test_a_job_handed_back_and_then_cancelled_in_the_queue_keeps_its_text_with_its_first_token_time():
+    job = make_job()
+    lc.job_claim(job_id=str(job.id), worker_id="w1", lease_s=30)
+    lc.jobs_record_progress(worker_id="w1", progress=[
+        lc.Progress(job_id=str(job.id), text="partial", last_seq=2, completion_tokens=3, first_token_at=1_800_000_000.0)])
+    assert lc.job_requeue(job_id=str(job.id), worker_id="w1", redispatch_after_s=5) == JobStatus.QUEUED
+
+    job_cancel(job_id=job.id)
+
+    job.refresh_from_db()
+    assert (job.status, job.output_text) == (JobStatus.CANCELLED, "partial")
+    assert job.first_token_at.timestamp() == 1_800_000_000.0
+
+
+@pytest.mark.django_db
+def test_the_next_claim_of_a_handed_back_job_clears_its_text_and_first_token_time_together():
+    job = make_job()
+    lc.job_claim(job_id=str(job.id), worker_id="w1", lease_s=30)
+    lc.jobs_record_progress(worker_id="w1", progress=[
+        lc.Progress(job_id=str(job.id), text="partial", last_seq=2, completion_tokens=3, first_token_at=1_800_000_000.0)])
+    lc.job_requeue(job_id=str(job.id), worker_id="w1", redispatch_after_s=5)
+
+    claimed = lc.job_claim(job_id=str(job.id), worker_id="w2", lease_s=30)
+
+    assert (claimed.output_text, claimed.first_token_at, claimed.completion_tokens) == ("", None, 0)
+
+
 @pytest.mark.django_db(transaction=True)
 def test_migration_0009_ends_jobs_left_queued_with_their_cancel_requested():
     executor = MigrationExecutor(connection)

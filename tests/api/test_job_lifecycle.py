@@ -197,12 +197,13 @@ def test_expire_jobs_expires_only_long_queued_jobs(settings):
     from api import tasks
 
     settings.JOB_QUEUE_TIMEOUT_S = 60
-    stale = make_job(queued_at=timezone.now() - dt.timedelta(seconds=120))
-    fresh = make_job()
+    stale = make_job(queued_at=timezone.now() - dt.timedelta(seconds=120), prompt_tokens=3)
+    fresh = make_job(prompt_tokens=3)
     assert tasks.expire_jobs() == 1
     stale.refresh_from_db()
     fresh.refresh_from_db()
     assert (stale.status, fresh.status) == (JobStatus.EXPIRED, JobStatus.QUEUED)
+    assert (stale.prompt_tokens, fresh.prompt_tokens) == (0, 3)  # an expired job never ran: nothing charged
 
 
 def test_progress_of_several_running_jobs_is_written_in_one_update():

@@ -26,6 +26,14 @@ def test_cancel_of_queued_job_cancels_it_at_once_and_it_can_no_longer_be_claimed
     assert Job.objects.get(id=job.id).finished_at is not None
 
 
+def test_a_job_cancelled_in_the_queue_is_charged_no_tokens(api_client, api_key):
+    job = make_job(api_key=api_key, prompt_tokens=3)
+
+    usage = api_client.post(f"/api/v1/jobs/{job.id}/cancel").json()["usage"]
+
+    assert usage["prompt_tokens"] == usage["total_tokens"] == 0
+
+
 def test_cancel_of_a_queued_job_puts_its_final_on_the_jobs_stream(
     api_client, api_key, redis_client, django_capture_on_commit_callbacks
 ):

@@ -28,6 +28,17 @@ def test_post_prompt_returns_202_with_id_status_and_queue_position(api_client):
     assert job.params["max_tokens"] == 8
 
 
+def test_the_prompts_token_count_is_in_the_jobs_usage_from_its_submission(api_client):
+    body = api_client.post("/api/v1/jobs", {"prompt": "Hello there", "max_tokens": 8}, format="json").json()
+    prompt_tokens = len(get_tokenizer().encode_prompt("Hello there"))
+
+    assert api_client.get(f"/api/v1/jobs/{body['id']}").json()["usage"]["prompt_tokens"] == prompt_tokens
+    Job.objects.filter(id=body["id"]).update(status=JobStatus.IN_PROGRESS)  # claimed: no final yet
+    usage = api_client.get(f"/api/v1/jobs/{body['id']}").json()["usage"]
+    assert (usage["prompt_tokens"], usage["completion_tokens"], usage["total_tokens"]) == (prompt_tokens, 0,
+                                                                                          prompt_tokens)
+
+
 def test_queue_position_counts_queued_jobs_ahead_in_priority_then_arrival_order(api_client, api_key):
     make_job(api_key=api_key, priority=api_key.priority)
     make_job(api_key=api_key, priority=api_key.priority, status=JobStatus.IN_PROGRESS)

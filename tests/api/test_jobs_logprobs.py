@@ -9,7 +9,7 @@ import time
 import pytest
 from channels.db import database_sync_to_async
 
-from api.job_logprobs import text_logprobs
+from api.job_logprobs import chat_logprobs, job_logprobs, text_logprobs
 from api.models import Job, JobStatus
 from api.services import job_lifecycle
 from api.tokenization import get_tokenizer
@@ -115,6 +115,17 @@ def test_an_openai_text_completion_with_logprobs_answers_tokens_offsets_and_alte
         "top_logprobs": [{_text(77): -0.25, _text(42): -2.5}, {_text(42): -1.0, _text(77): -1.5}],
         "text_offset": [0, len(_text(77))],
     }
+
+
+def test_tokens_that_split_a_character_report_their_own_bytes_which_join_into_it():
+    # "→" is E2 86 92 in UTF-8; the tiny model's byte-level BPE gives each byte a token of its own.
+    arrow = get_tokenizer().encode_prompt("→")[-3:]  # after the BOS
+
+    content = chat_logprobs(job_logprobs([(t, -1.0, ((t, -1.0),)) for t in arrow]))["content"]
+
+    assert [bytes(e["bytes"]) for e in content] == [b"\xe2", b"\x86", b"\x92"]
+    assert b"".join(bytes(e["bytes"]) for e in content).decode() == "→"
+    assert [bytes(e["top_logprobs"][0]["bytes"]) for e in content] == [b"\xe2", b"\x86", b"\x92"]
 
 
 @pytest.mark.django_db

@@ -6,7 +6,7 @@ import shutil
 import pytest
 
 from api.errors import ServiceUnavailable
-from api.tokenization import get_tokenizer
+from api.tokenization import PromptTokenizer, get_tokenizer
 
 
 def test_plain_prompt_starts_with_exactly_one_bos(tiny_model_path):
@@ -63,3 +63,29 @@ def test_a_failed_warm_up_only_logs(settings, tmp_path, caplog):
     settings.MODEL_PATH = str(tmp_path / "missing")
     assert not tokenization.load_tokenizer_at_start()
     assert "Cannot load the tokenizer" in caplog.text
+
+
+def _sentencepiece_folder(path) -> str:
+    """A model folder whose tokenizer is SentencePiece-style (Llama 2, Mistral): "▁" for a space,
+    and byte-fallback pieces ``<0xNN>`` for characters outside the vocabulary."""
+    from tokenizers import Tokenizer, decoders, models, normalizers
+
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"<0x{b:02X}>": 3 + b for b in range(256)}, "▁": 259, "h": 260}
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>", byte_fallback=True))
+    tokenizer.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    tokenizer.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                           decoders.Strip(" ", 1, 0)])
+    tokenizer.save(str(path / "tokenizer.json"))
+    (path / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast",
+                                                            "bos_token": "<s>", "unk_token": "<unk>"}))
+    (path / "config.json").write_text(json.dumps({"max_position_embeddings": 64, "vocab_size": len(vocab)}))
+    return str(path)
+
+
+def test_token_bytes_are_the_tokens_own_for_byte_fallback_and_byte_level_tokenizers(tmp_path, tiny_model_path):
+    sentencepiece = PromptTokenizer(_sentencepiece_folder(tmp_path))
+    ids = sentencepiece.encode_prompt("h →")
+    assert [sentencepiece.token_bytes(t) for t in ids] == [b" ", b"h", b" ", b"\xe2", b"\x86", b"\x92"]
+
+    byte_level = PromptTokenizer(str(tiny_model_path))
+    assert b"".join(byte_level.token_bytes(t) for t in byte_level.encode_prompt(" h →")[1:]) == " h →".encode()

@@ -69,18 +69,39 @@ def test_remaining_is_never_negative_once_a_quota_is_lowered_below_its_use(api_c
 def test_usage_lists_the_keys_rolled_up_days_newest_first_within_the_window(api_client, api_key):
     today = timezone.now().astimezone(dt.UTC).date()
     other_key, _ = make_api_key(owner=api_key.owner)
-    for days_ago, requests in ((0, 4), (2, 7), (3, 9)):
+    for days_ago, requests in ((1, 4), (2, 7), (3, 9)):
         UsageRecord.objects.create(api_key=api_key, owner=api_key.owner, day=today - dt.timedelta(days=days_ago),
                                    requests=requests, prompt_tokens=10 * requests, cached_tokens=requests,
                                    completion_tokens=100)
-    UsageRecord.objects.create(api_key=other_key, owner=api_key.owner, day=today, requests=99)
+    UsageRecord.objects.create(api_key=other_key, owner=api_key.owner, day=today - dt.timedelta(days=1), requests=99)
 
     days = api_client.get("/api/v1/usage?days=3").json()["days"]
 
-    assert [(d["day"], d["requests"]) for d in days] == [(str(today), 4), (str(today - dt.timedelta(days=2)), 7)]
+    assert [(d["day"], d["requests"]) for d in days] == [(str(today - dt.timedelta(days=1)), 4),
+                                                         (str(today - dt.timedelta(days=2)), 7)]
     assert days[0]["prompt_tokens"] == 40 and days[0]["cached_tokens"] == 4 and days[0]["completion_tokens"] == 100
     assert days[0]["total_tokens"] == 140 and days[0]["updated_at"]
-    assert len(api_client.get("/api/v1/usage").json()["days"]) == 3  # 7 days by default
+    assert len(api_client.get("/api/v1/usage?days=4").json()["days"]) == 3
+
+
+def test_todays_usage_is_listed_at_once_from_the_jobs_before_any_roll_up(api_client, api_key):
+    today = timezone.now().astimezone(dt.UTC).date()
+    make_job(api_key=api_key, status=JobStatus.COMPLETED, prompt_tokens=3, cached_tokens=1, completion_tokens=16)
+    make_job(api_key=api_key, status=JobStatus.IN_PROGRESS, prompt_tokens=3, completion_tokens=5)
+    make_job(api_key=make_api_key(owner=api_key.owner)[0], status=JobStatus.COMPLETED, completion_tokens=50)
+    # A stale row of today (the roll-up ran before the jobs above) is not what is shown.
+    UsageRecord.objects.create(api_key=api_key, owner=api_key.owner, day=today, requests=1)
+
+    days = api_client.get("/api/v1/usage?days=1").json()["days"]
+
+    # Both jobs are requests; only the finished one's tokens count, as the quota charges them.
+    assert len(days) == 1
+    assert (days[0]["day"], days[0]["requests"], days[0]["prompt_tokens"], days[0]["cached_tokens"],
+            days[0]["completion_tokens"], days[0]["total_tokens"]) == (str(today), 2, 3, 1, 16, 19)
+
+
+def test_a_key_without_jobs_today_lists_no_row_for_today(api_client, api_key):
+    assert api_client.get("/api/v1/usage").json()["days"] == []
 
 
 @pytest.mark.parametrize("query", ["days=0", "days=91", "days=abc"])

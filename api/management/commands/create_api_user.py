@@ -1,11 +1,13 @@
-"""Create (or reuse) a user and give them a new API key; prints the key's secret once."""
+"""Create (or reuse) a user and give them a new API key; prints the key's secret once. With
+``--replace``, the user's earlier keys of that name are revoked (``make run`` mints its demo key
+this way, so only the latest one works)."""
 
 from __future__ import annotations
 
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandParser
 
-from api.services.api_keys import api_key_create
+from api.services.api_keys import api_key_create, api_key_replace
 
 
 class Command(BaseCommand):
@@ -17,6 +19,8 @@ class Command(BaseCommand):
         parser.add_argument("--password", default=None, help="set this password (enables admin login with --staff)")
         parser.add_argument("--staff", action="store_true", help="make the user a superuser (admin access)")
         parser.add_argument("--key-name", default="default")
+        parser.add_argument("--replace", action="store_true",
+                            help="revoke the user's earlier keys of this --key-name: only the new one is valid")
         parser.add_argument("--quiet", action="store_true", help="print only the key")
 
     def handle(self, *args: object, **options: object) -> None:
@@ -29,7 +33,11 @@ class Command(BaseCommand):
         if options["staff"]:
             user.is_staff = user.is_superuser = True
         user.save()
-        api_key, secret = api_key_create(owner=user, name=str(options["key_name"]))
+        name = str(options["key_name"])
+        if options["replace"]:
+            api_key, secret = api_key_replace(owner=user, name=name)
+        else:
+            api_key, secret = api_key_create(owner=user, name=name)
         if options["quiet"]:
             self.stdout.write(secret)
             return

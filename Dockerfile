@@ -1,0 +1,25 @@
+# The service's one image: web (daphne), engine workers, celery beat and the light celery worker
+# all run it (docker-compose.yml builds it once, as mlx-inference-service:local).
+FROM python:3.11-slim
+
+# The fast BLAS for mlx on Linux (engine_worker/blas.py): Debian's OpenBLAS, which picks its
+# kernels for the CPU at run time, and the Fortran runtime that cmeel-openblas (a pip dependency,
+# built for AVX-512 CPUs) needs. Without them mlx falls back to its reference BLAS, many times
+# slower.
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends libopenblas0-pthread libgfortran5 \
+    && rm -rf /var/lib/apt/lists/*
+
+WORKDIR /app
+COPY pyproject.toml README.md manage.py ./
+COPY engine_worker engine_worker
+COPY api api
+COPY inference_service inference_service
+COPY templates templates
+RUN pip install --no-cache-dir -e .
+# A checkout without the trained demo weights (engine_worker/model/demo) serves the untrained test
+# model instead, as `make run` does; settings.py picks whichever is there when MODEL_PATH is unset.
+RUN test -f engine_worker/model/demo/model.safetensors || python -m engine_worker.model.builder /app/var/models/tiny
+
+ENV PYTHONUNBUFFERED=1
+EXPOSE 8000
