@@ -11,7 +11,7 @@ import redis
 
 from api.keys import WORKER_HISTORY_S
 from api.selectors.jobs import job_status_counts, job_throughput
-from api.selectors.worker_history import latest_rate, worker_history
+from api.selectors.worker_history import recent_rate, worker_history
 from api.selectors.workers import worker_list
 
 # The per-request fields of the seed's Scheduler.get_running_requests_info().
@@ -45,7 +45,7 @@ def engine_overview(*, since: float | None = None) -> dict[str, Any]:
             "last_seen_s": round(max(0.0, now - worker.sent_at), 3),
             "cache": worker.cache,
             "cache_entries": list(worker.cache_entries),
-            "tokens_per_second": latest_rate(history.get(worker.worker_id, [])),
+            "tokens_per_second": recent_rate(history.get(worker.worker_id, [])),
         })
         for request in worker.requests:
             request_rows.append({"worker_id": worker.worker_id, **{f: request.get(f) for f in REQUEST_FIELDS}})

@@ -57,6 +57,12 @@ def _with_rates(samples: list[HistorySample]) -> list[dict[str, Any]]:
     return points
 
 
-def latest_rate(points: list[dict[str, Any]]) -> float:
-    """The engine's generation speed at its last sample (0 when it has no rate yet)."""
-    return float(points[-1]["tokens_per_second"] or 0.0) if points else 0.0
+def recent_rate(points: list[dict[str, Any]], window_s: float = 10.0) -> float:
+    """The engine's generation speed over about the last ``window_s`` seconds of samples (a few
+    heartbeats: one period alone is noisy), from its counter; 0 without two samples."""
+    if len(points) < 2:
+        return 0.0
+    end = points[-1]
+    start = next((p for p in points if p["t"] >= end["t"] - window_s and p is not end), points[-2])
+    elapsed, generated = end["t"] - start["t"], end["generated_tokens"] - start["generated_tokens"]
+    return round(generated / elapsed, 1) if elapsed > 0 and generated >= 0 else 0.0

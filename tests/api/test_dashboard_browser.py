@@ -134,6 +134,7 @@ def test_dashboard_renders_workers_and_updates_live_in_a_real_browser(
                      "document.getElementById('ed-workers').textContent.includes('worker-a')")
     requests = browser.evaluate("document.getElementById('ed-requests').textContent")
     assert "job-live-1" in requests and "28%" in requests and "18.0 tokens/s" in requests
+    assert browser.evaluate("document.documentElement.scrollWidth") <= 1280
     assert browser.evaluate("document.querySelector('#ed-workers h3.ed-model').textContent") == "Model: tiny"
 
     # A worker that appears after the page loaded shows up without a reload (the 2 s poll).

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from api.keys import WORKER_HISTORY_S, worker_evict_channel, worker_history_key
-from api.selectors.worker_history import worker_history
+from api.selectors.worker_history import recent_rate, worker_history
 from api.worker.control import WorkerControl
 from api.worker.history import HistorySample, history_record
 from tests.api.factories import heartbeat, make_job
@@ -45,6 +45,15 @@ def test_chart_points_carry_the_rate_of_the_generated_token_counter(redis_client
     assert [p["tokens_per_second"] for p in points["w-1"]] == [0.1, 100.0, 200.0, None]
     assert points["w-1"][0]["queued"] == 5 and points["w-1"][0]["limit_bytes"] == 1 << 30
     assert points["w-none"] == []
+
+
+def test_the_current_speed_is_the_counters_rate_over_the_last_ten_seconds_not_one_beat():
+    points = [{"t": 100.0 + 2 * i, "generated_tokens": tokens}
+              for i, tokens in enumerate((0, 1000, 1100, 2900, 3000, 4000, 4200))]
+
+    assert recent_rate(points) == 320.0  # (4200 - 1000) tokens in the 10 s from t=102 to t=112
+    assert recent_rate(points[:2]) == 500.0
+    assert recent_rate(points[:1]) == 0.0
 
 
 class FakeHost:

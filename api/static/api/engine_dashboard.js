@@ -6,13 +6,14 @@
   var C = window.EngineDashboardCharts, U = C.units;
   var root = document.getElementById("ed-root");
   var DATA_URL = root.getAttribute("data-data-url"), EVICT_URL = root.getAttribute("data-evict-url");
-  var POLL_MS = 2000, PENDING_MS = 30000;
+  var POLL_MS = 2000, PENDING_MS = 30000, ENTRIES_FOLDED = 10;
   var COLORS = ["#417690", "#d97706", "#15803d", "#b91c1c", "#7c3aed", "#0e7490"];
   var MATCH_TYPES = {exact: "Exact", prefix: "Prefix", supersequence: "Supersequence", lcp: "Longest Common Prefix",
                      hit: "Hit (Paged)", ssd_hit: "SSD Hit", ssd_pending: "SSD Pending", miss: "Miss"};
   var TIERS = {ram: "Memory", paged: "Paged", ssd: "SSD"};
   var history = {};  // worker id -> samples, oldest first (the last history_s seconds)
   var pending = {};  // "worker key" -> when its eviction was requested (ms)
+  var unfolded = {};  // worker id -> true where every entry its heartbeat lists is shown
   var lastData = null, updates = 0, evictTarget = null;
 
   function el(tag, text, cls) {
@@ -136,7 +137,8 @@
     var samples = history[w.worker_id] || [], t1 = d.generated_at, t0 = t1 - C.span(history, t1, d.history_s), m = w.memory;
     var pick = function (field) { return samples.map(function (s) { return [s.t, s[field]]; }); };
     var limit = m.limit_bytes || last(samples, "limit_bytes");
-    var peak = Math.max(m.peak_bytes || 0, m.active_bytes || 0);
+    var peak = samples.reduce(function (top, s) { return Math.max(top, s.peak_bytes || 0, s.active_bytes || 0); },
+                              Math.max(m.peak_bytes || 0, m.active_bytes || 0));
     var series = [
       {label: "Active", color: COLORS[0], points: pick("active_bytes"), last: m.active_bytes},
       {label: "Peak", color: COLORS[1], points: pick("peak_bytes"), last: m.peak_bytes, dash: true},
@@ -164,7 +166,9 @@
     wrap.appendChild(kvTable("Prefix Cache", rows));
     var byType = c.hits_by_type || {}, types = Object.keys(byType);
     if (types.length) {
-      var t = kvTable("Lookups by Match Type", types.sort().map(function (k) { return [MATCH_TYPES[k] || title(k), U.count(byType[k])]; }));
+      var order = Object.keys(MATCH_TYPES);
+      types.sort(function (a, b) { return (order.indexOf(a) + 1 || 99) - (order.indexOf(b) + 1 || 99) || (a < b ? -1 : 1); });
+      var t = kvTable("Lookups by Match Type", types.map(function (k) { return [MATCH_TYPES[k] || title(k), U.count(byType[k])]; }));
       t.classList.add("ed-hits-by-type"); t.style.marginTop = "8px";
       wrap.appendChild(t);
     }
@@ -172,10 +176,13 @@
   }
 
   function entryRows(w, d) {
-    return (w.cache_entries || []).map(function (e) {
+    var entries = w.cache_entries || [];
+    if (!unfolded[w.worker_id]) entries = entries.slice(0, ENTRIES_FOLDED);
+    return entries.map(function (e) {
       var id = w.worker_id + " " + e.key_hash, button = el("button", "Evict", "ed-evict");
       button.type = "button";
       button.setAttribute("data-key", e.key_hash);
+      button.setAttribute("aria-label", "Evict prefix-cache entry " + e.key_hash);
       button.addEventListener("click", function () { askEvict(w.worker_id, e); });
       var key = el("span", e.key_hash, "ed-mono");
       var tier = el("span", TIERS[e.tier] || title(e.tier || "–"), "ed-tier " + (e.tier || ""));
@@ -207,13 +214,20 @@
       ["Prefix Cache", U.bytes(m.prefix_cache_bytes)]]));
     cols.appendChild(cacheTables(w));
     section.appendChild(cols);
-    var shown = (w.cache_entries || []).length, total = w.cache ? w.cache.entries : shown;
+    var listed = (w.cache_entries || []).length, total = w.cache ? w.cache.entries : listed;
+    var shown = unfolded[w.worker_id] ? listed : Math.min(listed, ENTRIES_FOLDED);
     section.appendChild(el("h4", "Prefix-Cache Entries" + (total > shown ? " (the " + shown + " most recently used of " +
       U.count(total) + ")" : "")));
     var table = dataTable(["Key", "Tier", "Tokens", "Size", "Hits", "Last Used", "Quantized", ""], entryRows(w, d),
                           [false, false, true, true, true, true, false, false]);
     table.classList.add("ed-entries");
     section.appendChild(table);
+    if (listed > ENTRIES_FOLDED) {
+      var more = el("button", unfolded[w.worker_id] ? "Show the " + ENTRIES_FOLDED + " Most Recent" : "Show " + listed + " Entries", "ed-more");
+      more.type = "button";
+      more.addEventListener("click", function () { unfolded[w.worker_id] = !unfolded[w.worker_id]; renderWorkers(lastData); });
+      section.appendChild(more);
+    }
     return [section, function () { memoryChart(box, w, d); }];
   }
 
@@ -240,7 +254,7 @@
     var numeric = [false, false, false, true, true, false, true, true, false];
     var rows = d.requests.map(function (r) {
       var id = el("span", shortId(r.request_id), "ed-mono"); id.title = r.request_id;
-      var out = el("span"), bar = el("span", null, "ed-bar"), fill = el("span");
+      var out = el("span", null, "ed-nowrap"), bar = el("span", null, "ed-bar"), fill = el("span");
       var progress = typeof r.progress === "number" ? Math.min(1, r.progress) : 0;
       fill.style.width = Math.round(progress * 100) + "%"; bar.appendChild(fill);
       out.appendChild(document.createTextNode(U.count(r.completion_tokens) + " / " + U.count(r.max_tokens) + " "));
