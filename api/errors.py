@@ -105,6 +105,17 @@ class ApiKeyNotFound(ServiceError):
         super().__init__(f"No API key with id {key_id}.", param="id")
 
 
+class WorkerNotFound(ServiceError):
+    """No live engine worker by that id (its heartbeat expired, or it never ran)."""
+
+    status_code = 404
+    code = "worker_not_found"
+
+    def __init__(self, worker_id: str) -> None:
+        self.worker_id = worker_id
+        super().__init__(f"No live engine worker with id {worker_id}.", param="worker_id")
+
+
 class JobNotCancellable(ServiceError):
     status_code = 409
     code = "job_not_cancellable"

@@ -14,6 +14,16 @@ WORKER_HEARTBEAT_TTL_S = 15
 # message = JSON ``{"job_id": "<uuid>"}``. Workers that do not hold the job ignore it.
 CANCEL_CHANNEL = "engine:cancel"
 
+# Pub/sub channel of one worker on which the admin asks it to drop a prefix-cache entry:
+# message = JSON ``{"key": "<key_hash>"}``. Per worker: an entry's key means nothing to another.
+EVICT_CHANNEL_PREFIX = "engine:evict:"
+
+# Each worker's recent heartbeats, one JSON sample per beat (``api.worker.history``), in a list
+# trimmed to the last WORKER_HISTORY_S seconds' worth and expiring that long after the last beat:
+# the dashboard's charts have their history the moment the page opens.
+WORKER_HISTORY_PREFIX = "engine:history:"
+WORKER_HISTORY_S = 600
+
 # Per-job Redis stream for replay; each entry has the fields below (strings, as Redis stores them).
 JOB_STREAM_FIELD_SEQ = "seq"
 JOB_STREAM_FIELD_TEXT = "text"
@@ -28,6 +38,14 @@ RATE_LIMIT_PREFIX = "quota:rpm:"
 
 def worker_heartbeat_key(worker_id: str) -> str:
     return f"{WORKER_HEARTBEAT_PREFIX}{worker_id}"
+
+
+def worker_evict_channel(worker_id: str) -> str:
+    return f"{EVICT_CHANNEL_PREFIX}{worker_id}"
+
+
+def worker_history_key(worker_id: str) -> str:
+    return f"{WORKER_HISTORY_PREFIX}{worker_id}"
 
 
 def job_stream_key(job_id: str) -> str:

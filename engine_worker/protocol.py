@@ -103,6 +103,7 @@ class MemoryStats:
     weights_bytes: int = 0
     kv_bytes: int = 0
     prefix_cache_bytes: int = 0
+    limit_bytes: int = 0  # mlx's memory limit: the allocator gives its cache back before passing it
 
 
 @dataclass(frozen=True)
@@ -117,6 +118,11 @@ class WorkerHeartbeat:
     requests: tuple[dict[str, Any], ...] = field(default_factory=tuple)
     cache: dict[str, Any] | None = None
     context_length: int | None = None
+    # The prefix cache's most recently used entries (EngineCore.list_cache_entries() rows), at most
+    # runtime.heartbeat.HEARTBEAT_CACHE_ENTRIES of them; ``cache["entries"]`` counts them all.
+    cache_entries: tuple[dict[str, Any], ...] = field(default_factory=tuple)
+    # Tokens the engine has generated since it started (a counter: its rate is the engine's speed).
+    generated_tokens: int = 0
 
 
 @dataclass(frozen=True)

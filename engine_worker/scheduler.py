@@ -323,6 +323,7 @@ class Scheduler(BatchExits, BatchMemory, SchedulerOps):
                 outputs.extend(self._pending_outputs)
                 self._pending_outputs = []
             if responses:
+                self.counters.total_generated_tokens += len(responses)
                 self._process_responses(responses, outputs)
         self.counters.num_steps += 1
         out.outputs = outputs

@@ -24,6 +24,9 @@ class SchedulerCounters:
     total_prefilled_tokens: int = 0  # prompt tokens actually computed (prefix-cache hits excluded)
     total_cached_tokens: int = 0
     total_completion_tokens: int = 0
+    # Tokens the generator sampled, counted at every step (finished requests or not): the rate the
+    # dashboard draws; total_completion_tokens grows only as requests end.
+    total_generated_tokens: int = 0
     num_steps: int = 0
     num_step_errors: int = 0  # generator steps that raised (allocation failures included)
     num_allocation_failures: int = 0  # steps that ran out of device memory and were survived

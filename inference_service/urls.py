@@ -3,13 +3,14 @@ from __future__ import annotations
 from django.contrib import admin
 from django.urls import include, path
 
-from api.views.dashboard import engine_dashboard, engine_dashboard_data
+from api.views.dashboard import CacheEntryEvictView, engine_dashboard, engine_dashboard_data
 from api.views.metrics import metrics
 
 urlpatterns = [
     # Before admin.site.urls, whose catch-all would otherwise answer these paths.
     path("admin/engine/", admin.site.admin_view(engine_dashboard), name="engine-dashboard"),
     path("admin/engine/data.json", admin.site.admin_view(engine_dashboard_data), name="engine-dashboard-data"),
+    path("admin/engine/cache/evict", CacheEntryEvictView.as_view(), name="engine-cache-evict"),
     path("admin/", admin.site.urls),
     path("api/v1/", include("api.urls")),
     path("v1/", include("api.openai_urls")),

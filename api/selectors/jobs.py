@@ -144,3 +144,8 @@ def job_throughput(*, window_s: int = 60) -> dict[str, float]:
     tokens = row["tokens"] or 0
     return {"window_s": window_s, "jobs": row["jobs"], "completion_tokens": tokens,
             "tokens_per_second": round(tokens / window_s, 3)}
+
+
+def job_queued_count() -> int:
+    """Jobs waiting for a worker to claim them (one index range count)."""
+    return Job.objects.filter(status=JobStatus.QUEUED).count()

@@ -45,6 +45,11 @@ def worker_list() -> list[WorkerHeartbeat]:
     return workers
 
 
+def worker_is_live(worker_id: str) -> bool:
+    """Whether ``worker_id``'s heartbeat is there. Raises redis.RedisError."""
+    return bool(get_redis().exists(keys.worker_heartbeat_key(worker_id)))
+
+
 def worker_live_count() -> int:
     try:
         return len(worker_list())

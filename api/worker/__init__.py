@@ -8,7 +8,8 @@ engine's own process, which it spawns:
   returns;
 * the I/O thread (engine_worker's EngineProcess) receives the engine's outputs, writes them through
   the sink (sink.py: the database and each job's Redis stream) and, between batches, runs the
-  periodic duties (control.py: heartbeat, lease renewal, cancellations);
+  periodic duties (control.py: heartbeat and its history, lease renewal, cancellations,
+  prefix-cache evictions);
 * the engine process loads the model; its engine thread (engine_worker's EngineCore) steps the
   continuous batch, and its own I/O thread folds the outputs into batches for this process
   (engine_worker/runtime/engine_process.py).

@@ -158,7 +158,7 @@ class BlockAwarePrefixCache:
         stored sequences sharing the block, ``key_hash`` its id for :meth:`evict`."""
         now_wall, now_mono = time.time(), time.monotonic()
         return [
-            EntryInfo(str(b.block_id), self.block_size, b.nbytes, Tier.RAM, b.users,
+            EntryInfo(str(b.block_id), self.block_size, b.nbytes, Tier.PAGED, b.users,
                       now_wall - (now_mono - b.last_used), False).as_dict()
             for b in self.manager.blocks()
         ]

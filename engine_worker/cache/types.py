@@ -32,7 +32,8 @@ class MatchType(StrEnum):
 
 
 class Tier(StrEnum):
-    RAM = "ram"
+    RAM = "ram"  # the memory-aware (or legacy) cache's entries in device memory
+    PAGED = "paged"  # the paged cache's blocks, in device memory
     SSD = "ssd"
 
 

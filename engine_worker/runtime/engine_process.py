@@ -6,7 +6,8 @@ coalescer) in a child started with multiprocessing's *spawn* (mlx does not survi
 parent never imports mlx). One duplex connection carries the messages below, each a small frozen
 dataclass pickled by multiprocessing:
 
-* parent → child: :class:`Submit`, :class:`Cancel`, :class:`HandBack`, :class:`Stop`;
+* parent → child: :class:`Submit`, :class:`Cancel`, :class:`HandBack`, :class:`Evict`,
+  :class:`Stop`;
 * child → parent: :class:`StepBatch` (the engine's outputs), :class:`WorkerHeartbeat` (every
   ``heartbeat_s``, the first one meaning "ready"), :class:`Refused` (a job the engine would not
   take) and :class:`Stopped`.
@@ -50,6 +51,14 @@ class Cancel:
 @dataclass(frozen=True)
 class HandBack:
     job_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Evict:
+    """Drop one prefix-cache entry, by its ``key_hash``; the child's next heartbeat, sent at once,
+    no longer lists it."""
+
+    key: str
 
 
 @dataclass(frozen=True)
@@ -176,6 +185,12 @@ class EngineProcess:
             self._send(HandBack(tuple(released)))
         return released
 
+    def evict_cache_entry(self, key: str) -> bool:
+        """Ask the child to drop one prefix-cache entry. True once asked: the outcome shows in the
+        child's next heartbeat, which it sends right after."""
+        self._send(Evict(key))
+        return True
+
     def holds(self, job_id: str) -> bool:
         with self._lock:
             return job_id in self._held
@@ -300,6 +315,8 @@ def serve(conn: Any, spec: ChildSpec) -> None:
             if isinstance(message, Stop):
                 break
             _obey(host, out, message, RequestError)
+            if isinstance(message, Evict):
+                beats.send(host)  # the dashboard sees the entry gone without waiting a period
     finally:
         host.stop()
         engine.stop()
@@ -326,6 +343,8 @@ def _obey(host: Any, out: _ConnectionSink, message: object, request_error: type[
         host.cancel(message.job_id)
     elif isinstance(message, HandBack):
         host.hand_back(list(message.job_ids))
+    elif isinstance(message, Evict):
+        host.evict_cache_entry(message.key)
 
 
 class _Beats:

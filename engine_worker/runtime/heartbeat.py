@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import heapq
 import time
 from typing import Any
 
 from engine_worker.protocol import MemoryStats, WorkerHeartbeat, from_dict
+
+# A heartbeat carries the prefix cache's entries most recently used, not all of them: a cache can
+# hold thousands (a paged cache lists every block), and the heartbeat is rewritten every couple of
+# seconds and read by every dashboard poll. Fifty rows are what an operator scans on one screen;
+# the cache's stats still count every entry.
+HEARTBEAT_CACHE_ENTRIES = 50
 
 
 def memory_stats(stats: dict[str, Any] | None = None) -> MemoryStats:
@@ -26,10 +33,13 @@ def build_heartbeat(
     stats: dict[str, Any],
     cache: dict[str, Any] | None,
     context_length: int | None = None,
+    cache_entries: list[dict[str, Any]] | None = None,
 ) -> WorkerHeartbeat:
     """A heartbeat from ``EngineCore.get_stats()`` (``requests`` holds the scheduler's
-    ``get_running_requests_info()`` rows) and ``get_cache_stats()``."""
+    ``get_running_requests_info()`` rows), ``get_cache_stats()`` and ``list_cache_entries()``
+    (of which the :data:`HEARTBEAT_CACHE_ENTRIES` most recently used are kept)."""
     memory = memory_stats(stats)
+    counters = stats.get("counters") or {}
     return WorkerHeartbeat(
         worker_id=worker_id,
         model=model,
@@ -41,7 +51,14 @@ def build_heartbeat(
         requests=tuple(_jsonable(row) for row in stats.get("requests", ()) or ()),
         cache=_jsonable(cache) if cache else None,
         context_length=context_length,
+        cache_entries=tuple(_jsonable(row) for row in recent_entries(cache_entries or [])),
+        generated_tokens=int(counters.get("total_generated_tokens", 0)),
     )
+
+
+def recent_entries(rows: list[dict[str, Any]], limit: int = HEARTBEAT_CACHE_ENTRIES) -> list[dict[str, Any]]:
+    """The ``limit`` rows most recently used, most recent first."""
+    return heapq.nlargest(limit, rows, key=lambda row: float(row.get("last_used") or 0.0))
 
 
 def _jsonable(value: Any) -> Any:

@@ -38,6 +38,8 @@ class HostedEngine(Protocol):
     def abort(self, request_id: str) -> Any: ...
     def get_stats(self) -> dict[str, Any]: ...
     def get_cache_stats(self) -> dict[str, Any] | None: ...
+    def list_cache_entries(self) -> list[dict[str, Any]]: ...
+    def evict_cache_entry(self, key: str) -> bool: ...
     def is_running(self) -> bool: ...
 
 
@@ -55,6 +57,12 @@ class Host(Protocol):
     def stop(self) -> None: ...
     def engine_running(self) -> bool: ...
     def heartbeat(self, worker_id: str) -> WorkerHeartbeat: ...
+
+    def evict_cache_entry(self, key: str) -> bool:
+        """Ask the engine to drop one prefix-cache entry (``key_hash`` of a heartbeat's
+        ``cache_entries`` row); its next heartbeat no longer lists it. Returns the engine's answer
+        (False: no such entry) where the host has it at once, else True once the request is sent."""
+        ...
 
 
 class JobHost:
@@ -176,7 +184,15 @@ class JobHost:
             stats=self.engine.get_stats(),
             cache=self.engine.get_cache_stats(),
             context_length=self.context_length,
+            cache_entries=self.engine.list_cache_entries(),
         )
+
+    def evict_cache_entry(self, key: str) -> bool:
+        """Drop one prefix-cache entry, from every tier, between two engine steps (the caller
+        waits for the step in progress). False when the cache holds no such entry."""
+        evicted = self.engine.evict_cache_entry(key)
+        logger.info("prefix-cache entry %s %s", key, "evicted" if evicted else "not found")
+        return evicted
 
     # -- internals ----------------------------------------------------------------------------
 

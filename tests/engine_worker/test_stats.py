@@ -77,3 +77,16 @@ def test_seed_metal_keys_appear_only_for_metal():
     assert memory.seed_memory_keys(stats) == {
         "metal_active_memory_gb": 2.5, "metal_peak_memory_gb": 3.0, "metal_cache_memory_gb": 0.0}
     assert memory.seed_memory_keys({**stats, "device": "cpu"}) == {}
+
+
+def test_generated_tokens_are_counted_at_every_step_not_when_requests_finish(tiny_model):
+    model, tokenizer = tiny_model
+    scheduler = Scheduler(model, tokenizer)
+    scheduler.add_request(Request("long", prompt_ids(tokenizer, 5), greedy(200, ignore_eos=True)))
+    while scheduler.get_request("long").num_output_tokens < 10:
+        scheduler.step()
+    counters = scheduler.get_stats()["counters"]
+    # The request runs on: nothing is finished, yet every token it produced is counted.
+    assert counters["total_completion_tokens"] == 0
+    assert counters["total_generated_tokens"] >= 10
+    scheduler.reset()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import pickle
 import signal
 import time
 
@@ -11,7 +12,7 @@ import pytest
 from engine_worker.errors import EngineClosed, InvalidRequest, RequestError
 from engine_worker.protocol import JobSpec
 from engine_worker.runtime import ChildSpec, EngineProcess, MemorySink
-from engine_worker.runtime.engine_process import Refused, Submit, _obey
+from engine_worker.runtime.engine_process import Evict, Refused, Submit, _obey
 
 PROMPT = (1, 40, 41, 42, 43)
 
@@ -102,6 +103,39 @@ def test_a_refusal_releases_the_job_and_reaches_the_worker():
     host._held["x"] = 0.0
     host._handle(Refused("x", "no", job_fault=False))
     assert refused == [("x", "no", False)] and host.held_jobs() == []
+
+
+class EvictingHost:
+    def __init__(self) -> None:
+        self.evicted: list[str] = []
+
+    def evict_cache_entry(self, key: str) -> bool:
+        self.evicted.append(key)
+        return True
+
+
+def test_an_evict_message_crosses_the_connection_and_reaches_the_childs_host():
+    message = pickle.loads(pickle.dumps(Evict("07c1c96c835529d3562b0677")))
+    host, sent = EvictingHost(), []
+    out = type("Out", (), {"publish": lambda self, m: sent.append(m)})()
+    _obey(host, out, message, RequestError)
+    assert host.evicted == ["07c1c96c835529d3562b0677"] and sent == []
+
+
+def test_an_evicted_prefix_cache_entry_leaves_the_childs_next_heartbeat(started):
+    host, sink, _, _ = started
+    for job_id, tail in (("first", (50, 51)), ("second", (60, 61))):
+        assert host.submit(JobSpec(job_id=job_id, prompt_token_ids=PROMPT * 8 + tail, max_tokens=4, ignore_eos=True))
+        assert sink.wait_final(job_id, 60) is not None
+    assert wait_until(lambda: len(host.heartbeat("w-proc").cache_entries) >= 2)
+    beat = host.heartbeat("w-proc")
+    assert beat.cache["hits"] >= 1 and beat.generated_tokens >= 8
+    key = beat.cache_entries[0]["key_hash"]
+
+    assert host.evict_cache_entry(key)
+
+    assert wait_until(lambda: key not in [row["key_hash"] for row in host.heartbeat("w-proc").cache_entries],
+                      timeout=5)
 
 
 def test_drain_waits_for_running_jobs_and_stop_ends_the_child(started):

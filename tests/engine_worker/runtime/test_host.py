@@ -290,3 +290,33 @@ def test_the_periodic_duties_run_on_the_io_thread_while_idle_and_between_batches
 
     assert idle_ticks >= 3  # nothing to write, and the duties still ran
     assert len(ticks) > idle_ticks and set(ticks) == {"worker-io"}
+
+
+def test_prefix_cache_entries_and_hit_rate_reach_the_heartbeat_and_an_evicted_entry_leaves_it(tiny_model):
+    model, tokenizer = tiny_model
+    core = EngineCore(model, tokenizer, EngineConfig())  # the default memory-aware prefix cache
+    core.start()
+    sink = MemorySink()
+    host = make_host(core, sink)
+    try:
+        prefix = "You are a careful assistant who writes small Python functions. " * 3
+        for i, suffix in enumerate(["def add(a, b):", "class Stack:", "import os"]):
+            host.submit(spec(tokenizer, f"shared-{i}", prefix + suffix, max_tokens=8))
+            assert sink.wait_final(f"shared-{i}", 60) is not None
+        beat = host.heartbeat("w")
+        assert beat.cache["hits"] >= 2 and beat.cache["hit_rate"] > 0.5
+        assert len(beat.cache_entries) == beat.cache["entries"] >= 2
+        assert beat.generated_tokens >= 24
+        victim = beat.cache_entries[0]
+        assert {"key_hash", "tokens", "bytes", "tier", "hit_count", "last_used"} <= set(victim)
+
+        assert host.evict_cache_entry(victim["key_hash"])
+
+        after = host.heartbeat("w")
+        assert victim["key_hash"] not in [row["key_hash"] for row in after.cache_entries]
+        assert after.cache["entries"] == beat.cache["entries"] - 1
+        assert not host.evict_cache_entry(victim["key_hash"])  # gone already
+    finally:
+        host.stop()
+        core.stop()
+        core.close()
