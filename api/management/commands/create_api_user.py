@@ -36,3 +36,5 @@ class Command(BaseCommand):
         verb = "Created" if created else "Found"
         self.stdout.write(f"{verb} user {user.username}; new API key {api_key.prefix}… (shown once):")
         self.stdout.write(secret)
+        self.stdout.write("Its webhook signing secret (shown once):")
+        self.stdout.write(api_key.webhook_secret)
