@@ -106,10 +106,12 @@ def rollup_usage() -> int:
 
 @shared_task(name="api.tasks.purge_jobs", ignore_result=True)
 def purge_jobs() -> int:
-    """Delete finished jobs older than JOB_RETENTION_DAYS (kept forever when it is 0)."""
+    """Delete finished jobs older than JOB_RETENTION_DAYS (kept forever when it is 0), and the
+    webhook deliveries that ended as long ago."""
     days = int(settings.JOB_RETENTION_DAYS)
     if days == 0:
         return 0
+    webhooks.webhook_deliveries_purge(older_than_days=days)
     purged = job_deletion.jobs_purge_finished(older_than_days=days)
     if purged:
         logger.info("deleted %s jobs that finished more than %s days ago", purged, days)

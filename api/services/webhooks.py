@@ -99,9 +99,10 @@ def webhooks_enqueue(*, deliveries: list[WebhookDelivery]) -> None:
 
 def webhook_send(*, delivery_id: str, attempt: int) -> bool:
     """Send the message for attempt ``attempt + 1`` of a delivery. Never raises: a delivery whose
-    message could not be sent is sent again by :func:`webhooks_send_due`."""
+    message could not be sent is sent again by :func:`webhooks_send_due`. No publish retries: the
+    engine worker's I/O thread sends these too, and must not wait on a broker that is down."""
     try:
-        celery_app.send_task(DELIVER_WEBHOOK_TASK, args=[delivery_id, attempt])
+        celery_app.send_task(DELIVER_WEBHOOK_TASK, args=[delivery_id, attempt], retry=False)
     except Exception:  # noqa: BLE001 - any broker failure; the row is the truth
         logger.warning("Could not send webhook delivery %s; it is sent again later", delivery_id, exc_info=True)
         return False
@@ -139,3 +140,12 @@ def webhook_redeliver(*, delivery_id: str) -> bool:
             return False
         transaction.on_commit(partial(webhook_send, delivery_id=str(delivery_id), attempt=attempts))
     return True
+
+
+def webhook_deliveries_purge(*, older_than_days: int) -> int:
+    """Delete the deliveries (and their attempts) that ended more than ``older_than_days`` ago,
+    as finished jobs are purged (JOB_RETENTION_DAYS). Pending ones stay."""
+    cutoff = timezone.now() - dt.timedelta(days=older_than_days)
+    deleted, _ = WebhookDelivery.objects.exclude(status=WebhookDeliveryStatus.PENDING).filter(
+        created_at__lt=cutoff).delete()
+    return deleted

@@ -136,3 +136,20 @@ def test_nothing_is_recorded_or_sent_when_the_transaction_rolls_back(broker):
 
     assert not WebhookDelivery.objects.exists()
     assert _sent(broker) == []
+
+
+def test_the_hourly_purge_deletes_ended_deliveries_as_old_as_purged_jobs_and_keeps_pending_ones(settings):
+    from api.tasks import purge_jobs
+    from api.webhook_models import WebhookDeliveryStatus
+
+    settings.JOB_RETENTION_DAYS = 2
+    old = timezone.now() - dt.timedelta(days=3)
+    for status in WebhookDeliveryStatus.values:
+        WebhookDelivery.objects.create(event_id=f"old-{status}", event_type="job.completed", url=URL, status=status,
+                                       created_at=old)
+    WebhookDelivery.objects.create(event_id="new", event_type="job.completed", url=URL,
+                                   status=WebhookDeliveryStatus.DELIVERED)
+
+    purge_jobs()
+
+    assert sorted(WebhookDelivery.objects.values_list("event_id", flat=True)) == ["new", "old-pending"]
