@@ -198,7 +198,7 @@ def jobs_complete(*, results: list[FinalResult], worker_id: str) -> list[str]:
         # Only the jobs that named a webhook cost anything more (the UPDATE says which they are).
         hooked = [job_id for job_id, has_webhook in stored if has_webhook]
         if hooked:
-            job_webhooks_enqueue(job_ids=hooked)
+            job_webhooks_enqueue(job_ids=hooked, send=False)
     return [job_id for job_id, _ in stored]
 
 
@@ -277,7 +277,7 @@ def job_fail(*, job_id: str, worker_id: str, error: str) -> bool:
             finished_at=timezone.now(), lease_expires_at=None,
         )
         if failed:
-            job_webhooks_enqueue(job_ids=[job_id])
+            job_webhooks_enqueue(job_ids=[job_id], send=False)
     return bool(failed)
 
 
@@ -313,7 +313,7 @@ def job_requeue(*, job_id: str, worker_id: str | None, redispatch_after_s: float
         if rows.filter(cancel_requested=True).update(
             status=JobStatus.CANCELLED, finish_reason="abort", finished_at=now, lease_expires_at=None,
         ):
-            job_webhooks_enqueue(job_ids=[job_id])
+            job_webhooks_enqueue(job_ids=[job_id], send=False)
             transaction.on_commit(partial(_stream_end, job_id))
             return JobStatus.CANCELLED
     return None
@@ -387,6 +387,6 @@ def jobs_expire_queued(*, older_than_s: float, batch: int = 1000) -> int:
             total += Job.objects.filter(id__in=ids, status=JobStatus.QUEUED).update(
                 status=JobStatus.EXPIRED, finish_reason=None, finished_at=timezone.now(), lease_expires_at=None,
             )
-            job_webhooks_enqueue(job_ids=ids)
+            job_webhooks_enqueue(job_ids=ids, send=False)
         if len(ids) < batch:
             return total

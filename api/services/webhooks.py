@@ -6,14 +6,20 @@ Whatever calls a URL on an event (a job's end, api/services/job_webhooks.py; a b
 commit together or not at all. The ``event_id`` is unique: recording the same event twice (a
 retried write, two paths racing to end one job) leaves one delivery.
 
-Once the transaction commits, one Celery message ``deliver_webhook(id, attempt)`` goes to the
-light worker's ``celery`` queue (never to the engine workers). The message names the attempt it
-is for, and the attempt claims the delivery with a conditional UPDATE, so a duplicate message
-does nothing. A message that is lost (Redis down or flushed, the worker killed mid-attempt)
-leaves the delivery pending with a ``next_attempt_at`` in the past, and ``send_due_webhooks``
-(celery beat) sends it again, as it sends the retries when their time comes
-(api/services/webhook_delivery.py). No retry waits in the broker as a delayed message: with
-Redis, one delayed past its visibility timeout would be delivered twice.
+Each attempt is one Celery message ``deliver_webhook(id, attempt)`` on the light worker's
+``celery`` queue (never the engine workers'). The message names the attempt it is for, and the
+attempt claims the delivery with a conditional UPDATE, so a duplicate message does nothing.
+
+Who sends the first message: the web tier's events send it once their transaction commits
+(``send=True``, the default). Deliveries recorded by the engine worker (a job's final, written by
+its I/O thread) and by the reconciler are left due instead (``send=False``), and
+``send_due_webhooks`` (celery beat, every 2 s) sends them: the I/O thread writes every running
+job's output, and a publish to a broker that is down blocks for seconds (kombu's connection
+attempts; 6 s measured against a refused port). The same sweep sends the retries when their time
+comes (api/services/webhook_delivery.py) and any message that was lost (Redis down or flushed, a
+worker killed mid-attempt: the delivery stays pending, with a ``next_attempt_at`` that passes). No
+retry waits in the broker as a delayed message: with Redis, one delayed past its visibility
+timeout would be delivered twice.
 """
 
 from __future__ import annotations
@@ -81,28 +87,29 @@ def webhook_enqueue(*, api_key: ApiKey, url: str, event_type: str, event_id: str
     return delivery
 
 
-def webhooks_enqueue(*, deliveries: list[WebhookDelivery]) -> None:
+def webhooks_enqueue(*, deliveries: list[WebhookDelivery], send: bool = True) -> None:
     """:func:`webhook_enqueue` for unsaved rows built by the caller, in one INSERT; rows whose
-    ``event_id`` is already recorded are left out."""
+    ``event_id`` is already recorded are left out. ``send=False``: no message on commit; the rows
+    are due at once, and the next ``send_due_webhooks`` sends them."""
     if not deliveries:
         return
     now = timezone.now()
     for delivery in deliveries:
         delivery.created_at = now
-        delivery.next_attempt_at = now + redispatch_after()
+        delivery.next_attempt_at = now + redispatch_after() if send else now
         delivery.retry_until = now + retry_window()
     WebhookDelivery.objects.bulk_create(deliveries, ignore_conflicts=True)
-    # A row left out keeps its unsaved id: its message finds no delivery and does nothing.
-    for delivery in deliveries:
-        transaction.on_commit(partial(webhook_send, delivery_id=str(delivery.id), attempt=0))
+    if send:
+        # A row left out keeps its unsaved id: its message finds no delivery and does nothing.
+        for delivery in deliveries:
+            transaction.on_commit(partial(webhook_send, delivery_id=str(delivery.id), attempt=0))
 
 
 def webhook_send(*, delivery_id: str, attempt: int) -> bool:
     """Send the message for attempt ``attempt + 1`` of a delivery. Never raises: a delivery whose
-    message could not be sent is sent again by :func:`webhooks_send_due`. No publish retries: the
-    engine worker's I/O thread sends these too, and must not wait on a broker that is down."""
+    message could not be sent is sent again by :func:`webhooks_send_due`."""
     try:
-        celery_app.send_task(DELIVER_WEBHOOK_TASK, args=[delivery_id, attempt], retry=False)
+        celery_app.send_task(DELIVER_WEBHOOK_TASK, args=[delivery_id, attempt])
     except Exception:  # noqa: BLE001 - any broker failure; the row is the truth
         logger.warning("Could not send webhook delivery %s; it is sent again later", delivery_id, exc_info=True)
         return False

@@ -18,6 +18,7 @@ from standardwebhooks.webhooks import Webhook
 
 from api.models import JobStatus
 from api.services.api_keys import api_key_revoke
+from api.services.jobs import job_cancel
 from api.services.webhook_delivery import RETRY_MAX_DELAY_S, webhook_retry_delay
 from api.services.webhooks import DELIVER_WEBHOOK_TASK, webhook_enqueue
 from api.tasks import deliver_webhook, send_due_webhooks
@@ -61,7 +62,9 @@ def _running_job(api_key, url: str):
 
 
 def _run_sent(broker) -> list:
-    """Run every deliver_webhook message sent so far, as the light worker would; returns their results."""
+    """What beat and the light worker do next: send the due deliveries (the engine worker's are due
+    at once), then run every deliver_webhook message sent so far; returns their results."""
+    send_due_webhooks()
     sent = [args for name, args, _ in broker.messages if name == DELIVER_WEBHOOK_TASK]
     broker.messages.clear()
     return [deliver_webhook(*args) for args in sent]
@@ -201,8 +204,18 @@ def test_a_pinned_name_is_called_at_the_checked_address_with_its_own_host_header
     assert receiver.received[0].path == "/hooks?k=v"
 
 
+def test_a_final_sends_no_message_from_the_engine_worker_and_the_sweep_sends_it_at_once(receiver, broker,
+                                                                                        redis_client):
+    _finish(_running_job(make_api_key()[0], receiver.url))
+
+    assert broker.messages == []
+    assert send_due_webhooks() == 1
+    assert send_due_webhooks() == 0  # its message is on its way: not sent twice
+
+
 def test_two_messages_for_one_attempt_make_one_request(receiver, broker, redis_client):
     _finish(_running_job(make_api_key()[0], receiver.url))
+    send_due_webhooks()
     [(name, args, _)] = broker.messages
 
     assert deliver_webhook(*args) == WebhookDeliveryStatus.DELIVERED
@@ -211,8 +224,9 @@ def test_two_messages_for_one_attempt_make_one_request(receiver, broker, redis_c
 
 
 def test_a_lost_message_is_sent_again_by_the_sweep_once_its_time_has_passed(receiver, broker, redis_client):
+    job = make_job(api_key=make_api_key()[0], webhook_url=receiver.url)
     broker.down = ConnectionError("broker unreachable")
-    _finish(_running_job(make_api_key()[0], receiver.url))
+    job_cancel(job_id=job.id)  # a web-side end: its message is sent on commit, and is lost
     broker.down = None
     delivery = WebhookDelivery.objects.get()
     assert delivery.status == WebhookDeliveryStatus.PENDING and broker.messages == []
