@@ -157,7 +157,10 @@ class JobCreateSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
     priority = StrictIntegerField(required=False, min_value=0, max_value=1000)
     metadata = MetadataField(required=False)
     # Called when the job ends; where it may point is checked by job_create (api/webhook_urls.py).
-    webhook_url = StrictCharField(required=False, max_length=MAX_WEBHOOK_URL_LENGTH, allow_blank=False)
+    webhook_url = StrictCharField(
+        required=False, max_length=MAX_WEBHOOK_URL_LENGTH, allow_blank=False,
+        help_text="An http(s) URL on the public internet, POSTed once when the job ends, signed as the "
+                  "Standard Webhooks spec says with the key's webhook secret")
 
     def validate_prompt(self, value: str) -> str:
         if not value:

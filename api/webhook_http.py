@@ -1,5 +1,5 @@
 """One webhook request: resolve and check the host again, POST to the checked address, never
-follow a redirect, wait at most WEBHOOK_TIMEOUT_S for each step, keep the start of the answer.
+follow a redirect, give it at most WEBHOOK_TIMEOUT_S in all, keep the start of the answer.
 
 The request goes to the address :func:`api.webhook_urls.webhook_target` checked, with the URL's
 host in ``Host`` and, over TLS, as the server name (SNI and the certificate's check): a second
@@ -9,12 +9,13 @@ used for the same reason.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass
 
 import httpx
 
-from api.webhook_urls import WebhookUrlRefused, webhook_target
+from api.webhook_urls import WebhookTarget, WebhookUrlRefused, webhook_target
 
 USER_AGENT = "inference-service-webhooks/1"
 # Enough of a refusal's body for an operator to read why; the rest is never downloaded.
@@ -36,7 +37,9 @@ class WebhookResponse:
 
 
 def webhook_post(*, url: str, body: str, headers: dict[str, str], timeout_s: float) -> WebhookResponse:
-    """POST ``body`` to ``url``. Never raises for what the network or the receiver does."""
+    """POST ``body`` to ``url``, in at most ``timeout_s`` from the connection to the last byte
+    read (after the host's lookup, which the system resolver bounds). Never raises for what the
+    network or the receiver does."""
     started = time.monotonic()
 
     def answer(status_code: int | None, error: str = "", excerpt: str = "") -> WebhookResponse:
@@ -46,22 +49,29 @@ def webhook_post(*, url: str, body: str, headers: dict[str, str], timeout_s: flo
         target = webhook_target(url)
     except WebhookUrlRefused as exc:
         return answer(None, f"refused: {exc.reason}")
-    host = target.url.raw_host.decode("ascii")
-    extensions = {"sni_hostname": host} if target.url.scheme == "https" else {}
     try:
-        with httpx.Client(timeout=timeout_s, follow_redirects=False, trust_env=False) as client, client.stream(
-            "POST", target.pinned_url, content=body.encode("utf-8"), extensions=extensions,
-            headers={**headers, "host": target.host_header, "user-agent": USER_AGENT},
-        ) as response:
-            return answer(response.status_code, excerpt=_excerpt(response))
+        status_code, excerpt = asyncio.run(_post(target, body, headers, timeout_s))
+    except TimeoutError:
+        return answer(None, f"Timeout: no complete answer within {timeout_s:g} s")
     except httpx.HTTPError as exc:
         return answer(None, f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
+    return answer(status_code, excerpt=excerpt)
 
 
-def _excerpt(response: httpx.Response) -> str:
-    data = b""
-    for chunk in response.iter_bytes():
-        data += chunk
-        if len(data) >= RESPONSE_EXCERPT_BYTES:
-            break
-    return data[:RESPONSE_EXCERPT_BYTES].decode("utf-8", errors="replace")
+async def _post(target: WebhookTarget, body: str, headers: dict[str, str], timeout_s: float) -> tuple[int, str]:
+    """The request, under one deadline for all of it: httpx's own timeouts apply to each read and
+    write, so a receiver that sends its answer a byte at a time would hold the light worker for as
+    long as it liked."""
+    host = target.url.raw_host.decode("ascii")
+    extensions = {"sni_hostname": host} if target.url.scheme == "https" else {}
+    async with asyncio.timeout(timeout_s), httpx.AsyncClient(timeout=timeout_s, follow_redirects=False,
+                                                             trust_env=False) as client:
+        async with client.stream("POST", target.pinned_url, content=body.encode("utf-8"), extensions=extensions,
+                                 headers={**headers, "host": target.host_header, "user-agent": USER_AGENT},
+                                 ) as response:
+            data = b""
+            async for chunk in response.aiter_bytes():
+                data += chunk
+                if len(data) >= RESPONSE_EXCERPT_BYTES:
+                    break
+            return response.status_code, data[:RESPONSE_EXCERPT_BYTES].decode("utf-8", errors="replace")

@@ -219,9 +219,10 @@ WORKER_PREFETCH = env_int("WORKER_PREFETCH", 16, minimum=1)
 # Webhooks (api/services/webhooks.py). A webhook URL whose host resolves to a private, loopback,
 # link-local or other non-global address is refused, at submission and again at each attempt,
 # unless WEBHOOK_ALLOW_PRIVATE is on (every address) or the address is in WEBHOOK_ALLOWED_NETWORKS
-# (CIDRs, e.g. 10.0.0.0/8 for receivers inside the operator's network). Each attempt waits at most
-# WEBHOOK_TIMEOUT_S for each of connect, send and read; failed deliveries are retried with
-# backoff until WEBHOOK_RETRY_WINDOW_S after the event.
+# (CIDRs, e.g. 10.0.0.0/8 for receivers inside the operator's network). An attempt gets
+# WEBHOOK_TIMEOUT_S in all, from its connection to its answer: attempts run one at a time on the
+# light worker, with the reconciler. Failed deliveries are retried with backoff until
+# WEBHOOK_RETRY_WINDOW_S after the event.
 WEBHOOK_ALLOW_PRIVATE = env_bool("WEBHOOK_ALLOW_PRIVATE", False)
 WEBHOOK_ALLOWED_NETWORKS = env_networks("WEBHOOK_ALLOWED_NETWORKS", [])
 WEBHOOK_TIMEOUT_S = env_float("WEBHOOK_TIMEOUT_S", 10.0, minimum=0.1)

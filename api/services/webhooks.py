@@ -46,7 +46,7 @@ DELIVER_WEBHOOK_TASK = "api.tasks.deliver_webhook"
 
 def redispatch_after() -> dt.timedelta:
     """How long a sent message or a claimed attempt has before the delivery is sent again: well
-    past an attempt's longest (connect, write and read, each up to WEBHOOK_TIMEOUT_S)."""
+    past an attempt's longest (WEBHOOK_TIMEOUT_S, and the host's lookup)."""
     return dt.timedelta(seconds=max(60.0, 4 * float(settings.WEBHOOK_TIMEOUT_S)))
 
 

@@ -10,6 +10,7 @@ import ipaddress
 import json
 import random
 import socket
+import threading
 
 import pytest
 from django.utils import timezone
@@ -168,6 +169,33 @@ def test_a_slow_receiver_times_out_and_is_retried(broker, redis_client, settings
 
     [attempt] = WebhookDelivery.objects.get().attempt_log.all()
     assert "Timeout" in attempt.error and attempt.duration_ms < 3000
+
+
+def test_a_receiver_that_answers_a_byte_at_a_time_is_cut_off_at_the_attempts_deadline(broker, redis_client,
+                                                                                       settings):
+    settings.WEBHOOK_TIMEOUT_S = 0.5
+    with socket.socket() as tarpit:
+        tarpit.bind(("127.0.0.1", 0))
+        tarpit.listen(1)
+        stop = threading.Event()
+
+        def drip() -> None:
+            conn, _ = tarpit.accept()
+            with conn:
+                for byte in b"HTTP/1.1 200 OK\r\nx-slow: " + b"a" * 1000:
+                    if stop.wait(0.05):
+                        return
+                    conn.send(bytes([byte]))
+
+        thread = threading.Thread(target=drip, daemon=True)
+        thread.start()
+        _finish(_running_job(make_api_key()[0], f"http://127.0.0.1:{tarpit.getsockname()[1]}/slow"))
+        assert _run_sent(broker) == [WebhookDeliveryStatus.PENDING]
+        stop.set()
+        thread.join(5)
+
+    [attempt] = WebhookDelivery.objects.get().attempt_log.all()
+    assert attempt.error.startswith("Timeout") and attempt.duration_ms < 2000
 
 
 def test_a_redirect_is_never_followed(broker, redis_client):
