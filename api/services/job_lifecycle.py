@@ -248,9 +248,9 @@ def _complete_sql_pg() -> str:
 def _complete_sql() -> str:
     """The final's UPDATE: the status changes only from in_progress; an aborted job that a cancel
     already moved to cancelled gets its text and usage too, unless its owner deleted it meanwhile
-    (its content stays gone). Returns whether the job named a webhook. The first-token time is the final's unless the row has one: a job
+    (its content stays gone). The first-token time is the final's unless the row has one: a job
     whose first token and final the worker sent together (one token, or outputs the I/O thread
-    folded into one batch) has no other."""
+    folded into one batch) has no other. Returns whether the job named a webhook."""
     q = connection.ops.quote_name
     column = _job_columns("status", "output_text", "finish_reason", "error", "prompt_tokens", "cached_tokens",
                           "completion_tokens", "finished_at", "last_seq", "first_token_at", "lease_expires_at", "id",

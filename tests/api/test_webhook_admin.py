@@ -84,3 +84,17 @@ def test_redeliver_sends_failed_deliveries_again_and_leaves_pending_ones_to_thei
     assert failed.status == WebhookDeliveryStatus.PENDING and failed.retry_until > timezone.now()
     assert [(name, args) for name, args, _ in broker.messages] == [(DELIVER_WEBHOOK_TASK, [str(failed.id), 20])]
     assert any("1 still pending" in m for m in _messages(response))
+
+
+def test_create_api_user_prints_the_new_keys_webhook_secret_before_the_key():
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    out = StringIO()
+    call_command("create_api_user", "hooks", stdout=out)
+
+    lines = out.getvalue().strip().splitlines()
+    api_key = ApiKey.objects.get(owner__username="hooks")
+    assert lines[0].endswith(api_key.webhook_secret) and api_key.webhook_secret.startswith("whsec_")
+    assert lines[-1].startswith("sk-")
