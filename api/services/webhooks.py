@@ -62,19 +62,21 @@ def webhook_body(*, event_type: str, at: dt.datetime, data: dict[str, Any]) -> s
                       separators=(",", ":"))
 
 
-def webhook_enqueue(*, api_key: ApiKey, url: str, event_type: str, event_id: str,
-                    data: dict[str, Any]) -> WebhookDelivery | None:
+def webhook_enqueue(*, api_key: ApiKey, url: str, event_type: str, event_id: str, data: dict[str, Any],
+                    send: bool = True) -> WebhookDelivery | None:
     """Record the delivery of event ``event_id`` (``event_type``, e.g. ``batch.completed``, with
     ``data``) to ``url``, signed with ``api_key``'s webhook secret, and send it once the caller's
     transaction commits. Returns None when ``event_id`` was recorded before (nothing is added).
 
     ``url`` must have passed :func:`api.webhook_urls.webhook_url_check` when the client named it;
     each attempt checks its address again. ``event_id`` (at most 128 characters, sent as
-    ``webhook-id``) must name this event alone: the same id is the same event."""
+    ``webhook-id``) must name this event alone: the same id is the same event. ``send=False``
+    (from the engine worker's threads): no message on commit; the next ``send_due_webhooks`` sends
+    it."""
     now = timezone.now()
     delivery = WebhookDelivery(event_id=event_id, event_type=event_type, url=url, api_key=api_key,
                                payload=webhook_body(event_type=event_type, at=now, data=data),
-                               created_at=now, next_attempt_at=now + redispatch_after(),
+                               created_at=now, next_attempt_at=now + redispatch_after() if send else now,
                                retry_until=now + retry_window())
     try:
         with transaction.atomic():
@@ -83,7 +85,8 @@ def webhook_enqueue(*, api_key: ApiKey, url: str, event_type: str, event_id: str
         if not WebhookDelivery.objects.filter(event_id=event_id).exists():
             raise
         return None
-    transaction.on_commit(partial(webhook_send, delivery_id=str(delivery.id), attempt=0))
+    if send:
+        transaction.on_commit(partial(webhook_send, delivery_id=str(delivery.id), attempt=0))
     return delivery
 
 

@@ -310,3 +310,14 @@ def test_the_generic_service_records_an_event_once_and_sends_its_data(receiver, 
     payload = Webhook(api_key.webhook_secret).verify(receiver.received[0].body, receiver.received[0].headers)
     assert payload["type"] == "batch.completed" and payload["data"] == {"id": "batch_1", "object": "batch"}
     assert receiver.received[0].headers["webhook-id"] == "batch_1"
+
+
+def test_the_generic_service_without_send_leaves_the_event_to_the_sweep(receiver, broker, redis_client):
+    api_key, _ = make_api_key()
+
+    delivery = webhook_enqueue(api_key=api_key, url=receiver.url, event_type="batch.failed", event_id="batch_2",
+                               data={"id": "batch_2"}, send=False)
+
+    assert broker.messages == []
+    assert _run_sent(broker) == [WebhookDeliveryStatus.DELIVERED]
+    assert receiver.received[0].headers["webhook-id"] == delivery.event_id == "batch_2"
