@@ -13,12 +13,14 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils import timezone
 
+from api import webhook_admin  # noqa: F401  (registers the webhook deliveries' admin)
 from api.errors import ServiceError
 from api.models import ApiKey, Job, UsageRecord
 from api.services.api_keys import (
     api_key_generate_secret,
     api_key_revocation_announce,
     api_key_revoke,
+    api_key_rotate_webhook_secret,
     api_key_set_secret,
 )
 from api.services.job_deletion import job_delete
@@ -59,7 +61,7 @@ class ApiKeyAdmin(admin.ModelAdmin):
     readonly_fields = ("prefix", "created_at", "last_used_at")
     fields = ("owner", "name", "prefix", "created_at", "last_used_at", "revoked_at", *QUOTA_FIELDS)
     autocomplete_fields = ("owner",)
-    actions = ("revoke_keys",)
+    actions = ("revoke_keys", "rotate_webhook_secrets")
 
     def save_model(self, request: HttpRequest, obj: ApiKey, form, change: bool) -> None:
         if not change:
@@ -68,6 +70,8 @@ class ApiKeyAdmin(admin.ModelAdmin):
             super().save_model(request, obj, form, change)
             # Shown once: only the hash is stored.
             self.message_user(request, f"New API key (copy it now, it will not be shown again): {raw}",
+                              messages.WARNING)
+            self.message_user(request, f"Its webhook signing secret (shown once too): {obj.webhook_secret}",
                               messages.WARNING)
             return
         super().save_model(request, obj, form, change)
@@ -79,6 +83,12 @@ class ApiKeyAdmin(admin.ModelAdmin):
         revoked = sum(api_key_revoke(api_key_id=key_id) for key_id in queryset.values_list("id", flat=True))
         self.message_user(request, f"Revoked {revoked} key(s).")
 
+    @admin.action(description="Rotate the webhook signing secrets of selected keys")
+    def rotate_webhook_secrets(self, request: HttpRequest, queryset: QuerySet[ApiKey]) -> None:
+        for key_id, prefix in queryset.values_list("id", "prefix"):
+            secret = api_key_rotate_webhook_secret(api_key_id=key_id)
+            self.message_user(request, f"New webhook secret of {prefix}… (shown once): {secret}", messages.WARNING)
+
 
 @admin.register(Job)
 class JobAdmin(admin.ModelAdmin):
@@ -89,7 +99,7 @@ class JobAdmin(admin.ModelAdmin):
     actions = ("cancel_jobs", "requeue_jobs", "delete_job_content")
     readonly_fields = (
         "id", "owner", "api_key", "status", "prompt", "messages", "prompt_token_ids", "params", "priority", "metadata",
-        "idempotency_key", "request_fingerprint", "output_text", "finish_reason", "error", "prompt_tokens",
+        "idempotency_key", "request_fingerprint", "webhook_url", "output_text", "finish_reason", "error", "prompt_tokens",
         "cached_tokens", "completion_tokens", "worker_id", "lease_expires_at", "dispatch_count",
         "cancel_requested", "last_seq", "created_at", "queued_at", "started_at", "first_token_at", "finished_at",
         "deleted_at", "ttft_ms", "tokens_per_second",

@@ -44,3 +44,9 @@ def api_key_body(api_key: ApiKey, *, current: ApiKey) -> dict[str, Any]:
         "current": api_key.id == current.id,
         "quotas": api_key,
     }
+
+
+class WebhookSecretSerializer(serializers.Serializer):
+    object = serializers.CharField(default="webhook_secret")
+    api_key_id = serializers.IntegerField()
+    secret = serializers.CharField(help_text="whsec_<base64>: verifies the key's webhooks; shown once")

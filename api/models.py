@@ -6,6 +6,8 @@ worker never moves a job backwards (see api/services/).
 
 from __future__ import annotations
 
+import base64
+import secrets
 import uuid
 from datetime import datetime
 from typing import Any
@@ -33,6 +35,15 @@ def _default_max_tokens_per_job() -> int:
     return settings.DEFAULT_KEY_MAX_TOKENS_PER_JOB
 
 
+WEBHOOK_SECRET_PREFIX = "whsec_"
+
+
+def new_webhook_secret() -> str:
+    """A Standard Webhooks signing secret: ``whsec_`` and 32 random bytes in base64 (the spec asks
+    for 24 to 64)."""
+    return WEBHOOK_SECRET_PREFIX + base64.b64encode(secrets.token_bytes(32)).decode("ascii")
+
+
 class ApiKey(models.Model):
     """A user's API key. Only the SHA-256 of the secret is stored, plus a visible prefix."""
 
@@ -52,6 +63,9 @@ class ApiKey(models.Model):
     # Priority class of the key's jobs: lower is more urgent; a request may ask for less urgency,
     # never for more.
     priority = models.PositiveSmallIntegerField(default=10)
+    # Signs the webhooks of the key's jobs (api/webhook_signing.py). Kept as is, since signing
+    # needs it (as Stripe and Svix keep theirs); shown once, when it is made or rotated.
+    webhook_secret = models.CharField(max_length=100, default=new_webhook_secret, editable=False)
 
     class Meta:
         ordering = ["-created_at"]
@@ -120,6 +134,8 @@ class Job(models.Model):
     params = models.JSONField(default=dict)
     # The client's own labels (api/job_metadata.py): returned with the job, a filter of the list.
     metadata = models.JSONField(default=dict, blank=True)
+    # Called once the job ends (api/services/job_webhooks.py); empty: none.
+    webhook_url = models.CharField(max_length=2048, blank=True, default="")
     priority = models.IntegerField(default=10)
     idempotency_key = models.CharField(max_length=255, null=True, blank=True)
     # SHA-256 of the canonical request body, to tell a retry from a reuse of the same key.
@@ -227,3 +243,7 @@ class UsageRecord(models.Model):
     @property
     def total_tokens(self) -> int:
         return self.prompt_tokens + self.completion_tokens
+
+
+# The webhook models live in their own module; importing them here registers them with the app.
+from api.webhook_models import WebhookAttempt, WebhookDelivery  # noqa: E402, F401

@@ -11,6 +11,7 @@ from rest_framework import serializers
 
 from api.job_metadata import MetadataField
 from api.models import JobStatus
+from api.webhook_urls import MAX_WEBHOOK_URL_LENGTH
 
 MAX_STOP_SEQUENCES = 4
 MAX_STOP_LENGTH = 256
@@ -155,6 +156,11 @@ class JobCreateSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
     stop = StopField(required=False)
     priority = StrictIntegerField(required=False, min_value=0, max_value=1000)
     metadata = MetadataField(required=False)
+    # Called when the job ends; where it may point is checked by job_create (api/webhook_urls.py).
+    webhook_url = StrictCharField(
+        required=False, max_length=MAX_WEBHOOK_URL_LENGTH, allow_blank=False,
+        help_text="An http(s) URL on the public internet, POSTed once when the job ends, signed as the "
+                  "Standard Webhooks spec says with the key's webhook secret")
 
     def validate_prompt(self, value: str) -> str:
         if not value:
@@ -239,6 +245,7 @@ class JobSerializer(serializers.Serializer):
     params = serializers.DictField()
     priority = serializers.IntegerField()
     metadata = serializers.DictField(child=serializers.CharField())
+    webhook_url = serializers.CharField(allow_null=True, help_text="Called when the job ends (see Webhooks)")
     logprobs = serializers.ListField(child=serializers.DictField(), allow_null=True)
     usage = UsageSerializer()
     timings = TimingsSerializer()

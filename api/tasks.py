@@ -5,7 +5,9 @@ it in the worker's engine (api/worker/service.py). A duplicate delivery finds th
 claimed and does nothing; a job whose message was lost is still queued in the database, and the
 reconciler sends it again. ``reconcile_jobs``, ``expire_jobs``, ``rollup_usage`` and
 ``purge_jobs`` run on the light worker under beat, as does ``drop_job_stream`` when a delete
-schedules it.
+schedules it. So do the webhooks: ``deliver_webhook`` makes one attempt of a delivery, and
+``send_due_webhooks`` (beat) sends those whose retry is due or whose message was lost
+(api/services/webhooks.py).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from api.models import JobStatus
-from api.services import job_deletion, job_lifecycle, quotas
+from api.services import job_deletion, job_lifecycle, quotas, webhook_delivery, webhooks
 from api.services.jobs import job_send
 from api.worker import service as worker
 
@@ -104,10 +106,12 @@ def rollup_usage() -> int:
 
 @shared_task(name="api.tasks.purge_jobs", ignore_result=True)
 def purge_jobs() -> int:
-    """Delete finished jobs older than JOB_RETENTION_DAYS (kept forever when it is 0)."""
+    """Delete finished jobs older than JOB_RETENTION_DAYS (kept forever when it is 0), and the
+    webhook deliveries that ended as long ago."""
     days = int(settings.JOB_RETENTION_DAYS)
     if days == 0:
         return 0
+    webhooks.webhook_deliveries_purge(older_than_days=days)
     purged = job_deletion.jobs_purge_finished(older_than_days=days)
     if purged:
         logger.info("deleted %s jobs that finished more than %s days ago", purged, days)
@@ -119,3 +123,15 @@ def drop_job_stream(job_id: str) -> None:
     """Delete a deleted job's Redis stream again, after the output batch that may have been on its
     way when the job was deleted (api/services/job_deletion.py)."""
     job_deletion.drop_stream(job_id)
+
+
+@shared_task(name="api.tasks.deliver_webhook", ignore_result=True)
+def deliver_webhook(delivery_id: str, attempt: int) -> str | None:
+    """Attempt ``attempt + 1`` of a webhook delivery (nothing if it was made already)."""
+    return webhook_delivery.webhook_deliver(delivery_id=delivery_id, attempt=int(attempt))
+
+
+@shared_task(name="api.tasks.send_due_webhooks", ignore_result=True)
+def send_due_webhooks() -> int:
+    """Send the webhook deliveries whose next attempt is due."""
+    return webhooks.webhooks_send_due()

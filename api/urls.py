@@ -5,7 +5,7 @@ from drf_spectacular.renderers import OpenApiJsonRenderer
 from drf_spectacular.views import SpectacularAPIView
 
 from api.views.jobs import JobCancelView, JobDetailView, JobListCreateView
-from api.views.keys import ApiKeyListView, ApiKeyRevokeView
+from api.views.keys import ApiKeyListView, ApiKeyRevokeView, WebhookSecretRotateView
 from api.views.service import HealthView, ModelListView, api_docs
 from api.views.usage import UsageView
 
@@ -17,6 +17,7 @@ urlpatterns = [
     path("usage", UsageView.as_view(), name="usage"),
     path("keys", ApiKeyListView.as_view(), name="keys"),
     path("keys/<int:key_id>/revoke", ApiKeyRevokeView.as_view(), name="key-revoke"),
+    path("keys/<int:key_id>/webhook_secret", WebhookSecretRotateView.as_view(), name="key-webhook-secret"),
     path("health", HealthView.as_view(), name="health"),
     path(
         "schema",

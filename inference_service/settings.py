@@ -13,7 +13,7 @@ import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
 from inference_service.deployment import refuse_unsafe_settings
-from inference_service.env import env_bool, env_float, env_given, env_int, env_list, env_str
+from inference_service.env import env_bool, env_float, env_given, env_int, env_list, env_networks, env_str
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = BASE_DIR / "var"
@@ -218,6 +218,18 @@ WORKER_DRAIN_S = env_float("WORKER_DRAIN_S", 30.0, minimum=0.0)
 JOB_REDISPATCH_AFTER_S = env_float("JOB_REDISPATCH_AFTER_S", 30.0, minimum=0.5)
 WORKER_STREAM_INTERVAL_MS = env_float("WORKER_STREAM_INTERVAL_MS", 40.0, minimum=0.0)
 WORKER_PREFETCH = env_int("WORKER_PREFETCH", 16, minimum=1)
+
+# Webhooks (api/services/webhooks.py). A webhook URL whose host resolves to a private, loopback,
+# link-local or other non-global address is refused, at submission and again at each attempt,
+# unless WEBHOOK_ALLOW_PRIVATE is on (every address) or the address is in WEBHOOK_ALLOWED_NETWORKS
+# (CIDRs, e.g. 10.0.0.0/8 for receivers inside the operator's network). An attempt gets
+# WEBHOOK_TIMEOUT_S in all, from its connection to its answer: attempts run one at a time on the
+# light worker, with the reconciler. Failed deliveries are retried with backoff until
+# WEBHOOK_RETRY_WINDOW_S after the event.
+WEBHOOK_ALLOW_PRIVATE = env_bool("WEBHOOK_ALLOW_PRIVATE", False)
+WEBHOOK_ALLOWED_NETWORKS = env_networks("WEBHOOK_ALLOWED_NETWORKS", [])
+WEBHOOK_TIMEOUT_S = env_float("WEBHOOK_TIMEOUT_S", 10.0, minimum=0.1)
+WEBHOOK_RETRY_WINDOW_S = env_int("WEBHOOK_RETRY_WINDOW_S", 24 * 3600, minimum=0)
 # One handler, which redacts secrets (API keys sent as ``?api_key=``, say) from every line it
 # writes. Django's own loggers write through it too instead of Django's default handlers, which
 # would print the same records unredacted (inference_service/redaction.py; daphne's access log is

@@ -13,7 +13,8 @@ Each body is checked in two steps:
    unchanged, and ``job_create`` then checks the context length and the key's quotas.
 
 ``top_k``, ``min_p``, ``repetition_penalty`` and ``priority`` are accepted as extensions, as
-vLLM's OpenAI server accepts its sampling extras.
+vLLM's OpenAI server accepts its sampling extras, and so is ``webhook_url`` (as on ``POST
+/api/v1/jobs``; the SDKs send it with ``extra_body``).
 """
 
 from __future__ import annotations
@@ -120,6 +121,7 @@ class _CommonSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
     min_p = StrictFloatField(required=False, allow_null=True)
     repetition_penalty = StrictFloatField(required=False, allow_null=True)
     priority = StrictIntegerField(required=False, allow_null=True)
+    webhook_url = StrictCharField(required=False, allow_null=True)  # this service's: called when the job ends
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         attrs = {name: value for name, value in attrs.items() if value is not None}
@@ -222,7 +224,7 @@ def _in_range(value: int, param: str, limit: int) -> int:
 
 
 _PASSED_THROUGH = ("temperature", "top_p", "stop", "seed", "presence_penalty", "frequency_penalty", "logit_bias",
-                   "metadata", "top_k", "min_p", "repetition_penalty", "priority")
+                   "metadata", "top_k", "min_p", "repetition_penalty", "priority", "webhook_url")
 
 
 def openai_request(kind: Kind, body: Any) -> OpenAIRequest:

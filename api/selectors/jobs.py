@@ -109,6 +109,7 @@ def job_detail(*, job: Job, with_logprobs: bool = True) -> dict[str, Any]:
         "params": job.params,
         "priority": job.priority,
         "metadata": job.metadata,
+        "webhook_url": job.webhook_url or None,
         "logprobs": job_logprobs(job.logprobs) if with_logprobs and job.is_finished else None,
         "usage": {
             "prompt_tokens": job.prompt_tokens,

@@ -1,5 +1,6 @@
 """API keys: creation (the secret is returned once), revocation (announced to the job streams the
-key opened, api/key_revocation.py), last-used bookkeeping."""
+key opened, api/key_revocation.py), last-used bookkeeping, and the rotation of the secret that
+signs the key's webhooks (made with the key, api/models.py)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from django.utils import timezone
 from redis.exceptions import RedisError
 
 from api.keys import api_key_group_name
-from api.models import ApiKey
+from api.models import ApiKey, new_webhook_secret
 from api.selectors.owned_keys import api_key_get
 
 logger = logging.getLogger(__name__)
@@ -45,7 +46,8 @@ def api_key_create(
     priority: int | None = None,
 ) -> tuple[ApiKey, str]:
     """Create a key for ``owner``. Returns the key and its secret; the secret is not stored and
-    cannot be shown again. Quotas left as None take the settings' defaults."""
+    cannot be shown again. Quotas left as None take the settings' defaults. The key's webhook
+    signing secret (``api_key.webhook_secret``) is made with it: show it with the key, once."""
     raw = api_key_generate_secret()
     quotas = {
         "requests_per_minute": requests_per_minute,
@@ -119,3 +121,18 @@ def api_key_touch(*, api_key: ApiKey) -> None:
         return
     ApiKey.objects.filter(id=api_key.id).update(last_used_at=now)
     api_key.last_used_at = now
+
+
+def api_key_rotate_webhook_secret(*, api_key_id: int) -> str:
+    """Give the key a new webhook signing secret and return it (shown once). Deliveries still
+    pending are signed with it from their next attempt."""
+    secret = new_webhook_secret()
+    ApiKey.objects.filter(id=api_key_id).update(webhook_secret=secret)
+    return secret
+
+
+def api_key_rotate_webhook_secret_owned(*, key_id: int, owner: AbstractBaseUser) -> tuple[ApiKey, str]:
+    """:func:`api_key_rotate_webhook_secret` of ``owner``'s key ``key_id`` (ApiKeyNotFound for
+    anyone else's); returns the key and its new secret."""
+    api_key = api_key_get(key_id=key_id, owner=owner)
+    return api_key, api_key_rotate_webhook_secret(api_key_id=api_key.id)

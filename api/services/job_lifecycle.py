@@ -25,6 +25,7 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from api.models import SAMPLING_DEFAULTS, Job, JobStatus
+from api.services.job_webhooks import job_webhooks_enqueue
 from api.streaming.job_end import stream_job_end
 from engine_worker.protocol import FinalResult, JobSpec
 
@@ -171,26 +172,34 @@ def jobs_complete(*, results: list[FinalResult], worker_id: str) -> list[str]:
 
     One transaction for the batch: a commit per final would hold the last of a step's finals back
     by the others' round trips. On PostgreSQL the batch is one ``UPDATE ... FROM (VALUES ...)``,
-    parsed and planned once, where an ``executemany`` would parse and plan a statement per job."""
+    parsed and planned once, where an ``executemany`` would parse and plan a statement per job.
+    The webhooks of the jobs it ends are recorded in the same transaction (job_webhooks.py)."""
     if not results:
         return []
     # A job's last final wins, as it would have with one statement per final.
     last = {r.job_id: r for r in results}
     params = [_final_params(r) for r in last.values()]
     in_progress, cancelled = JobStatus.IN_PROGRESS.value, JobStatus.CANCELLED.value
-    with transaction.atomic(), connection.cursor() as cursor:
-        if connection.vendor == "postgresql":
-            rows = ", ".join([_FINAL_ROW_PG] * len(params))
-            cursor.execute(_complete_sql_pg().format(rows=rows),
-                           [in_progress, *(value for row in params for value in row), worker_id, in_progress, cancelled])
-            return [str(job_id) for (job_id,) in cursor.fetchall()]
-        written = []
-        for job_id, row in zip(last, params, strict=True):
-            cursor.execute(_complete_sql(), (in_progress, *row[1:11], row[12], row[0], worker_id, in_progress,
-                                             cancelled, row[11]))
-            if cursor.rowcount:
-                written.append(job_id)
-        return written
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            if connection.vendor == "postgresql":
+                rows = ", ".join([_FINAL_ROW_PG] * len(params))
+                cursor.execute(_complete_sql_pg().format(rows=rows), [
+                    in_progress, *(value for row in params for value in row), worker_id, in_progress, cancelled])
+                stored = [(str(job_id), hooked) for job_id, hooked in cursor.fetchall()]
+            else:
+                stored = []
+                for job_id, row in zip(last, params, strict=True):
+                    cursor.execute(_complete_sql(), (in_progress, *row[1:11], row[12], row[0], worker_id, in_progress,
+                                                     cancelled, row[11]))
+                    returned = cursor.fetchone()
+                    if returned is not None:
+                        stored.append((job_id, bool(returned[0])))
+        # Only the jobs that named a webhook cost anything more (the UPDATE says which they are).
+        hooked = [job_id for job_id, has_webhook in stored if has_webhook]
+        if hooked:
+            job_webhooks_enqueue(job_ids=hooked, send=False)
+    return [job_id for job_id, _ in stored]
 
 
 def _final_params(r: FinalResult) -> tuple:
@@ -219,7 +228,7 @@ def _complete_sql_pg() -> str:
     """The finals' UPDATE on PostgreSQL, with a ``{rows}`` placeholder for the VALUES rows; the
     same rules as :func:`_complete_sql`."""
     q = connection.ops.quote_name
-    column = _job_columns(*_FINAL_COLUMNS, "lease_expires_at", "worker_id", "deleted_at", "logprobs")
+    column = _job_columns(*_FINAL_COLUMNS, "lease_expires_at", "worker_id", "deleted_at", "logprobs", "webhook_url")
     status = f"j.{column['status']}"
     fields = ", ".join(f"{column[name]} = v.{column[name]}" for name in _FINAL_COLUMNS[2:-1])
     return (
@@ -231,7 +240,7 @@ def _complete_sql_pg() -> str:
         f"{column['logprobs']}) "
         f"WHERE j.{column['id']} = v.{column['id']} AND j.{column['worker_id']} = %s "
         f"AND ({status} = %s OR ({status} = %s AND v.abort)) AND j.{column['deleted_at']} IS NULL "
-        f"RETURNING j.{column['id']}"
+        f"RETURNING j.{column['id']}, j.{column['webhook_url']} <> ''"
     )
 
 
@@ -241,11 +250,11 @@ def _complete_sql() -> str:
     already moved to cancelled gets its text and usage too, unless its owner deleted it meanwhile
     (its content stays gone). The first-token time is the final's unless the row has one: a job
     whose first token and final the worker sent together (one token, or outputs the I/O thread
-    folded into one batch) has no other."""
+    folded into one batch) has no other. Returns whether the job named a webhook."""
     q = connection.ops.quote_name
     column = _job_columns("status", "output_text", "finish_reason", "error", "prompt_tokens", "cached_tokens",
                           "completion_tokens", "finished_at", "last_seq", "first_token_at", "lease_expires_at", "id",
-                          "worker_id", "deleted_at", "logprobs")
+                          "worker_id", "deleted_at", "logprobs", "webhook_url")
     status = column["status"]
     fields = ", ".join(f"{column[name]} = %s" for name in ("output_text", "finish_reason", "error", "prompt_tokens",
                                                            "cached_tokens", "completion_tokens", "finished_at",
@@ -255,17 +264,21 @@ def _complete_sql() -> str:
         f"{fields}, {column['first_token_at']} = COALESCE({column['first_token_at']}, %s), "
         f"{column['lease_expires_at']} = NULL, {column['logprobs']} = %s "
         f"WHERE {column['id']} = %s AND {column['worker_id']} = %s "
-        f"AND ({status} = %s OR ({status} = %s AND %s)) AND {column['deleted_at']} IS NULL"
+        f"AND ({status} = %s OR ({status} = %s AND %s)) AND {column['deleted_at']} IS NULL "
+        f"RETURNING {column['webhook_url']} <> ''"
     )
 
 
 def job_fail(*, job_id: str, worker_id: str, error: str) -> bool:
-    return bool(
-        Job.objects.filter(id=job_id, status=JobStatus.IN_PROGRESS, worker_id=worker_id).update(
+    """in_progress → failed, if ``worker_id`` holds the job; with its webhook, if it named one."""
+    with transaction.atomic():
+        failed = Job.objects.filter(id=job_id, status=JobStatus.IN_PROGRESS, worker_id=worker_id).update(
             status=JobStatus.FAILED, finish_reason="error", error=error,
             finished_at=timezone.now(), lease_expires_at=None,
         )
-    )
+        if failed:
+            job_webhooks_enqueue(job_ids=[job_id], send=False)
+    return bool(failed)
 
 
 def job_fail_held(*, job_id: str, worker_id: str, error: str) -> Job | None:
@@ -298,11 +311,13 @@ def job_requeue(*, job_id: str, worker_id: str | None, redispatch_after_s: float
         lease_expires_at=now + dt.timedelta(seconds=redispatch_after_s),
     ):
         return JobStatus.QUEUED
-    if rows.filter(cancel_requested=True).update(
-        status=JobStatus.CANCELLED, finish_reason="abort", finished_at=now, lease_expires_at=None,
-    ):
-        transaction.on_commit(partial(_stream_end, job_id))
-        return JobStatus.CANCELLED
+    with transaction.atomic():
+        if rows.filter(cancel_requested=True).update(
+            status=JobStatus.CANCELLED, finish_reason="abort", finished_at=now, lease_expires_at=None,
+        ):
+            job_webhooks_enqueue(job_ids=[job_id], send=False)
+            transaction.on_commit(partial(_stream_end, job_id))
+            return JobStatus.CANCELLED
     return None
 
 
@@ -359,11 +374,23 @@ def jobs_with_expired_lease(*, limit: int = 500) -> list[str]:
     return [str(pk) for pk in rows.values_list("id", flat=True)[:limit]]
 
 
-def jobs_expire_queued(*, older_than_s: float) -> int:
-    """queued → expired for jobs waiting longer than ``older_than_s``."""
+def jobs_expire_queued(*, older_than_s: float, batch: int = 1000) -> int:
+    """queued → expired for jobs waiting longer than ``older_than_s``, with the webhooks of those
+    that named one; ``batch`` jobs a transaction."""
     cutoff = timezone.now() - dt.timedelta(seconds=older_than_s)
-    # It never ran this attempt: its prompt is not charged (a finished job's usage is the engine's).
-    return Job.objects.filter(status=JobStatus.QUEUED, queued_at__lt=cutoff).update(
-        status=JobStatus.EXPIRED, finish_reason=None, finished_at=timezone.now(), lease_expires_at=None,
-        prompt_tokens=0, cached_tokens=0,
-    )
+    total = 0
+    while True:
+        with transaction.atomic():
+            # Locked first, so the ids are exactly those expired here: a worker's claim of one
+            # waits, then finds it no longer queued.
+            stale = Job.objects.select_for_update(skip_locked=True).filter(status=JobStatus.QUEUED,
+                                                                           queued_at__lt=cutoff)
+            ids = list(stale.values_list("id", flat=True)[:batch])
+            total += Job.objects.filter(id__in=ids, status=JobStatus.QUEUED).update(
+                # It never ran this attempt: its prompt is not charged (a finished job's usage is the engine's).
+                status=JobStatus.EXPIRED, finish_reason=None, finished_at=timezone.now(), lease_expires_at=None,
+                prompt_tokens=0, cached_tokens=0,
+            )
+            job_webhooks_enqueue(job_ids=ids, send=False)
+        if len(ids) < batch:
+            return total

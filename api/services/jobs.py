@@ -41,9 +41,11 @@ from api.models import SAMPLING_DEFAULTS, ApiKey, Job, JobStatus
 from api.redis_client import get_redis
 from api.selectors.jobs import job_queue_position
 from api.services.job_deletion import drop_stream
+from api.services.job_webhooks import job_webhooks_enqueue
 from api.services.quotas import RateLimitState, quota_consume_request, quota_gate
 from api.streaming.job_end import stream_job_end
 from api.tokenization import get_tokenizer
+from api.webhook_urls import webhook_url_check
 from inference_service.celery import app as celery_app
 
 logger = logging.getLogger(__name__)
@@ -63,6 +65,7 @@ class JobRequest:
     priority: int | None = None
     sampling: dict[str, Any] = field(default_factory=dict)
     metadata: dict[str, str] = field(default_factory=dict)
+    webhook_url: str = ""
 
     @classmethod
     def from_validated(cls, data: dict[str, Any]) -> JobRequest:
@@ -73,6 +76,7 @@ class JobRequest:
             max_tokens=data.pop("max_tokens", None),
             priority=data.pop("priority", None),
             metadata=dict(data.pop("metadata", {})),
+            webhook_url=data.pop("webhook_url", ""),
             sampling=data,
         )
 
@@ -84,6 +88,7 @@ class JobRequest:
             "priority": self.priority,
             "sampling": self.sampling,
             **({"metadata": self.metadata} if self.metadata else {}),  # bodies without it keep their fingerprint
+            **({"webhook_url": self.webhook_url} if self.webhook_url else {}),
         }
         return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()
 
@@ -107,14 +112,16 @@ def job_create(
     ``created`` is False when ``idempotency_key`` names an earlier job with the same body (that
     job is returned; a different body raises IdempotencyKeyReused). Raises
     InvalidRequest/MaxTokensTooLarge/PromptTooLong for requests the engine could not run,
-    QuotaExceeded when a quota of ``api_key`` is used up, and AuthenticationFailed when the key
-    was deleted while the request ran."""
+    QuotaExceeded when a quota of ``api_key`` is used up, WebhookUrlRefused for a webhook URL the
+    service may not call, and AuthenticationFailed when the key was deleted while the request ran."""
     if idempotency_key is not None:
         _check_idempotency_key(idempotency_key)
         existing = _job_for_idempotency_key(owner=owner, key=idempotency_key, fingerprint=request.fingerprint())
         if existing is not None:
             return JobSubmission(existing, False)
 
+    if request.webhook_url:
+        webhook_url_check(request.webhook_url)
     prompt_token_ids, param = _tokenize(request)
     _check_logit_bias(request.sampling.get("logit_bias"))
     max_tokens = _max_tokens(request, api_key=api_key, prompt_tokens=len(prompt_token_ids), param=param)
@@ -135,6 +142,7 @@ def job_create(
                 params={**SAMPLING_DEFAULTS, **request.sampling, "max_tokens": max_tokens},
                 priority=priority,
                 metadata=request.metadata,
+                webhook_url=request.webhook_url,
                 idempotency_key=idempotency_key,
                 request_fingerprint=request.fingerprint(),
                 dispatch_count=1,  # the send on commit; job_dispatch takes it back if the send fails
@@ -249,11 +257,14 @@ def job_cancel(*, job_id: uuid.UUID | str, owner: AbstractBaseUser | None = None
     # or the job is finished. Each pass is one conditional UPDATE, so there is no lost update.
     for _ in range(3):
         now = timezone.now()
-        # It never ran: nothing is charged (a finished job's usage is what the engine processed).
-        if jobs.filter(status=JobStatus.QUEUED).update(
-            status=JobStatus.CANCELLED, cancel_requested=True, finished_at=now, prompt_tokens=0, cached_tokens=0,
-        ):
-            ended_in_queue = True
+        with transaction.atomic():
+            # It never ran: nothing is charged (a finished job's usage is what the engine processed).
+            ended_in_queue = bool(jobs.filter(status=JobStatus.QUEUED).update(
+                status=JobStatus.CANCELLED, cancel_requested=True, finished_at=now, prompt_tokens=0, cached_tokens=0,
+            ))
+            if ended_in_queue:
+                job_webhooks_enqueue(job_ids=[job_id])
+        if ended_in_queue:
             break
         if jobs.filter(status=JobStatus.IN_PROGRESS).update(cancel_requested=True):
             transaction.on_commit(partial(_publish_cancel, str(job_id)))

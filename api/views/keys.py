@@ -12,7 +12,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from api.key_serializers import ApiKeySerializer, api_key_body
+from api.key_serializers import ApiKeySerializer, WebhookSecretSerializer, api_key_body
 from api.selectors.owned_keys import api_key_list
 from api.serializers import (
     KEYS_MAX_PAGE_SIZE,
@@ -22,7 +22,7 @@ from api.serializers import (
     KeyListQuerySerializer,
     paginated_list,
 )
-from api.services.api_keys import api_key_revoke_owned
+from api.services.api_keys import api_key_revoke_owned, api_key_rotate_webhook_secret_owned
 
 
 class KeyPagination(PageNumberPagination):
@@ -57,3 +57,18 @@ class ApiKeyRevokeView(APIView):
     def post(self, request: Request, key_id: int) -> Response:
         api_key = api_key_revoke_owned(key_id=key_id, owner=request.user)
         return Response(ApiKeySerializer(api_key_body(api_key, current=request.auth)).data)
+
+
+class WebhookSecretRotateView(APIView):
+    @extend_schema(
+        operation_id="keys_webhook_secret_rotate",
+        summary="Make a new webhook signing secret for one of your API keys",
+        description="The secret that signs the webhooks of the key's jobs (Standard Webhooks, "
+                    "`whsec_<base64>`); the old one stops signing at once. Shown once: store it.",
+        request=None,
+        responses={200: WebhookSecretSerializer, **REQUEST_ERRORS,
+                   404: OpenApiResponse(ErrorSerializer, description="No such key (or not yours)")},
+    )
+    def post(self, request: Request, key_id: int) -> Response:
+        api_key, secret = api_key_rotate_webhook_secret_owned(key_id=key_id, owner=request.user)
+        return Response(WebhookSecretSerializer({"api_key_id": api_key.id, "secret": secret}).data)

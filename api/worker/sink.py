@@ -11,7 +11,9 @@ For each :class:`StepBatch` (one or more engine steps, at most one chunk per job
 
 A final is published only once its row is stored, so a client that sees ``final`` and then reads
 the job finds it finished, and a final the database did not take (the job was handed on, or the
-write failed) is never announced. Bookkeeping that no client waits for comes last.
+write failed) is never announced. The webhook of a job that named one is recorded in the
+transaction of its final (job_lifecycle.jobs_complete), and sent by the light worker: nothing here
+waits on the broker or on a receiver. Bookkeeping that no client waits for comes last.
 
 One job's bad write never costs the others theirs: when a batch's write fails, each job is written
 alone. A job whose own write fails for a reason of its own (not a lost connection) ends

@@ -138,7 +138,11 @@ def test_celery_routes_jobs_to_the_engine_queue_and_schedules_reconciliation():
         "api.tasks.expire_jobs": 60.0,
         "api.tasks.rollup_usage": 300.0,
         "api.tasks.purge_jobs": 3600.0,
+        "api.tasks.send_due_webhooks": 2.0,
     }
+    # Webhooks go to the light worker's default queue, never to an engine worker.
+    assert "api.tasks.deliver_webhook" not in app.conf.task_routes
+    assert app.conf.task_default_queue == "celery"
 
 
 @pytest.mark.django_db

@@ -1,6 +1,6 @@
-"""Create (or reuse) a user and give them a new API key; prints the key's secret once. With
-``--replace``, the user's earlier keys of that name are revoked (``make run`` mints its demo key
-this way, so only the latest one works)."""
+"""Create (or reuse) a user and give them a new API key; prints the key's secret and its webhook
+signing secret once. With ``--replace``, the user's earlier keys of that name are revoked (``make
+run`` mints its demo key this way, so only the latest one works)."""
 
 from __future__ import annotations
 
@@ -42,5 +42,8 @@ class Command(BaseCommand):
             self.stdout.write(secret)
             return
         verb = "Created" if created else "Found"
-        self.stdout.write(f"{verb} user {user.username}; new API key {api_key.prefix}… (shown once):")
+        # The key's secret stays the last line, for scripts that read it.
+        self.stdout.write(f"{verb} user {user.username}. The new key's webhook signing secret (shown once): "
+                          f"{api_key.webhook_secret}")
+        self.stdout.write(f"New API key {api_key.prefix}… (shown once):")
         self.stdout.write(secret)
