@@ -13,6 +13,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils import timezone
 
+from api import batch_admin  # noqa: F401 (registers the files' and batches' admin)
 from api.errors import ServiceError
 from api.models import ApiKey, Job, UsageRecord
 from api.services.api_keys import (

@@ -7,7 +7,9 @@ deployment fails at start-up instead of running with a silently wrong value.
 
 from __future__ import annotations
 
+import json
 import os
+from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 
@@ -69,3 +71,16 @@ def env_list(name: str, default: list[str]) -> list[str]:
     if value is None:
         return list(default)
     return [item.strip() for item in value.split(",") if item.strip()]
+
+
+def env_json_object(name: str, default: dict[str, Any]) -> dict[str, Any]:
+    value = _raw(name)
+    if value is None:
+        return dict(default)
+    try:
+        parsed = json.loads(value)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name} is not valid JSON") from None
+    if not isinstance(parsed, dict):
+        raise ImproperlyConfigured(f"{name} must be a JSON object")
+    return parsed
