@@ -8,10 +8,13 @@ is a 404, as an unknown one.
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.conf import settings
 from django.http import StreamingHttpResponse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from rest_framework.negotiation import BaseContentNegotiation
 from rest_framework.parsers import MultiPartParser
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -83,7 +86,21 @@ class FileDetailView(APIView):
         return Response({"id": file.id, "object": "file", "deleted": True})
 
 
+class AnyAccept(BaseContentNegotiation):
+    """The bytes are sent whatever the client accepts (OpenAI's SDK asks for
+    ``application/binary``), and an error is the JSON envelope: the first renderer, always (as
+    DRF's documentation's IgnoreClientContentNegotiation)."""
+
+    def select_parser(self, request: Request, parsers: list) -> Any:
+        return parsers[0] if parsers else None
+
+    def select_renderer(self, request: Request, renderers: list, format_suffix: str | None = None) -> tuple:
+        return renderers[0], renderers[0].media_type
+
+
 class FileContentView(APIView):
+    content_negotiation_class = AnyAccept
+
     @extend_schema(operation_id="openai_files_content", tags=["openai"], summary="A file's bytes",
                    responses={(200, "application/octet-stream"): OpenApiTypes.BINARY, **REQUEST_ERRORS, **_NOT_FOUND})
     def get(self, request: Request, file_id: str) -> StreamingHttpResponse:
