@@ -18,7 +18,7 @@ from celery import shared_task
 from django.conf import settings
 from django.utils import timezone
 
-from api.batch_models import BatchStatus
+from api.batch_models import Batch, BatchStatus
 from api.models import JobStatus
 from api.selectors.batches import batches_unfinished
 from api.services import batch_feed, batches, job_deletion, job_lifecycle, quotas
@@ -126,8 +126,13 @@ def drop_job_stream(job_id: str) -> None:
 
 @shared_task(name="api.tasks.start_batch", ignore_result=True)
 def start_batch(batch_id: str) -> bool:
-    """Turn a new batch's lines into its jobs and start feeding them to the engine."""
-    return batches.batch_start(batch_id=batch_id)
+    """Turn a new batch's lines into its jobs and send the first of them to the engine (here: a
+    message to another task would only add its latency)."""
+    started = batches.batch_start(batch_id=batch_id)
+    api_key_id = Batch.objects.filter(id=batch_id).values_list("api_key_id", flat=True).first()
+    if started and api_key_id is not None:
+        batch_feed.batch_feed(api_key_id=api_key_id)
+    return started
 
 
 @shared_task(name="api.tasks.batch_progress", ignore_result=True)

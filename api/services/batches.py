@@ -84,7 +84,8 @@ class _LinesRefused(Exception):
 def batch_start(*, batch_id: str) -> bool:
     """``validating`` → ``in_progress``: every line of the input becomes a held job of the batch
     (one transaction), or, if any line cannot, the batch fails naming the lines. Returns whether
-    the batch started. Does nothing for a batch no longer validating."""
+    the batch started (the caller then feeds its key: api/tasks.py). Does nothing for a batch no
+    longer validating."""
     try:
         with transaction.atomic():
             batch = Batch.objects.select_for_update().filter(id=batch_id, status=BatchStatus.VALIDATING).first()
@@ -93,7 +94,6 @@ def batch_start(*, batch_id: str) -> bool:
             count = _create_jobs(batch)
             Batch.objects.filter(id=batch.id).update(status=BatchStatus.IN_PROGRESS, in_progress_at=timezone.now(),
                                                      model=served_model())
-            transaction.on_commit(partial(batch_progress_send, api_key_id=batch.api_key_id, batch_id=batch.id))
     except _LinesRefused as exc:
         batch_finalize(batch_id=batch_id, errors=[e.as_openai() for e in exc.errors])
         return False
