@@ -206,8 +206,9 @@ if 0 < JOB_RETENTION_DAYS < 2:
 # FILES_MAX_LINES lines is refused. A key has at most BATCH_JOBS_IN_FLIGHT_PER_KEY of its batch
 # jobs sent to the engine (queued there or running) at once; the rest wait in the database for the
 # feeder (api/services/batch_feed.py). 32 is one engine's batch (ENGINE_COMPLETION_BATCH_SIZE):
-# a lone batch fills it, and interactive jobs, at BATCH_JOB_PRIORITY's lower urgency for the
-# batch's, take the next free slots.
+# a lone batch can fill it, and an interactive job waits behind no more than that. Batch jobs
+# have BATCH_JOB_PRIORITY, less urgent than any key's class (10 by default): with
+# ENGINE_POLICY=priority the engine admits interactive jobs before the batch's waiting ones.
 FILES_MAX_BYTES = env_int("FILES_MAX_BYTES", 200 * 1024 * 1024, minimum=1)
 FILES_MAX_LINES = env_int("FILES_MAX_LINES", 50_000, minimum=1)
 BATCH_JOBS_IN_FLIGHT_PER_KEY = env_int("BATCH_JOBS_IN_FLIGHT_PER_KEY", 32, minimum=1)

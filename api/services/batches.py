@@ -178,13 +178,19 @@ def _stop_jobs(batch: Batch, *, held_status: JobStatus) -> None:
 
 
 def batch_advance(*, batch_id: str) -> Batch | None:
-    """Move a running batch on: past its window, its jobs stop and it will end ``expired``; once
-    none of its jobs is queued or running, it ends (:func:`batch_finalize`). Returns the batch as
-    it ended, or None while it goes on."""
-    batch = Batch.objects.filter(id=batch_id).first()
+    """Move a running batch on: past its window, its jobs stop and it will end ``expired``; with
+    its key revoked or deleted, it is cancelled; once none of its jobs is queued or running, it
+    ends (:func:`batch_finalize`). Returns the batch as it ended, or None while it goes on."""
+    batch = Batch.objects.select_related("api_key").filter(id=batch_id).first()
     if batch is None or batch.status not in (BatchStatus.IN_PROGRESS, BatchStatus.FINALIZING, BatchStatus.CANCELLING):
         return None
-    if batch.status == BatchStatus.IN_PROGRESS and batch.expired_at is None and timezone.now() >= batch.expires_at:
+    if batch.status == BatchStatus.IN_PROGRESS and (batch.api_key is None or not batch.api_key.is_active):
+        # Its key was revoked or deleted: nothing may send its held jobs any more.
+        if Batch.objects.filter(id=batch.id, status=BatchStatus.IN_PROGRESS).update(
+                status=BatchStatus.CANCELLING, cancelling_at=timezone.now()):
+            logger.info("batch %s: its API key was revoked; cancelling it", batch.id)
+            _stop_jobs(batch, held_status=JobStatus.CANCELLED)
+    elif batch.status == BatchStatus.IN_PROGRESS and batch.expired_at is None and timezone.now() >= batch.expires_at:
         if Batch.objects.filter(id=batch.id, expired_at__isnull=True).update(expired_at=timezone.now()):
             logger.info("batch %s: its completion window ended", batch.id)
             _stop_jobs(batch, held_status=JobStatus.EXPIRED)

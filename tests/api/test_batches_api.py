@@ -252,3 +252,33 @@ def test_the_input_of_a_running_batch_cannot_be_deleted(api_client):
     response = api_client.delete(f"/v1/files/{batch['input_file_id']}")
 
     assert response.status_code == 409 and response.json()["error"]["code"] == "file_in_use"
+
+
+def test_held_jobs_are_left_to_the_feeder_by_the_reconciler_and_the_queue_expiry(api_client, api_key, settings):
+    import datetime as dt
+
+    from django.utils import timezone
+
+    from api.services import job_lifecycle
+
+    batch_id = _batch(api_client, [chat_line("a"), chat_line("b")])["id"]
+    batch_start(batch_id=batch_id)
+    long_ago = timezone.now() - dt.timedelta(days=1)
+    Job.objects.filter(batch_id=batch_id).update(queued_at=long_ago)
+    settings.BATCH_JOBS_IN_FLIGHT_PER_KEY = 1
+    [sent] = batch_feed(api_key_id=api_key.id)
+    Job.objects.filter(id=sent).update(lease_expires_at=long_ago)  # its message was lost; the other is held
+
+    assert job_lifecycle.jobs_needing_dispatch(queued_grace_s=1) == [sent]
+    assert job_lifecycle.jobs_expire_queued(older_than_s=1) == 0
+
+
+def test_a_batch_whose_key_is_revoked_is_cancelled(api_client, api_key):
+    from api.services.api_keys import api_key_revoke
+
+    batch_id = _batch(api_client, [chat_line("a"), chat_line("b")])["id"]
+    batch_start(batch_id=batch_id)
+    api_key_revoke(api_key_id=api_key.id)
+
+    assert batch_feed(api_key_id=api_key.id) == []
+    assert batch_advance(batch_id=batch_id).status == BatchStatus.CANCELLED
