@@ -11,7 +11,6 @@ from collections.abc import Iterator
 
 import openai
 import pytest
-from django.conf import settings
 
 from api.keys import job_stream_key
 from api.models import Job
@@ -25,13 +24,15 @@ CAP = 3  # batch jobs of a key in the engine at once: small, so a batch of a few
 
 
 @pytest.fixture
-def stack(workers, service_env, tmp_path, monkeypatch) -> Iterator[str]:
-    """daphne, the light worker and an engine worker on one files folder; yields the /v1 URL."""
+def stack(workers, service_env, tmp_path, settings) -> Iterator[str]:
+    """daphne, the light worker and an engine worker on one files folder (this process's beat
+    tasks too); yields the /v1 URL."""
     files = {"location": str(tmp_path / "files")}
     service_env.update(FILES_STORAGE_OPTIONS=json.dumps(files), BATCH_JOBS_IN_FLIGHT_PER_KEY=str(CAP))
-    monkeypatch.setattr(settings, "STORAGES", {**settings.STORAGES, "files": {
-        "BACKEND": "django.core.files.storage.FileSystemStorage", "OPTIONS": files}})
-    monkeypatch.setattr(settings, "BATCH_JOBS_IN_FLIGHT_PER_KEY", CAP)
+    # pytest-django's settings fixture: Django then drops its storages built from the old value.
+    settings.STORAGES = {**settings.STORAGES, "files": {
+        "BACKEND": "django.core.files.storage.FileSystemStorage", "OPTIONS": files}}
+    settings.BATCH_JOBS_IN_FLIGHT_PER_KEY = CAP
     port = free_port()
     daphne = start_daphne(service_env, port, tmp_path)
     light = Proc("light-worker", [sys.executable, "-m", "celery", "-A", "inference_service", "worker", "-Q", "celery",
