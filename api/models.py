@@ -176,10 +176,16 @@ class Job(models.Model):
             # The quota gate counts a key's queued and running jobs on every submission.
             models.Index(fields=["api_key"], condition=models.Q(status__in=["queued", "in_progress"]),
                          name="job_key_active"),
-            # The batch feeder counts and picks a key's batch jobs that are not finished.
-            models.Index(fields=["api_key", "batch"], condition=models.Q(status__in=["queued", "in_progress"],
-                                                                          batch__isnull=False),
-                         name="job_key_batch_active"),
+            # The batch feeder (api/services/batch_feed.py) counts a key's batch jobs in flight,
+            # picks its held ones oldest first, and asks whether a batch still has jobs to run: each
+            # read stays within the few rows it needs, whatever the size of the batch.
+            models.Index(fields=["api_key"], name="job_key_batch_in_flight",
+                         condition=models.Q(batch__isnull=False)
+                         & (models.Q(status="in_progress") | models.Q(status="queued", dispatch_count__gt=0))),
+            models.Index(fields=["api_key", "created_at"], name="job_key_batch_held",
+                         condition=models.Q(batch__isnull=False, status="queued", dispatch_count=0)),
+            models.Index(fields=["batch"], name="job_batch_active",
+                         condition=models.Q(batch__isnull=False, status__in=["queued", "in_progress"])),
         ]
 
     def __str__(self) -> str:

@@ -37,9 +37,10 @@ logger = logging.getLogger(__name__)
 
 BATCH_PROGRESS_TASK = "api.tasks.batch_progress"
 
-# A key's batch jobs that the feeder has sent and that have not finished.
-IN_FLIGHT = Q(status=JobStatus.IN_PROGRESS) | Q(status=JobStatus.QUEUED, dispatch_count__gt=0)
-HELD = Q(status=JobStatus.QUEUED, dispatch_count=0, cancel_requested=False)
+# A key's batch jobs that the feeder has sent and that have not finished, and those it has not
+# sent: as the partial indexes of api/models.py state them, so that each query uses its index.
+IN_FLIGHT = Q(batch__isnull=False) & (Q(status=JobStatus.IN_PROGRESS) | Q(status=JobStatus.QUEUED, dispatch_count__gt=0))
+HELD = Q(batch__isnull=False, status=JobStatus.QUEUED, dispatch_count=0)
 
 
 def batch_feed(*, api_key_id: int) -> list[str]:
@@ -51,14 +52,15 @@ def batch_feed(*, api_key_id: int) -> list[str]:
         key = ApiKey.objects.select_for_update(no_key=True).filter(id=api_key_id, revoked_at__isnull=True).first()
         if key is None:
             return []
-        jobs = Job.objects.filter(api_key_id=api_key_id, batch__isnull=False)
+        jobs = Job.objects.filter(api_key_id=api_key_id)
         room = cap - jobs.filter(IN_FLIGHT).count()
         if room <= 0:
             return []
         now = timezone.now()
         tokens_left = key.tokens_per_day - quota_key_usage(api_key=key, now=now).tokens_used
-        candidates = (jobs.filter(HELD, batch__status=BatchStatus.IN_PROGRESS)
-                      .order_by("batch__created_at", "created_at", "custom_id")
+        # Oldest first: a key's batches run in the order they started, each in its input's order.
+        candidates = (jobs.filter(HELD, cancel_requested=False, batch__status=BatchStatus.IN_PROGRESS)
+                      .order_by("created_at")
                       .values_list("id", "prompt_token_ids", "params")[:room])
         chosen = []
         for job_id, prompt_token_ids, params in candidates:
