@@ -26,7 +26,7 @@ REPORTED_ERRORS = 10  # the bad lines an error names; a client fixes those and u
 
 @dataclass(frozen=True)
 class LineError:
-    line: int  # 1-based, as editors number them
+    line: int | None  # 1-based, as editors number them; None for what is not one line's fault
     message: str
     param: str | None = None
     code: str = "invalid_request"

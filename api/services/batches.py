@@ -106,10 +106,10 @@ def _create_jobs(batch: Batch) -> int:
     times); raises _LinesRefused for lines that cannot run."""
     key = batch.api_key
     if key is None or not key.is_active:
-        raise _LinesRefused([LineError(0, "The batch's API key was revoked.", code="invalid_api_key")])
+        raise _LinesRefused([LineError(None, "The batch's API key was revoked.", code="invalid_api_key")])
     file = batch.owner.files.filter(id=batch.input_file_id).first()
     if file is None:
-        raise _LinesRefused([LineError(0, "The input file was deleted.", "input_file_id", "file_not_found")])
+        raise _LinesRefused([LineError(None, "The input file was deleted.", "input_file_id", "file_not_found")])
     errors: list[LineError] = []
     pending: list[Job] = []
     count = 0
