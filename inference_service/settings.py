@@ -205,13 +205,13 @@ if 0 < JOB_RETENTION_DAYS < 2:
 # The Files and Batch APIs (api/batch_models.py). An upload of more than FILES_MAX_BYTES or
 # FILES_MAX_LINES lines is refused. A key has at most BATCH_JOBS_IN_FLIGHT_PER_KEY of its batch
 # jobs sent to the engine (queued there or running) at once; the rest wait in the database for the
-# feeder (api/services/batch_feed.py). 32 is one engine's batch (ENGINE_COMPLETION_BATCH_SIZE):
-# a lone batch can fill it, and an interactive job waits behind no more than that. Batch jobs
-# have BATCH_JOB_PRIORITY, less urgent than any key's class (10 by default): with
-# ENGINE_POLICY=priority the engine admits interactive jobs before the batch's waiting ones.
+# feeder (api/services/batch_feed.py). 40 is one engine's batch (ENGINE_COMPLETION_BATCH_SIZE, 32)
+# and 8 waiting, which take a slot as soon as it is free, without the feeder's round trip; batch
+# jobs have BATCH_JOB_PRIORITY, less urgent than any key's class (10 by default), so the engine
+# admits an interactive job before them (ENGINE_POLICY below). docs/benchmarks.md has the figures.
 FILES_MAX_BYTES = env_int("FILES_MAX_BYTES", 200 * 1024 * 1024, minimum=1)
 FILES_MAX_LINES = env_int("FILES_MAX_LINES", 50_000, minimum=1)
-BATCH_JOBS_IN_FLIGHT_PER_KEY = env_int("BATCH_JOBS_IN_FLIGHT_PER_KEY", 32, minimum=1)
+BATCH_JOBS_IN_FLIGHT_PER_KEY = env_int("BATCH_JOBS_IN_FLIGHT_PER_KEY", 40, minimum=1)
 BATCH_JOB_PRIORITY = env_int("BATCH_JOB_PRIORITY", 100, minimum=0)
 # Where files' bytes live: any backend of Django's storage API. The default keeps them under
 # var/files; e.g. FILES_STORAGE_BACKEND=storages.backends.s3.S3Storage with
@@ -224,6 +224,13 @@ STORAGES = {
     "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
     "files": {"BACKEND": FILES_STORAGE_BACKEND, "OPTIONS": FILES_STORAGE_OPTIONS},
 }
+
+# The order in which an engine worker's engine admits waiting jobs, passed to the engine process
+# it spawns: "priority" (then arrival), so that keys' priority classes and batch jobs' lower
+# urgency count; "fcfs" is the engine's own default (arrival alone).
+ENGINE_POLICY = env_str("ENGINE_POLICY", "priority")
+if ENGINE_POLICY not in ("priority", "fcfs"):
+    raise ImproperlyConfigured(f"ENGINE_POLICY={ENGINE_POLICY!r} must be 'priority' or 'fcfs'")
 
 # Engine workers (api/worker/). WORKER_ID names a worker in heartbeats and job rows (default:
 # host-pid-random). A held job's lease (JOB_LEASE_S) is renewed every WORKER_HEARTBEAT_S; on

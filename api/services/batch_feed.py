@@ -4,9 +4,9 @@ A batch's jobs are inserted queued but not sent (``dispatch_count`` 0: *held*). 
 the next held jobs of a key's running batches while fewer than BATCH_JOBS_IN_FLIGHT_PER_KEY of
 the key's batch jobs are sent and not finished (queued in the engine or running), and while the
 key's daily tokens cover them (api/services/quotas.py counts a batch job's tokens once it is
-sent). So a batch never floods the engine's queue: an interactive job, more urgent by its
-priority (BATCH_JOB_PRIORITY is less urgent than any key's class), waits behind at most that many
-batch jobs, and a key's batch cannot take more of the engine than the cap.
+sent). So a batch never floods the engine's queue: the engine admits an interactive job, more
+urgent by its priority (BATCH_JOB_PRIORITY is less urgent than any key's class), before the few
+batch jobs waiting there, and a key's batch cannot take more of the engine than the cap.
 
 It runs on the light worker: after a batch starts, whenever batch jobs end (the engine worker's
 sink asks for it, :func:`batch_jobs_ended`), and on beat's tick (api/tasks.py), which also covers
