@@ -145,7 +145,9 @@ def main() -> None:
     base_url = f"http://127.0.0.1:{args.port}/v1"
     try:
         keys = service.start(keys=2)
-        asyncio.run(online_round(args.port, keys[0], bodies[:args.clients], args.clients))  # warm-up
+        # Warm-up of both paths (the light worker loads the tokenizer at its first batch).
+        asyncio.run(online_round(args.port, keys[0], bodies[:args.clients], args.clients))
+        run_batch(base_url, keys[0], bodies[:args.clients])
         idle = asyncio.run(interactive(args.port, keys[1], model, None, args.idle_requests))
         online_s = asyncio.run(online_round(args.port, keys[0], bodies, args.clients))
         print(f"online: {online_s:.1f} s", flush=True)

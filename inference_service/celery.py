@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 from celery import Celery
+from celery.signals import worker_init
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "inference_service.settings")
 
@@ -23,3 +24,17 @@ app.conf.beat_schedule = {
     "purge-jobs": {"task": "api.tasks.purge_jobs", "schedule": 3600.0},
 }
 app.autodiscover_tasks()
+
+
+@worker_init.connect
+def _keep_database_connections(**_: object) -> None:
+    """A worker is a long-running process, not a request handler: it keeps its database
+    connections. (Celery's Django fixup closes them after every task when CONN_MAX_AGE is 0, the
+    web tier's default, and the light worker's batch tasks, one per batch job that ends, then
+    spent more time connecting than working.)"""
+    from django.conf import settings
+    from django.db import connections
+
+    for alias in settings.DATABASES:
+        settings.DATABASES[alias]["CONN_MAX_AGE"] = None
+        connections[alias].settings_dict["CONN_MAX_AGE"] = None
