@@ -137,8 +137,9 @@ def _line_job(batch: Batch, key: ApiKey, line: BatchLine) -> Job | LineError:
     if line.url != batch.endpoint:
         return LineError(line.line, f"url {line.url} is not the batch's endpoint {batch.endpoint}", "url")
     try:
-        job = job_build(owner=batch.owner, api_key=key, request=line.request.job,
-                        priority=settings.BATCH_JOB_PRIORITY)
+        # Never more urgent than BATCH_JOB_PRIORITY, nor than the key's class or the line asks.
+        priority = max(settings.BATCH_JOB_PRIORITY, key.priority, line.request.job.priority or 0)
+        job = job_build(owner=batch.owner, api_key=key, request=line.request.job, priority=priority)
     except ServiceError as exc:
         param = f"body.{line.request.max_tokens_param if exc.param == 'max_tokens' else exc.param}"
         return LineError(line.line, exc.message, param if exc.param else "body", exc.code)

@@ -71,6 +71,16 @@ def test_a_started_batch_holds_one_job_per_line_at_batch_priority(api_client, ap
     assert Job.objects.filter(batch_id=batch_id).count() == 2
 
 
+def test_a_batch_job_is_never_more_urgent_than_batches_its_key_or_its_line(api_client, api_key, settings):
+    api_key.priority = 150
+    api_key.save()
+    batch_id = _batch(api_client, [chat_line("a"), chat_line("b", priority=200)])["id"]
+
+    batch_start(batch_id=batch_id)
+
+    assert dict(Job.objects.filter(batch_id=batch_id).values_list("custom_id", "priority")) == {"a": 150, "b": 200}
+
+
 def test_a_batch_whose_lines_cannot_run_fails_naming_them(api_client, api_key):
     api_key.max_tokens_per_job = 4
     api_key.save()
