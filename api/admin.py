@@ -13,7 +13,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils import timezone
 
-from api import webhook_admin  # noqa: F401  (registers the webhook deliveries' admin)
+from api import batch_admin, webhook_admin  # noqa: F401  (register the files', batches' and webhook deliveries' admin)
 from api.errors import ServiceError
 from api.models import ApiKey, Job, UsageRecord
 from api.services.api_keys import (

@@ -259,6 +259,11 @@ def _flatten_validation(detail: Any, prefix: str | None = None) -> tuple[str, st
     return text, prefix, str(code)
 
 
+def validation_summary(exc: drf.ValidationError) -> tuple[str, str | None, str]:
+    """(message, param, code) of the first error of ``exc``, as the error envelope states it."""
+    return _flatten_validation(exc.detail)
+
+
 _DRF_TYPES: dict[type[drf.APIException], tuple[str, str]] = {
     drf.ParseError: ("invalid_request_error", "invalid_json"),
     drf.UnsupportedMediaType: ("invalid_request_error", "unsupported_media_type"),

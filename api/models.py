@@ -16,6 +16,7 @@ from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
+from api.batch_models import Batch, BatchStatus, File, FilePurpose  # noqa: F401 (the app's models)
 from api.model_fields import LosslessTextField
 
 
@@ -168,6 +169,10 @@ class Job(models.Model):
     # Set when the owner deleted the job: its content is gone, its counts stay for the quotas and
     # usage (services/job_deletion.py), and every user-facing read treats it as not found.
     deleted_at = models.DateTimeField(null=True, blank=True, editable=False)
+    # A line of a batch (api/batch_models.py): its batch and the line's custom_id. Such a job is
+    # sent to the engine by the batch feeder (api/services/batch_feed.py), not on its creation.
+    batch = models.ForeignKey(Batch, null=True, blank=True, on_delete=models.CASCADE, related_name="jobs")
+    custom_id = models.CharField(max_length=255, blank=True)
 
     class Meta:
         ordering = ["-created_at"]
@@ -176,7 +181,9 @@ class Job(models.Model):
                 fields=["owner", "idempotency_key"],
                 condition=models.Q(idempotency_key__isnull=False),
                 name="job_unique_idempotency_key_per_owner",
-            )
+            ),
+            models.UniqueConstraint(fields=["batch", "custom_id"], condition=models.Q(batch__isnull=False),
+                                    name="job_unique_custom_id_per_batch"),
         ]
         indexes = [
             models.Index(fields=["owner", "-created_at"], name="job_owner_created"),
@@ -185,6 +192,16 @@ class Job(models.Model):
             # The quota gate counts a key's queued and running jobs on every submission.
             models.Index(fields=["api_key"], condition=models.Q(status__in=["queued", "in_progress"]),
                          name="job_key_active"),
+            # The batch feeder (api/services/batch_feed.py) counts a key's batch jobs in flight,
+            # picks its held ones oldest first, and asks whether a batch still has jobs to run: each
+            # read stays within the few rows it needs, whatever the size of the batch.
+            models.Index(fields=["api_key"], name="job_key_batch_in_flight",
+                         condition=models.Q(batch__isnull=False)
+                         & (models.Q(status="in_progress") | models.Q(status="queued", dispatch_count__gt=0))),
+            models.Index(fields=["api_key", "created_at"], name="job_key_batch_held",
+                         condition=models.Q(batch__isnull=False, status="queued", dispatch_count=0)),
+            models.Index(fields=["batch"], name="job_batch_active",
+                         condition=models.Q(batch__isnull=False, status__in=["queued", "in_progress"])),
         ]
 
     def __str__(self) -> str:

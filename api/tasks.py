@@ -7,7 +7,8 @@ reconciler sends it again. ``reconcile_jobs``, ``expire_jobs``, ``rollup_usage``
 ``purge_jobs`` run on the light worker under beat, as does ``drop_job_stream`` when a delete
 schedules it. So do the webhooks: ``deliver_webhook`` makes one attempt of a delivery, and
 ``send_due_webhooks`` (beat) sends those whose retry is due or whose message was lost
-(api/services/webhooks.py).
+(api/services/webhooks.py). And the batches' tasks (api/services/batches.py): ``start_batch`` when one is created,
+``batch_progress`` when its jobs end, and ``tick_batches`` under beat.
 """
 
 from __future__ import annotations
@@ -19,8 +20,10 @@ from celery import shared_task
 from django.conf import settings
 from django.utils import timezone
 
+from api.batch_models import Batch, BatchStatus
 from api.models import JobStatus
-from api.services import job_deletion, job_lifecycle, quotas, webhook_delivery, webhooks
+from api.selectors.batches import batches_unfinished
+from api.services import batch_feed, batches, job_deletion, job_lifecycle, quotas, webhook_delivery, webhooks
 from api.services.jobs import job_send
 from api.worker import service as worker
 
@@ -135,3 +138,39 @@ def deliver_webhook(delivery_id: str, attempt: int) -> str | None:
 def send_due_webhooks() -> int:
     """Send the webhook deliveries whose next attempt is due."""
     return webhooks.webhooks_send_due()
+
+
+@shared_task(name="api.tasks.start_batch", ignore_result=True)
+def start_batch(batch_id: str) -> bool:
+    """Turn a new batch's lines into its jobs and send the first of them to the engine (here: a
+    message to another task would only add its latency)."""
+    started = batches.batch_start(batch_id=batch_id)
+    api_key_id = Batch.objects.filter(id=batch_id).values_list("api_key_id", flat=True).first()
+    if started and api_key_id is not None:
+        batch_feed.batch_feed(api_key_id=api_key_id)
+    return started
+
+
+@shared_task(name="api.tasks.batch_progress", ignore_result=True)
+def batch_progress(api_key_id: int | None, batch_id: str) -> None:
+    """Some of a batch's jobs ended, or it started or was cancelled: send the key's next jobs, and
+    end the batch if none of its jobs is left to run."""
+    if api_key_id is not None:
+        batch_feed.batch_feed(api_key_id=api_key_id)
+    batches.batch_advance(batch_id=batch_id)
+
+
+@shared_task(name="api.tasks.tick_batches", ignore_result=True)
+def tick_batches() -> int:
+    """What the batches' messages do, for every batch that has not ended: the net under a lost
+    message or a light worker that died in the middle of one. Returns how many it looked at."""
+    unfinished = batches_unfinished()
+    for batch_id, _key, status in unfinished:
+        if status == BatchStatus.VALIDATING:
+            batches.batch_start(batch_id=batch_id)
+    for api_key_id in batch_feed.batch_keys_to_feed():
+        batch_feed.batch_feed(api_key_id=api_key_id)
+    for batch_id, _key, status in unfinished:
+        if status != BatchStatus.VALIDATING:
+            batches.batch_advance(batch_id=batch_id)
+    return len(unfinished)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 from celery import Celery
+from celery.signals import worker_init
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "inference_service.settings")
 
@@ -15,6 +16,8 @@ app.conf.beat_schedule = {
     # Re-dispatches queued jobs nobody holds and running jobs whose lease expired.
     "reconcile-jobs": {"task": "api.tasks.reconcile_jobs", "schedule": 10.0},
     "expire-jobs": {"task": "api.tasks.expire_jobs", "schedule": 60.0},
+    # Starts, feeds, expires and ends batches whose messages were lost (api/services/batches.py).
+    "tick-batches": {"task": "api.tasks.tick_batches", "schedule": 5.0},
     # Keeps the admin's per-key, per-day usage table current (it is recomputed, so idempotent).
     "rollup-usage": {"task": "api.tasks.rollup_usage", "schedule": 300.0},
     # Deletes finished jobs older than JOB_RETENTION_DAYS (does nothing when it is 0).
@@ -23,3 +26,17 @@ app.conf.beat_schedule = {
     "send-due-webhooks": {"task": "api.tasks.send_due_webhooks", "schedule": 2.0},
 }
 app.autodiscover_tasks()
+
+
+@worker_init.connect
+def _keep_database_connections(**_: object) -> None:
+    """A worker is a long-running process, not a request handler: it keeps its database
+    connections. (Celery's Django fixup closes them after every task when CONN_MAX_AGE is 0, the
+    web tier's default, and the light worker's batch tasks, one per batch job that ends, then
+    spent more time connecting than working.)"""
+    from django.conf import settings
+    from django.db import connections
+
+    for alias in settings.DATABASES:
+        settings.DATABASES[alias]["CONN_MAX_AGE"] = None
+        connections[alias].settings_dict["CONN_MAX_AGE"] = None

@@ -8,7 +8,9 @@ deployment fails at start-up instead of running with a silently wrong value.
 from __future__ import annotations
 
 import ipaddress
+import json
 import os
+from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 
@@ -87,3 +89,16 @@ def env_networks(name: str, default: list[str]) -> tuple[ipaddress.IPv4Network |
         except ValueError:
             raise ImproperlyConfigured(f"{name}: {item!r} is not a network (CIDR) or an address") from None
     return tuple(networks)
+
+
+def env_json_object(name: str, default: dict[str, Any]) -> dict[str, Any]:
+    value = _raw(name)
+    if value is None:
+        return dict(default)
+    try:
+        parsed = json.loads(value)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name} is not valid JSON") from None
+    if not isinstance(parsed, dict):
+        raise ImproperlyConfigured(f"{name} must be a JSON object")
+    return parsed

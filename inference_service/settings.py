@@ -13,7 +13,16 @@ import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
 from inference_service.deployment import refuse_unsafe_settings
-from inference_service.env import env_bool, env_float, env_given, env_int, env_list, env_networks, env_str
+from inference_service.env import (
+    env_bool,
+    env_float,
+    env_given,
+    env_int,
+    env_json_object,
+    env_list,
+    env_networks,
+    env_str,
+)
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = BASE_DIR / "var"
@@ -204,6 +213,36 @@ SSE_KEEPALIVE_S = env_float("SSE_KEEPALIVE_S", 15.0, minimum=0.01)
 JOB_RETENTION_DAYS = env_int("JOB_RETENTION_DAYS", 0, minimum=0)
 if 0 < JOB_RETENTION_DAYS < 2:
     raise ImproperlyConfigured(f"JOB_RETENTION_DAYS={JOB_RETENTION_DAYS} must be 0 (keep every job) or >= 2")
+
+# The Files and Batch APIs (api/batch_models.py). An upload of more than FILES_MAX_BYTES or
+# FILES_MAX_LINES lines is refused. A key has at most BATCH_JOBS_IN_FLIGHT_PER_KEY of its batch
+# jobs sent to the engine (queued there or running) at once; the rest wait in the database for the
+# feeder (api/services/batch_feed.py). 40 is one engine's batch (ENGINE_COMPLETION_BATCH_SIZE, 32)
+# and 8 waiting, which take a slot as soon as it is free, without the feeder's round trip; batch
+# jobs have BATCH_JOB_PRIORITY, less urgent than any key's class (10 by default), so the engine
+# admits an interactive job before them (ENGINE_POLICY below). docs/benchmarks.md has the figures.
+FILES_MAX_BYTES = env_int("FILES_MAX_BYTES", 200 * 1024 * 1024, minimum=1)
+FILES_MAX_LINES = env_int("FILES_MAX_LINES", 50_000, minimum=1)
+BATCH_JOBS_IN_FLIGHT_PER_KEY = env_int("BATCH_JOBS_IN_FLIGHT_PER_KEY", 40, minimum=1)
+BATCH_JOB_PRIORITY = env_int("BATCH_JOB_PRIORITY", 100, minimum=0)
+# Where files' bytes live: any backend of Django's storage API. The default keeps them under
+# var/files; e.g. FILES_STORAGE_BACKEND=storages.backends.s3.S3Storage with
+# FILES_STORAGE_OPTIONS='{"bucket_name": "..."}' (django-storages) keeps them in S3.
+FILES_STORAGE_BACKEND = env_str("FILES_STORAGE_BACKEND", "django.core.files.storage.FileSystemStorage")
+FILES_STORAGE_OPTIONS = env_json_object("FILES_STORAGE_OPTIONS", {"location": str(VAR_DIR / "files")}
+                                        if FILES_STORAGE_BACKEND.endswith("FileSystemStorage") else {})
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+    "files": {"BACKEND": FILES_STORAGE_BACKEND, "OPTIONS": FILES_STORAGE_OPTIONS},
+}
+
+# The order in which an engine worker's engine admits waiting jobs, passed to the engine process
+# it spawns: "priority" (then arrival), so that keys' priority classes and batch jobs' lower
+# urgency count; "fcfs" is the engine's own default (arrival alone).
+ENGINE_POLICY = env_str("ENGINE_POLICY", "priority")
+if ENGINE_POLICY not in ("priority", "fcfs"):
+    raise ImproperlyConfigured(f"ENGINE_POLICY={ENGINE_POLICY!r} must be 'priority' or 'fcfs'")
 
 # Engine workers (api/worker/). WORKER_ID names a worker in heartbeats and job rows (default:
 # host-pid-random). A held job's lease (JOB_LEASE_S) is renewed every WORKER_HEARTBEAT_S; on

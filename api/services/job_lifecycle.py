@@ -365,7 +365,9 @@ def jobs_needing_dispatch(*, queued_grace_s: float, limit: int = 500) -> list[st
     stale = Q(lease_expires_at__lt=now) | Q(
         lease_expires_at__isnull=True, queued_at__lt=now - dt.timedelta(seconds=queued_grace_s)
     )
-    rows = Job.objects.filter(status=JobStatus.QUEUED, cancel_requested=False).filter(stale)
+    # A batch job the feeder has not sent yet waits for it (api/services/batch_feed.py).
+    rows = (Job.objects.filter(status=JobStatus.QUEUED, cancel_requested=False).filter(stale)
+            .exclude(batch__isnull=False, dispatch_count=0))
     return [str(pk) for pk in rows.order_by("priority", "queued_at").values_list("id", flat=True)[:limit]]
 
 
@@ -376,7 +378,8 @@ def jobs_with_expired_lease(*, limit: int = 500) -> list[str]:
 
 def jobs_expire_queued(*, older_than_s: float, batch: int = 1000) -> int:
     """queued → expired for jobs waiting longer than ``older_than_s``, with the webhooks of those
-    that named one; ``batch`` jobs a transaction."""
+    that named one; ``batch`` jobs a transaction. A batch's jobs wait for their batch's completion
+    window instead (api/services/batches.py)."""
     cutoff = timezone.now() - dt.timedelta(seconds=older_than_s)
     total = 0
     while True:
@@ -384,7 +387,8 @@ def jobs_expire_queued(*, older_than_s: float, batch: int = 1000) -> int:
             # Locked first, so the ids are exactly those expired here: a worker's claim of one
             # waits, then finds it no longer queued.
             stale = Job.objects.select_for_update(skip_locked=True).filter(status=JobStatus.QUEUED,
-                                                                           queued_at__lt=cutoff)
+                                                                           queued_at__lt=cutoff,
+                                                                           batch__isnull=True)
             ids = list(stale.values_list("id", flat=True)[:batch])
             total += Job.objects.filter(id__in=ids, status=JobStatus.QUEUED).update(
                 # It never ran this attempt: its prompt is not charged (a finished job's usage is the engine's).

@@ -120,35 +120,18 @@ def job_create(
         if existing is not None:
             return JobSubmission(existing, False)
 
-    if request.webhook_url:
-        webhook_url_check(request.webhook_url)
-    prompt_token_ids, param = _tokenize(request)
-    _check_logit_bias(request.sampling.get("logit_bias"))
-    max_tokens = _max_tokens(request, api_key=api_key, prompt_tokens=len(prompt_token_ids), param=param)
+    job = job_build(owner=owner, api_key=api_key, request=request)
+    # Known from here on: the job's usage shows its prompt while it waits and runs. (A batch's jobs
+    # are charged only once they run, so job_build leaves it to the engine's count.)
+    job.prompt_tokens = len(job.prompt_token_ids)
     rate_limit = quota_consume_request(api_key=api_key)
-
-    # A key's priority class is the most urgent its jobs can be; a request may only ask for less.
-    priority = max(api_key.priority, request.priority if request.priority is not None else api_key.priority)
+    job.idempotency_key = idempotency_key
+    job.dispatch_count = 1  # the send on commit; job_dispatch takes it back if the send fails
     try:
         with transaction.atomic():
-            job = Job.objects.create(
-                owner=owner,
-                api_key=api_key,
-                prompt=request.prompt or "",
-                messages=request.messages,
-                prompt_token_ids=prompt_token_ids,
-                # Known from here on: the job's usage shows its prompt while it waits and runs.
-                prompt_tokens=len(prompt_token_ids),
-                params={**SAMPLING_DEFAULTS, **request.sampling, "max_tokens": max_tokens},
-                priority=priority,
-                metadata=request.metadata,
-                webhook_url=request.webhook_url,
-                idempotency_key=idempotency_key,
-                request_fingerprint=request.fingerprint(),
-                dispatch_count=1,  # the send on commit; job_dispatch takes it back if the send fails
-            )
+            job.save(force_insert=True)
             # Locks the key's row and counts this job in: a QuotaExceeded rolls the insert back.
-            quota_gate(api_key_id=api_key.id, prompt_tokens=len(prompt_token_ids), max_tokens=max_tokens,
+            quota_gate(api_key_id=api_key.id, prompt_tokens=len(job.prompt_token_ids), max_tokens=job.max_tokens,
                        now=job.created_at)
             transaction.on_commit(partial(job_dispatch, job_id=str(job.id), counted=True))
     except ApiKey.DoesNotExist:
@@ -163,6 +146,34 @@ def job_create(
             raise
         return JobSubmission(existing, False)
     return JobSubmission(job, True, job_queue_position(job=job), rate_limit)
+
+
+def job_build(*, owner: AbstractBaseUser, api_key: ApiKey, request: JobRequest, priority: int | None = None) -> Job:
+    """The unsaved job of ``request``: tokenized, its max_tokens set within the key's limit and the
+    context. Raises InvalidRequest/MaxTokensTooLarge/PromptTooLong/TokenIdOutOfRange for a request
+    the engine could not run, WebhookUrlRefused for a webhook URL the service may not call. No
+    quota is counted. ``priority``: the job's, for jobs the service makes (a batch's); else the
+    request's, never more urgent than the key's class."""
+    if request.webhook_url:
+        webhook_url_check(request.webhook_url)
+    prompt_token_ids, param = _tokenize(request)
+    _check_logit_bias(request.sampling.get("logit_bias"))
+    max_tokens = _max_tokens(request, api_key=api_key, prompt_tokens=len(prompt_token_ids), param=param)
+    if priority is None:
+        # A key's priority class is the most urgent its jobs can be; a request may only ask for less.
+        priority = max(api_key.priority, request.priority if request.priority is not None else api_key.priority)
+    return Job(
+        owner=owner,
+        api_key=api_key,
+        prompt=request.prompt or "",
+        messages=request.messages,
+        prompt_token_ids=prompt_token_ids,
+        params={**SAMPLING_DEFAULTS, **request.sampling, "max_tokens": max_tokens},
+        priority=priority,
+        metadata=request.metadata,
+        webhook_url=request.webhook_url,
+        request_fingerprint=request.fingerprint(),
+    )
 
 
 def _max_tokens(request: JobRequest, *, api_key: ApiKey, prompt_tokens: int, param: str) -> int:

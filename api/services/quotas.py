@@ -4,7 +4,10 @@ day (the database), and the daily usage roll-up.
 A key's usage is counted from its jobs, as the engine reported them. A job queued or running is
 one concurrent job and reserves prompt + max_tokens of the day's tokens; a finished one charges
 its prompt and completion tokens. Tokens count on the UTC day the job was created. A deleted job
-keeps its counts (job_deletion.py), so a delete never gives tokens back.
+keeps its counts (job_deletion.py), so a delete never gives tokens back. A batch's jobs
+(api/services/batch_feed.py) are not concurrent jobs of their key, and reserve tokens only once
+the feeder has sent them to the engine (``dispatch_count`` > 0); the feeder holds them back while
+the key's daily tokens would not cover them.
 
 The gate (:func:`quota_gate`) runs inside the submission's transaction, after the job's INSERT.
 It locks the key's row, so the key's submissions pass it one at a time, and only then reads the
@@ -27,7 +30,7 @@ from django.db.models import Count, Q, Sum
 
 from api import keys
 from api.errors import QuotaExceeded, rate_limit_headers
-from api.models import ACTIVE_STATUSES, ApiKey, Job, UsageRecord
+from api.models import ACTIVE_STATUSES, ApiKey, Job, JobStatus, UsageRecord
 from api.redis_client import get_redis
 
 logger = logging.getLogger(__name__)
@@ -143,9 +146,10 @@ def _day_start(now: dt.datetime) -> dt.datetime:
 # lock, and compiling the equivalent aggregate took several times as long as running it.
 _USAGE_SQL = """
 SELECT
-  COUNT(CASE WHEN status IN ({active}) THEN 1 END),
+  COUNT(CASE WHEN status IN ({active}) AND batch_id IS NULL THEN 1 END),
   COALESCE(SUM(CASE
     WHEN created_at < %s THEN 0
+    WHEN status = '{queued}' AND batch_id IS NOT NULL AND dispatch_count = 0 THEN 0
     WHEN status IN ({active}) THEN {prompt_length} + {max_tokens}
     ELSE prompt_tokens + completion_tokens END), 0)
 FROM {table}
@@ -161,6 +165,7 @@ _JSON_SQL = {
 def _usage(*, api_key_id: int, now: dt.datetime) -> tuple[int, int]:
     prompt_length, max_tokens = _JSON_SQL[connection.vendor]
     sql = _USAGE_SQL.format(active=", ".join(f"'{status.value}'" for status in ACTIVE_STATUSES),
+                            queued=JobStatus.QUEUED.value,
                             prompt_length=prompt_length, max_tokens=max_tokens,
                             table=connection.ops.quote_name(Job._meta.db_table))
     start = connection.ops.adapt_datetimefield_value(_day_start(now))  # SQLite compares them as text

@@ -7,7 +7,8 @@ For each :class:`StepBatch` (one or more engine steps, at most one chunk per job
    streams' TTL (the clients following a job read its stream, api/streaming/relay.py);
 3. database: the text so far of running jobs and the first-token times seen since the last write,
    all of them in one UPDATE every ``progress_interval_s`` (for polling clients). A job that
-   finishes first gets its first-token time with its final.
+   finishes first gets its first-token time with its final;
+4. for finished jobs of a batch, a message that has the light worker send the batch's next jobs.
 
 A final is published only once its row is stored, so a client that sees ``final`` and then reads
 the job finds it finished, and a final the database did not take (the job was handed on, or the
@@ -34,6 +35,7 @@ from django.db import DatabaseError, InterfaceError, OperationalError, close_old
 
 from api.keys import job_stream_key
 from api.services import job_lifecycle
+from api.services.batch_feed import batch_jobs_ended
 from api.streaming import messages
 from engine_worker.protocol import FinalResult, OutputChunk, StepBatch
 
@@ -66,6 +68,8 @@ class RedisJobSink:
         failed = self._write_bookkeeping(batch)
         if failed:
             self._write_streams([], failed)
+        if finals or failed:
+            self._batch_jobs_ended([final["job_id"] for final in (*finals, *failed)])
 
     # -- database -----------------------------------------------------------------------------
 
@@ -170,6 +174,15 @@ class RedisJobSink:
             except DatabaseError as exc:
                 failed += self._fail(progress.job_id, exc)
         return failed
+
+    def _batch_jobs_ended(self, job_ids: list[str]) -> None:
+        """Ask the light worker to send the next jobs of the batches these jobs were part of
+        (api/services/batch_feed.py); beat's tick does it too, so a failure here only delays."""
+        try:
+            batch_jobs_ended(job_ids=job_ids)
+        except DatabaseError:
+            logger.warning("could not look up the batches of %s ended jobs", len(job_ids), exc_info=True)
+            close_old_connections()
 
     def _forget(self, job_id: str) -> None:
         self._texts.pop(job_id, None)

@@ -13,6 +13,7 @@ stops once its outputs are written.
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import replace
 from typing import Any
 
@@ -70,6 +71,8 @@ def _build(config: WorkerConfig) -> worker.EngineWorkerService:
     from engine_worker.runtime import ChildSpec, EngineProcess
 
     redis_client = get_redis()
+    # The engine process reads its settings from the environment it inherits (EngineConfig.from_env).
+    os.environ["ENGINE_POLICY"] = settings.ENGINE_POLICY
     spec = ChildSpec(worker_id=config.worker_id, model_path=config.model_path,
                      stream_interval_s=config.stream_interval_s, heartbeat_s=config.heartbeat_s)
 
