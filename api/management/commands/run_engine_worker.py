@@ -2,8 +2,9 @@
 
 The engine runs in a child process that this one spawns (engine_worker/runtime/engine_process.py:
 it loads the model; mlx never runs here, so nothing here can deadlock on a fork). This process
-consumes only the ``engine`` Celery queue with the solo pool on its main thread, and writes the
-engine's outputs from its I/O thread.
+consumes its model's Celery queues (api/worker/consumer.py) with the solo pool on its main thread,
+and writes the engine's outputs from its I/O thread. It serves the model at ``MODEL_PATH`` under
+``MODEL_NAME`` (default: the folder's name).
 
 SIGTERM (or Ctrl-C): the consumer stops (Celery's warm shutdown), running jobs get
 ``WORKER_DRAIN_S`` seconds to finish, the rest are handed back to the queue, and the engine process
@@ -27,7 +28,7 @@ logger = logging.getLogger(__name__)
 
 
 class Command(BaseCommand):
-    help = "Run an engine worker: load the model, consume the 'engine' queue, stream job outputs."
+    help = "Run an engine worker: load the model, consume its queues, stream job outputs."
 
     def add_arguments(self, parser: Any) -> None:
         parser.add_argument("--worker-id", default=None, help="Identity in heartbeats and job rows.")
@@ -41,9 +42,10 @@ class Command(BaseCommand):
         service = _build(config)
         service.start()  # the engine process has loaded the model and runs
         worker.install(service)
-        logger.info("engine worker %s ready (model %s)", config.worker_id, config.model_path)
+        logger.info("engine worker %s ready (model %s at %s)", config.worker_id, config.model_name, config.model_path)
         try:
-            consume(worker_id=config.worker_id, prefetch=config.prefetch, loglevel=options["loglevel"])
+            consume(worker_id=config.worker_id, model=config.model_name, prefetch=config.prefetch,
+                    loglevel=options["loglevel"])
         finally:
             worker.install(None)
             handed_back = service.shutdown()
@@ -70,7 +72,7 @@ def _build(config: WorkerConfig) -> worker.EngineWorkerService:
     from engine_worker.runtime import ChildSpec, EngineProcess
 
     redis_client = get_redis()
-    spec = ChildSpec(worker_id=config.worker_id, model_path=config.model_path,
+    spec = ChildSpec(worker_id=config.worker_id, model_path=config.model_path, model_name=config.model_name,
                      stream_interval_s=config.stream_interval_s, heartbeat_s=config.heartbeat_s)
 
     def make_host(sink, on_tick, on_refused):  # noqa: ANN001, ANN202 - HostFactory
