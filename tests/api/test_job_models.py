@@ -139,3 +139,22 @@ def test_the_reconciler_sends_a_job_routed_to_a_dead_worker_to_its_models_shared
 
     assert broker.messages == [("api.tasks.run_job", [str(job.id)], {"queue": "engine.tiny-b"})]
     assert Job.objects.get(id=job.id).routed_worker is None
+
+
+def test_a_chunk_with_log_probabilities_is_rendered_with_its_own_models_tokenizer(two_models, monkeypatch):
+    from api import job_logprobs
+    from api.model_catalog import model_path
+    from api.streaming import messages
+    from engine_worker.protocol import OutputChunk
+
+    asked = []
+    monkeypatch.setattr(job_logprobs, "model_path", lambda name: asked.append(name) or model_path(name))
+    chunk = OutputChunk(job_id="j", seq=1, text="a", completion_tokens=1, logprobs=((5, -0.5, ((5, -0.5),)),))
+
+    entry = messages.chunk_entry(chunk, model="tiny-b")
+    message = messages.entry_to_message("j", entry)
+
+    assert entry["model"] == "tiny-b" and asked == ["tiny-b"]
+    assert message["logprobs"][0]["token_id"] == 5 and message["logprobs"][0]["logprob"] == -0.5
+    plain = OutputChunk(job_id="j", seq=1, text="a", completion_tokens=1)
+    assert "model" not in messages.chunk_entry(plain, model="tiny-b")

@@ -79,5 +79,6 @@ def _build(config: WorkerConfig) -> worker.EngineWorkerService:
         return EngineProcess(spec, sink, on_tick=on_tick, on_refused=on_refused)
 
     return worker.EngineWorkerService(
-        config=config, make_host=make_host, sink=RedisJobSink(worker_id=config.worker_id, redis_client=redis_client),
+        config=config, make_host=make_host, sink=RedisJobSink(worker_id=config.worker_id, redis_client=redis_client,
+                                                           model=config.model_name),
         redis_client=redis_client, dispatch=dispatch_job)
