@@ -1,21 +1,23 @@
 """Prefix-affinity routing: which queue a new job's ``run_job`` message goes to.
 
-Among the live workers of the job's model, a job whose prompt starts with a prefix that another
-job used recently goes to the worker that ran that job, whose prefix cache holds it; a new
-prefix goes to the least-loaded worker. The conversation's next turn, whose prompt is the
-previous turn's prompt and answer and one more message, then lands where its history is cached.
+Among the live workers of the job's model, a job whose prompt starts with a prefix that other
+jobs used recently goes to a worker that ran one of them, whose prefix cache holds it; a new
+prefix goes to the least-loaded worker. A conversation's next turn, whose prompt is the previous
+turn's prompt and answer and one more message, then lands where its history is cached.
 
 * **Prefixes.** The prompt's tokens are cut into blocks of ``BLOCK_TOKENS``; block *i* is named
   by a hash of blocks 0..*i* (a chain, as the engine's prefix index names them), for the first
-  ``MAX_BLOCKS`` blocks. Redis maps each name to the worker last sent a job with that prefix
-  (``engine:affinity:<model>:<hash>``, for ``AFFINITY_TTL_S``). The deepest block whose worker
-  is live names the target.
+  ``MAX_BLOCKS`` blocks. Redis keeps, per name, the set of workers recently sent a job with that
+  prefix (``engine:affinity:<model>:<hash>``, for ``AFFINITY_TTL_S`` after the last). The deepest
+  block held by a live worker names the candidates: its live holders (none: every live worker).
 * **Load.** A worker's load is its model's active jobs it runs or was routed (the database,
   counted per submission, so a burst of submissions sees each other; heartbeats would lag by
-  seconds). The target keeps the job unless it is much busier than the least-loaded worker: more
-  than ``MAX_EXTRA_JOBS`` jobs or half the least-loaded worker's load more. Otherwise the job goes
-  to the least-loaded worker (ties broken by rendezvous hashing of the first block, so equal
-  workers split new prefixes evenly), and its prefix is now that worker's.
+  seconds). The least-loaded candidate takes the job unless it is much busier than the
+  least-loaded live worker: more than ``MAX_EXTRA_JOBS`` jobs or half that worker's load more.
+  Then the least-loaded worker takes it (ties broken by rendezvous hashing of the first block, so
+  equal workers split new prefixes evenly). Either way the prompt's blocks now name that worker
+  too: a shared system prompt soon has every worker as a holder and spreads by load, while a
+  conversation's own turns have one holder and stay with it.
 * **Queues.** The chosen worker's own queue (``engine.<model>.<worker>``). With fewer than two
   live workers, with a prompt shorter than a block, with affinity off (``ROUTING_AFFINITY``) or
   Redis out of reach, the model's shared queue, which every worker of the model consumes.
@@ -45,7 +47,7 @@ logger = logging.getLogger(__name__)
 BLOCK_TOKENS = 32
 MAX_BLOCKS = 256  # 8,192 tokens: deeper prefixes route as their first 8,192 tokens do
 AFFINITY_TTL_S = 600
-MAX_EXTRA_JOBS = 8
+MAX_EXTRA_JOBS = 2  # a spill costs one prefill of the prefix on another worker, which then holds it too
 
 AFFINITY_PREFIX = "engine:affinity:"
 
@@ -72,15 +74,22 @@ def job_route(*, model: str, prompt_token_ids: list[int]) -> Route:
             return shared
         client = get_redis()
         names = [_affinity_key(model, h) for h in hashes]
-        owners = client.mget(names)
-        target = next((owner for owner in reversed(owners) if owner in live), None)
+        pipe = client.pipeline(transaction=False)
+        for name in names:
+            pipe.smembers(name)
+        holders = next((held & live for held in reversed(pipe.execute()) if held & live), live)
         loads = job_worker_loads(model=model, worker_ids=live)
-        least = min(live, key=lambda w: (loads[w], -_rendezvous(hashes[0], w)))
-        if target is None or loads[target] - loads[least] > max(MAX_EXTRA_JOBS, loads[least] // 2):
+
+        def busy(worker: str) -> tuple[int, int]:
+            return loads[worker], -_rendezvous(hashes[0], worker)
+
+        least, target = min(live, key=busy), min(holders, key=busy)
+        if loads[target] - loads[least] > max(MAX_EXTRA_JOBS, loads[least] // 2):
             target = least
         pipe = client.pipeline(transaction=False)
         for name in names:
-            pipe.set(name, target, ex=AFFINITY_TTL_S)
+            pipe.sadd(name, target)
+            pipe.expire(name, AFFINITY_TTL_S)
         pipe.execute()
     except redis.RedisError:
         logger.warning("prefix-affinity routing unavailable (Redis); job sent to the shared queue", exc_info=True)

@@ -45,7 +45,10 @@ def _route(tokens: list[int]) -> Route:
 def test_every_turn_of_a_conversation_goes_to_the_worker_that_served_its_first(live):
     live("w-a", "w-b")
 
-    routes = [_route(_turn(7, turn)) for turn in range(4)]
+    routes = []
+    for turn in range(4):
+        routes.append(_route(_turn(7, turn)))
+        Job.objects.update(status=JobStatus.COMPLETED)  # the next turn follows the answer
 
     assert routes[0].worker_id in {"w-a", "w-b"}
     assert {r.worker_id for r in routes} == {routes[0].worker_id}
