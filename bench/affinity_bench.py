@@ -4,7 +4,8 @@ The whole service (daphne, Redis, the database, as bench/service_bench.py starts
 ``--workers`` (2) engine workers of one model. ``--conversations`` (64) conversations of
 ``--turns`` (4) turns each run at once; every conversation's prompt starts with the same system
 prompt of ``--system-tokens`` (1,000) tokens, and each turn's prompt is the previous turn's
-prompt, its answer and one more question. A conversation sends its next turn when the previous
+prompt, its answer and one more question (lines of the shipped corpus, at most
+``--question-words`` words). A conversation sends its next turn when the previous
 one's final arrives (POST /api/v1/jobs, then its WebSocket to the final).
 
 It runs twice on a fresh service (fresh workers, so no prefix cache carries over): with
@@ -12,13 +13,14 @@ It runs twice on a fresh service (fresh workers, so no prefix cache carries over
 
 * **hit rate**: the prompt tokens the workers' prefix caches supplied over all prompt tokens
   (``usage.cached_tokens`` / ``usage.prompt_tokens`` of every job, from GET /api/v1/jobs/<id>);
-* **TTFT p50/p90**: from the POST being written to the first delta on the job's socket.
+* **TTFT p50/p90**: from the POST being written to the first delta on the job's socket;
+* **later turns on the first turn's worker**: how well the conversations kept their worker.
 
 The LAST printed line is one JSON object with ``hit_rate_affinity``, ``hit_rate_shared`` and
 ``ttft_speedup`` (shared TTFT p50 / affinity TTFT p50), and each run's figures.
 
     python bench/affinity_bench.py [--model PATH] [--workers 2] [--conversations 64] [--turns 4]
-        [--system-tokens 1000] [--max-tokens 32]
+        [--system-tokens 1000] [--max-tokens 32] [--question-words 24]
 
 Small, on a CPU: ``--conversations 8 --turns 3 --system-tokens 300 --max-tokens 8``.
 """
@@ -105,7 +107,7 @@ def run(args, model_path: Path, system: str, *, affinity: bool) -> dict:
     jobs = args.conversations * args.turns
     service.env.update({"ROUTING_AFFINITY": "1" if affinity else "0",
                         "DEFAULT_KEY_MAX_CONCURRENT_JOBS": str(10 * jobs), "DEFAULT_KEY_TOKENS_PER_DAY": str(10**12)})
-    questions = candidate_prompts(None, args.conversations * args.turns)
+    questions = [" ".join(q.split()[: args.question_words]) for q in candidate_prompts(None, jobs)]
     try:
         (key,) = service.start(with_worker=False)
         workers = start_workers(service, args.workers)
@@ -119,8 +121,8 @@ def run(args, model_path: Path, system: str, *, affinity: bool) -> dict:
         t0 = time.perf_counter()
         conversations = asyncio.run(all_conversations())
         wall = time.perf_counter() - t0
-        rows = [{**turn, "turn": t, **_usage(_get(args.port, key, f"/api/v1/jobs/{turn['job_id']}"))}
-                for turns in conversations for t, turn in enumerate(turns)]
+        rows = [{**turn, "conversation": c, "turn": t, **_usage(_get(args.port, key, f"/api/v1/jobs/{turn['job_id']}"))}
+                for c, turns in enumerate(conversations) for t, turn in enumerate(turns)]
     finally:
         service.stop()
     return _summary(rows, wall, workers, affinity=affinity)
@@ -147,7 +149,19 @@ def _summary(rows: list[dict], wall: float, workers: list[str], *, affinity: boo
         "ttft_p90_ms": round(percentile(ttfts, 90), 1),
         "wall_s": round(wall, 2),
         "jobs_per_worker": {w: sum(r["worker_id"] == w for r in rows) for w in workers},
+        "later_turns_on_first_turns_worker": round(_kept(rows), 4),
     }
+
+
+def _kept(rows: list[dict]) -> float:
+    """The share of later turns that ran on the worker of their conversation's first turn."""
+    first, later = {}, []
+    for r in rows:
+        if r["turn"] == 0:
+            first[r["conversation"]] = r["worker_id"]
+        else:
+            later.append(r)
+    return sum(r["worker_id"] == first[r["conversation"]] for r in later) / len(later) if later else 0.0
 
 
 def main() -> None:
@@ -158,6 +172,7 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=4)
     parser.add_argument("--system-tokens", type=int, default=1000)
     parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--question-words", type=int, default=24, help="at most this many words per user turn")
     parser.add_argument("--port", type=int, default=18767)
     parser.add_argument("--out", default=None)
     args = parser.parse_args()

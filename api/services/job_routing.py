@@ -1,23 +1,25 @@
 """Prefix-affinity routing: which queue a new job's ``run_job`` message goes to.
 
-Among the live workers of the job's model, a job whose prompt starts with a prefix that other
-jobs used recently goes to a worker that ran one of them, whose prefix cache holds it; a new
-prefix goes to the least-loaded worker. A conversation's next turn, whose prompt is the previous
-turn's prompt and answer and one more message, then lands where its history is cached.
+Among the live workers of the job's model, a job whose prompt continues a prompt that a worker
+ran recently (a conversation's next turn: the previous turn's prompt, its answer and one more
+message) goes to that worker, whose prefix cache holds it, unless that worker is much busier
+than the others; any other job goes to the least-loaded worker.
 
 * **Prefixes.** The prompt's tokens are cut into blocks of ``BLOCK_TOKENS``; block *i* is named
   by a hash of blocks 0..*i* (a chain, as the engine's prefix index names them), for the first
-  ``MAX_BLOCKS`` blocks. Redis keeps, per name, the set of workers recently sent a job with that
-  prefix (``engine:affinity:<model>:<hash>``, for ``AFFINITY_TTL_S`` after the last). The deepest
-  block held by a live worker names the candidates: its live holders (none: every live worker).
+  ``MAX_BLOCKS`` blocks. Redis keeps, per name, the set of workers recently sent a job whose
+  prompt has that prefix (``engine:affinity:<model>:<hash>``), and the set of those whose job's
+  prompt ended there (``...:end``: its last whole block), each for ``AFFINITY_TTL_S`` after the
+  last job. The deepest block held by a live worker decides.
+* **A continuation** (that block ends an earlier job's prompt on a live worker): that worker,
+  unless it has more than ``MAX_EXTRA_JOBS`` or half the least-loaded worker's load more active
+  jobs than the least-loaded worker; then the least-loaded worker, which recomputes the prefix.
+* **Anything else** (a new prompt, or a new branch of a prefix other jobs share, such as a system
+  prompt): the least-loaded worker, where holding the shared part counts as one job less (ties:
+  rendezvous hashing of the first block). A shared system prompt is then computed once per worker
+  and new conversations spread by load, instead of piling onto the worker that saw it first.
 * **Load.** A worker's load is its model's active jobs it runs or was routed (the database,
-  counted per submission, so a burst of submissions sees each other; heartbeats would lag by
-  seconds). The least-loaded candidate takes the job unless it is much busier than the
-  least-loaded live worker: more than ``MAX_EXTRA_JOBS`` jobs or half that worker's load more.
-  Then the least-loaded worker takes it (ties broken by rendezvous hashing of the first block, so
-  equal workers split new prefixes evenly). Either way the prompt's blocks now name that worker
-  too: a shared system prompt soon has every worker as a holder and spreads by load, while a
-  conversation's own turns have one holder and stay with it.
+  counted per submission, so a burst of submissions sees itself; heartbeats lag by seconds).
 * **Queues.** The chosen worker's own queue (``engine.<model>.<worker>``). With fewer than two
   live workers, with a prompt shorter than a block, with affinity off (``ROUTING_AFFINITY``) or
   Redis out of reach, the model's shared queue, which every worker of the model consumes.
@@ -47,9 +49,10 @@ logger = logging.getLogger(__name__)
 BLOCK_TOKENS = 32
 MAX_BLOCKS = 256  # 8,192 tokens: deeper prefixes route as their first 8,192 tokens do
 AFFINITY_TTL_S = 600
-MAX_EXTRA_JOBS = 2  # a spill costs one prefill of the prefix on another worker, which then holds it too
+MAX_EXTRA_JOBS = 8
 
 AFFINITY_PREFIX = "engine:affinity:"
+END_SUFFIX = ":end"  # the workers whose job's prompt's last whole block this is
 
 
 @dataclass(frozen=True)
@@ -74,27 +77,48 @@ def job_route(*, model: str, prompt_token_ids: list[int]) -> Route:
             return shared
         client = get_redis()
         names = [_affinity_key(model, h) for h in hashes]
-        pipe = client.pipeline(transaction=False)
-        for name in names:
-            pipe.smembers(name)
-        holders = next((held & live for held in reversed(pipe.execute()) if held & live), live)
-        loads = job_worker_loads(model=model, worker_ids=live)
-
-        def busy(worker: str) -> tuple[int, int]:
-            return loads[worker], -_rendezvous(hashes[0], worker)
-
-        least, target = min(live, key=busy), min(holders, key=busy)
-        if loads[target] - loads[least] > max(MAX_EXTRA_JOBS, loads[least] // 2):
-            target = least
+        target = _choose(model, hashes, live, *_holders(client, names, live))
         pipe = client.pipeline(transaction=False)
         for name in names:
             pipe.sadd(name, target)
             pipe.expire(name, AFFINITY_TTL_S)
+        pipe.sadd(names[-1] + END_SUFFIX, target)
+        pipe.expire(names[-1] + END_SUFFIX, AFFINITY_TTL_S)
         pipe.execute()
     except redis.RedisError:
         logger.warning("prefix-affinity routing unavailable (Redis); job sent to the shared queue", exc_info=True)
         return shared
     return Route(worker_queue(model, target), target)
+
+
+def _holders(client: redis.Redis, names: list[str], live: frozenset[str]) -> tuple[set[str], set[str]]:
+    """The live workers that hold the prompt's deepest held block, and those of them whose job's
+    prompt ended with that block (one round trip)."""
+    pipe = client.pipeline(transaction=False)
+    for name in names:
+        pipe.smembers(name)
+        pipe.smembers(name + END_SUFFIX)
+    replies = pipe.execute()
+    for i in reversed(range(len(names))):
+        held = replies[2 * i] & live
+        if held:
+            return held, replies[2 * i + 1] & live
+    return set(), set()
+
+
+def _choose(model: str, hashes: list[bytes], live: frozenset[str], holders: set[str], ends: set[str]) -> str:
+    loads = job_worker_loads(model=model, worker_ids=live)
+
+    def busy(worker: str) -> tuple[int, int]:
+        return loads[worker], -_rendezvous(hashes[0], worker)
+
+    least = min(live, key=busy)
+    if ends:  # the prompt continues one that a worker ran, whose KV it holds: stay unless much busier
+        target = min(ends, key=busy)
+        return target if loads[target] - loads[least] <= max(MAX_EXTRA_JOBS, loads[least] // 2) else least
+    # A new prompt, or a new branch of a shared prefix (a system prompt): the least-loaded worker,
+    # where holding the shared part counts as one job less.
+    return min(live, key=lambda w: (loads[w] - (w in holders), -_rendezvous(hashes[0], w)))
 
 
 def prefix_hashes(token_ids: list[int]) -> list[bytes]:
