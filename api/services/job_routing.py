@@ -16,8 +16,9 @@ than the others; any other job goes to the least-loaded worker.
   jobs than the least-loaded worker; then the least-loaded worker, which recomputes the prefix.
 * **Anything else** (a new prompt, or a new branch of a prefix other jobs share, such as a system
   prompt): the least-loaded worker, where holding the shared part counts as one job less (ties:
-  rendezvous hashing of the first block). A shared system prompt is then computed once per worker
-  and new conversations spread by load, instead of piling onto the worker that saw it first.
+  rendezvous hashing of the prompt's last block). A shared system prompt is then computed once
+  per worker and new conversations spread by load, instead of piling onto the worker that saw it
+  first.
 * **Load.** A worker's load is its model's active jobs it runs or was routed (the database,
   counted per submission, so a burst of submissions sees itself; heartbeats lag by seconds).
 * **Queues.** The chosen worker's own queue (``engine.<model>.<worker>``). With fewer than two
@@ -49,7 +50,7 @@ logger = logging.getLogger(__name__)
 BLOCK_TOKENS = 32
 MAX_BLOCKS = 256  # 8,192 tokens: deeper prefixes route as their first 8,192 tokens do
 AFFINITY_TTL_S = 600
-MAX_EXTRA_JOBS = 8
+MAX_EXTRA_JOBS = 4
 
 AFFINITY_PREFIX = "engine:affinity:"
 END_SUFFIX = ":end"  # the workers whose job's prompt's last whole block this is
@@ -109,8 +110,10 @@ def _holders(client: redis.Redis, names: list[str], live: frozenset[str]) -> tup
 def _choose(model: str, hashes: list[bytes], live: frozenset[str], holders: set[str], ends: set[str]) -> str:
     loads = job_worker_loads(model=model, worker_ids=live)
 
+    # Ties go by rendezvous hashing of the prompt's own last block: prompts that share only a
+    # system prompt split evenly, even in a burst that sees the same loads.
     def busy(worker: str) -> tuple[int, int]:
-        return loads[worker], -_rendezvous(hashes[0], worker)
+        return loads[worker], -_rendezvous(hashes[-1], worker)
 
     least = min(live, key=busy)
     if ends:  # the prompt continues one that a worker ran, whose KV it holds: stay unless much busier
@@ -118,7 +121,7 @@ def _choose(model: str, hashes: list[bytes], live: frozenset[str], holders: set[
         return target if loads[target] - loads[least] <= max(MAX_EXTRA_JOBS, loads[least] // 2) else least
     # A new prompt, or a new branch of a shared prefix (a system prompt): the least-loaded worker,
     # where holding the shared part counts as one job less.
-    return min(live, key=lambda w: (loads[w] - (w in holders), -_rendezvous(hashes[0], w)))
+    return min(live, key=lambda w: (loads[w] - (w in holders), -_rendezvous(hashes[-1], w)))
 
 
 def prefix_hashes(token_ids: list[int]) -> list[bytes]:
