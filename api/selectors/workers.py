@@ -8,7 +8,6 @@ import threading
 import time
 
 import redis
-from django.conf import settings
 
 from api import keys
 from api.redis_client import get_redis
@@ -61,26 +60,22 @@ def worker_load(worker: WorkerHeartbeat) -> int:
 # Heartbeats come every WORKER_HEARTBEAT_S (2 s); reading them (a SCAN of Redis's keys) on every
 # submission would cost more than the answer is worth.
 LIVE_WORKERS_TTL_S = 1.0
-# A worker that missed this many beats is not sent new jobs: its heartbeat key outlives it by up
-# to WORKER_HEARTBEAT_TTL_S (15 s), which is too long to keep routing jobs to a dead worker.
-STALE_AFTER_BEATS = 3
 _live_lock = threading.Lock()
 _live_cache: tuple[float, dict[str, frozenset[str]]] = (0.0, {})
 
 
 def worker_ids_serving(model: str) -> frozenset[str]:
-    """The ids of ``model``'s live workers (a heartbeat within the last STALE_AFTER_BEATS beats),
-    as the heartbeats said at most LIVE_WORKERS_TTL_S ago (read once per process and interval). Raises redis.RedisError if Redis is unreachable."""
+    """The ids of ``model``'s live workers (their heartbeat has not expired), as the heartbeats
+    said at most LIVE_WORKERS_TTL_S ago (read once per process and interval). A busy worker may
+    beat late (a long prefill holds its stats), so a late beat is not taken for a death. Raises redis.RedisError if Redis is unreachable."""
     global _live_cache
     now = time.monotonic()
     with _live_lock:
         expires, by_model = _live_cache
     if expires <= now:
         grouped: dict[str, set[str]] = {}
-        fresh_after = time.time() - STALE_AFTER_BEATS * float(settings.WORKER_HEARTBEAT_S)
         for worker in worker_list():
-            if worker.sent_at >= fresh_after:  # a worker killed outright keeps its key until the TTL
-                grouped.setdefault(worker.model, set()).add(worker.worker_id)
+            grouped.setdefault(worker.model, set()).add(worker.worker_id)
         by_model = {name: frozenset(ids) for name, ids in grouped.items()}
         with _live_lock:
             _live_cache = (now + LIVE_WORKERS_TTL_S, by_model)

@@ -142,7 +142,7 @@ def test_a_worker_that_dies_midway_leaves_no_job_stuck(workers, tiny_model_path)
              "the doomed worker to run a job")
     doomed.kill9()
     # Next turns: those of the doomed worker's conversations go to its queue until its heartbeat
-    # goes stale, and from there to the shared queue.
+    # expires; the reconciler sends them on to the shared queue when their claim deadline passes.
     ids += [_submit(api_key, prompt=f"Conversation {c}. {SYSTEM} More?", max_tokens=8) for c in range(8)]
 
     for job_id in ids:
