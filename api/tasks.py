@@ -1,9 +1,9 @@
 """Celery tasks.
 
 ``run_job`` runs on engine workers (their model's queues, the solo pool: api/worker/consumer.py):
-it claims the job and starts it in the worker's engine (api/worker/service.py). A duplicate delivery finds the job already
-claimed and does nothing; a job whose message was lost is still queued in the database, and the
-reconciler sends it again. ``reconcile_jobs``, ``expire_jobs``, ``rollup_usage`` and
+it claims the job and starts it in the worker's engine (api/worker/service.py). A duplicate
+delivery finds the job already claimed and does nothing; a job whose message was lost is still
+queued in the database, and the reconciler sends it again, to its model's shared queue. ``reconcile_jobs``, ``expire_jobs``, ``rollup_usage`` and
 ``purge_jobs`` run on the light worker under beat, as does ``drop_job_stream`` when a delete
 schedules it.
 """
@@ -24,6 +24,7 @@ from api.services.jobs import job_send
 from api.worker import service as worker
 
 logger = logging.getLogger(__name__)
+
 
 @shared_task(name="api.tasks.run_job", acks_late=True, ignore_result=True)
 def run_job(job_id: str) -> bool:

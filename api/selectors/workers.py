@@ -45,13 +45,6 @@ def worker_list() -> list[WorkerHeartbeat]:
     return workers
 
 
-def worker_live_count() -> int:
-    try:
-        return len(worker_list())
-    except redis.RedisError:
-        return 0
-
-
 def worker_load(worker: WorkerHeartbeat) -> int:
     """A worker's load as its heartbeat last told it: the jobs its engine runs or holds waiting."""
     return worker.num_running + worker.num_waiting
@@ -67,7 +60,8 @@ _live_cache: tuple[float, dict[str, frozenset[str]]] = (0.0, {})
 def worker_ids_serving(model: str) -> frozenset[str]:
     """The ids of ``model``'s live workers (their heartbeat has not expired), as the heartbeats
     said at most LIVE_WORKERS_TTL_S ago (read once per process and interval). A busy worker may
-    beat late (a long prefill holds its stats), so a late beat is not taken for a death. Raises redis.RedisError if Redis is unreachable."""
+    beat late (a long prefill holds its stats), so a late beat is not taken for a death. Raises
+    redis.RedisError if Redis is unreachable."""
     global _live_cache
     now = time.monotonic()
     with _live_lock:

@@ -87,6 +87,20 @@ def test_a_duplicate_delivery_or_a_cancelled_job_starts_nothing(redis_client, dj
     assert [r.request_id for r in engine.started] == [str(job.id)]
 
 
+def test_a_worker_runs_no_other_models_job_and_sends_it_on_to_that_models_queue(redis_client):
+    other, cancelled = make_job(model="tiny-b"), make_job(model="tiny-b", status=JobStatus.CANCELLED)
+    engine = FakeEngine()
+    dispatched: list[str] = []
+    service = _service(engine, redis_client, dispatch=dispatched.append)
+
+    assert service.admit(str(other.id)) is False
+    assert service.admit(str(cancelled.id)) is False
+
+    other.refresh_from_db()
+    assert (other.status, other.worker_id, other.attempts) == (JobStatus.QUEUED, None, 0)
+    assert engine.started == [] and dispatched == [str(other.id)]  # the ended one is not sent on
+
+
 def test_a_worker_whose_engine_died_claims_nothing_and_sends_delivered_jobs_back(
         redis_client, django_assert_num_queries):
     delivered = make_job()
