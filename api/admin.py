@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from functools import partial
 
+from django import forms
 from django.contrib import admin, messages
 from django.contrib.auth import get_user_model
 from django.contrib.auth.admin import UserAdmin
@@ -15,6 +16,7 @@ from django.utils import timezone
 
 from api import batch_admin, webhook_admin  # noqa: F401  (register the files', batches' and webhook deliveries' admin)
 from api.errors import ServiceError
+from api.model_catalog import configured_models
 from api.models import ApiKey, Job, UsageRecord
 from api.services.api_keys import (
     api_key_generate_secret,
@@ -53,13 +55,33 @@ admin.site.unregister(User)
 admin.site.register(User, UserWithKeysAdmin)
 
 
+class ApiKeyForm(forms.ModelForm):
+    """The key's models as checkboxes of the configured ones (none ticked: every model)."""
+
+    allowed_models = forms.MultipleChoiceField(
+        required=False, widget=forms.CheckboxSelectMultiple,
+        help_text="The models this key may use; none ticked: every model. Others are refused with a 403.")
+
+    class Meta:
+        model = ApiKey
+        fields = "__all__"
+
+    def __init__(self, *args, **kwargs) -> None:  # noqa: ANN002, ANN003 - Django's form signature
+        super().__init__(*args, **kwargs)
+        names = [m.name for m in configured_models()]
+        # A model no longer configured stays listed while the key names it, so saving keeps it.
+        names += [n for n in (self.instance.allowed_models or []) if n not in names]
+        self.fields["allowed_models"].choices = [(n, n) for n in names]
+
+
 @admin.register(ApiKey)
 class ApiKeyAdmin(admin.ModelAdmin):
+    form = ApiKeyForm
     list_display = ("prefix", "name", "owner", "created_at", "last_used_at", "revoked_at", *QUOTA_FIELDS)
     list_filter = (("revoked_at", admin.EmptyFieldListFilter),)
     search_fields = ("prefix", "name", "owner__username", "owner__email")
     readonly_fields = ("prefix", "created_at", "last_used_at")
-    fields = ("owner", "name", "prefix", "created_at", "last_used_at", "revoked_at", *QUOTA_FIELDS)
+    fields = ("owner", "name", "prefix", "created_at", "last_used_at", "revoked_at", *QUOTA_FIELDS, "allowed_models")
     autocomplete_fields = ("owner",)
     actions = ("revoke_keys", "rotate_webhook_secrets")
 
@@ -92,15 +114,17 @@ class ApiKeyAdmin(admin.ModelAdmin):
 
 @admin.register(Job)
 class JobAdmin(admin.ModelAdmin):
-    list_display = ("id", "owner", "status", "priority", "worker_id", "completion_tokens", "created_at", "finished_at")
-    list_filter = ("status", "finish_reason", "worker_id", ("deleted_at", admin.EmptyFieldListFilter))
+    list_display = ("id", "owner", "model", "status", "priority", "worker_id", "completion_tokens", "created_at",
+                    "finished_at")
+    list_filter = ("model", "status", "finish_reason", "worker_id", ("deleted_at", admin.EmptyFieldListFilter))
     search_fields = ("id", "owner__username", "idempotency_key", "worker_id")
     date_hierarchy = "created_at"
     actions = ("cancel_jobs", "requeue_jobs", "delete_job_content")
     readonly_fields = (
-        "id", "owner", "api_key", "status", "prompt", "messages", "prompt_token_ids", "params", "priority", "metadata",
-        "idempotency_key", "request_fingerprint", "webhook_url", "output_text", "finish_reason", "error", "prompt_tokens",
-        "cached_tokens", "completion_tokens", "worker_id", "lease_expires_at", "dispatch_count",
+        "id", "owner", "api_key", "model", "status", "prompt", "messages", "prompt_token_ids", "params", "priority",
+        "metadata", "idempotency_key", "request_fingerprint", "webhook_url", "output_text", "finish_reason", "error",
+        "prompt_tokens", "cached_tokens", "completion_tokens", "worker_id", "routed_worker", "lease_expires_at",
+        "dispatch_count",
         "cancel_requested", "last_seq", "created_at", "queued_at", "started_at", "first_token_at", "finished_at",
         "deleted_at", "ttft_ms", "tokens_per_second",
     )

@@ -97,6 +97,36 @@ class JobNotFound(ServiceError):
         super().__init__(f"No job with id {job_id}.", param="id")
 
 
+class ModelNotFound(ServiceError):
+    status_code = 404
+    code = "model_not_found"
+
+    def __init__(self, model: str) -> None:
+        self.model = model
+        super().__init__(f"The model `{model}` does not exist.", param="model")
+
+
+class ModelRequired(ServiceError):
+    """Several models are served, and the request named none."""
+
+    code = "model_required"
+
+    def __init__(self, *, available: list[str]) -> None:
+        self.available = available
+        super().__init__(f"Name the model: one of {', '.join(available)}.", param="model")
+
+
+class ModelNotAllowed(ServiceError):
+    """The API key may not use this model (an operator restricted its models)."""
+
+    status_code = 403
+    code = "model_not_allowed"
+
+    def __init__(self, model: str) -> None:
+        self.model = model
+        super().__init__(f"This API key may not use the model `{model}`.", param="model")
+
+
 class ApiKeyNotFound(ServiceError):
     status_code = 404
     code = "api_key_not_found"

@@ -11,6 +11,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any
 
+from api.model_catalog import model_path
 from api.tokenization import get_tokenizer
 
 
@@ -25,14 +26,15 @@ def _token_text(model_path: str, previous: int | None, token_id: int) -> str:
     return tokenizer.decode_tokens([previous, token_id])[len(tokenizer.decode_tokens([previous])):]
 
 
-def job_logprobs(stored: list[Any] | None) -> list[dict[str, Any]] | None:
+def job_logprobs(stored: list[Any] | None, *, model: str | None = None) -> list[dict[str, Any]] | None:
     """``GET /jobs/<id>``'s ``logprobs``: per completion token its text, id, log probability and
     the most likely alternatives, best first (each alternative's text as it would have stood in
     that place). None when the job did not ask (or has not ended). ``stored`` entries follow one
-    another in the completion; a streamed chunk's first entry is taken without its predecessor."""
+    another in the completion; a streamed chunk's first entry is taken without its predecessor.
+    ``model``: the job's (default: the first configured model)."""
     if stored is None:
         return None
-    path = get_tokenizer().info.path
+    path = get_tokenizer(model_path(model)).info.path
     out, previous = [], None
     for token, logprob, top in stored:
         out.append({"token": _token_text(path, previous, token), "token_id": token, "logprob": logprob,

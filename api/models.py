@@ -20,6 +20,12 @@ from api.batch_models import Batch, BatchStatus, File, FilePurpose  # noqa: F401
 from api.model_fields import LosslessTextField
 
 
+def _default_model() -> str:
+    from api.model_catalog import default_model_name
+
+    return default_model_name()
+
+
 def _default_rpm() -> int:
     return settings.DEFAULT_KEY_REQUESTS_PER_MINUTE
 
@@ -67,6 +73,8 @@ class ApiKey(models.Model):
     # Signs the webhooks of the key's jobs (api/webhook_signing.py). Kept as is, since signing
     # needs it (as Stripe and Svix keep theirs); shown once, when it is made or rotated.
     webhook_secret = models.CharField(max_length=100, default=new_webhook_secret, editable=False)
+    # The models the key may use, by name; empty: every model (api/services/jobs.py checks it).
+    allowed_models = models.JSONField(default=list, blank=True)
 
     class Meta:
         ordering = ["-created_at"]
@@ -127,6 +135,8 @@ class Job(models.Model):
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="jobs")
     api_key = models.ForeignKey(ApiKey, null=True, blank=True, on_delete=models.SET_NULL, related_name="jobs")
     status = models.CharField(max_length=16, choices=JobStatus.choices, default=JobStatus.QUEUED)
+    # The configured model that runs it: only a worker of that model claims it (api/model_catalog.py).
+    model = models.CharField(max_length=128, default=_default_model)
 
     prompt = models.TextField(blank=True)
     messages = models.JSONField(null=True, blank=True)
@@ -154,6 +164,9 @@ class Job(models.Model):
     completion_tokens = models.PositiveIntegerField(default=0)
 
     worker_id = models.CharField(max_length=128, null=True, blank=True)
+    # The worker prefix-affinity routing sent it to (null: the model's shared queue); with
+    # worker_id, what the router counts as a worker's load (api/services/job_routing.py).
+    routed_worker = models.CharField(max_length=128, null=True, blank=True)
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     dispatch_count = models.PositiveIntegerField(default=0)
     # Claims so far: a job that runs again (its worker died) restarts its stream (api/worker/admission.py).
@@ -202,6 +215,9 @@ class Job(models.Model):
                          condition=models.Q(batch__isnull=False, status="queued", dispatch_count=0)),
             models.Index(fields=["batch"], name="job_batch_active",
                          condition=models.Q(batch__isnull=False, status__in=["queued", "in_progress"])),
+            # Routing counts each live worker's active jobs of a model on submissions.
+            models.Index(fields=["model"], condition=models.Q(status__in=["queued", "in_progress"]),
+                         name="job_model_active"),
         ]
 
     def __str__(self) -> str:

@@ -140,6 +140,8 @@ class MessageSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
 class JobCreateSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
     """Body of POST /api/v1/jobs. Exactly one of ``prompt`` and ``messages``."""
 
+    model = StrictCharField(required=False, max_length=128,
+                            help_text="A model of `GET /api/v1/models`; optional when one model is served.")
     prompt = StrictCharField(required=False, trim_whitespace=False)
     messages = serializers.ListField(child=MessageSerializer(), required=False, min_length=1, max_length=MAX_MESSAGES)
     max_tokens = StrictIntegerField(required=False, min_value=1)
@@ -239,6 +241,10 @@ class JobSerializer(serializers.Serializer):
     object = serializers.CharField(default="job")
     status = serializers.ChoiceField(choices=JobStatus.choices)
     queue_position = serializers.IntegerField(allow_null=True)
+    model = serializers.CharField()
+    model_served = serializers.BooleanField(
+        allow_null=True, help_text="While queued: whether a live worker serves the job's model (false: it waits "
+                                   "for one to start). Null once it left the queue, or when the heartbeats cannot be read.")
     output_text = serializers.CharField(allow_blank=True)
     finish_reason = serializers.CharField(allow_null=True)
     cancel_requested = serializers.BooleanField()
@@ -258,6 +264,10 @@ class JobCreatedSerializer(serializers.Serializer):
     object = serializers.CharField(default="job")
     status = serializers.ChoiceField(choices=JobStatus.choices)
     queue_position = serializers.IntegerField(allow_null=True)
+    model = serializers.CharField()
+    model_served = serializers.BooleanField(
+        allow_null=True, help_text="Whether a live worker serves the job's model (false: it waits for one to start; "
+                                   "null: unknown, the workers' heartbeats cannot be read).")
     created_at = serializers.DateTimeField()
 
 

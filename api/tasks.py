@@ -1,9 +1,9 @@
 """Celery tasks.
 
-``run_job`` runs on engine workers (queue ``engine``, the solo pool): it claims the job and starts
-it in the worker's engine (api/worker/service.py). A duplicate delivery finds the job already
-claimed and does nothing; a job whose message was lost is still queued in the database, and the
-reconciler sends it again. ``reconcile_jobs``, ``expire_jobs``, ``rollup_usage`` and
+``run_job`` runs on engine workers (their model's queues, the solo pool: api/worker/consumer.py):
+it claims the job and starts it in the worker's engine (api/worker/service.py). A duplicate
+delivery finds the job already claimed and does nothing; a job whose message was lost is still
+queued in the database, and the reconciler sends it again, to its model's shared queue. ``reconcile_jobs``, ``expire_jobs``, ``rollup_usage`` and
 ``purge_jobs`` run on the light worker under beat, as does ``drop_job_stream`` when a delete
 schedules it. So do the webhooks: ``deliver_webhook`` makes one attempt of a delivery, and
 ``send_due_webhooks`` (beat) sends those whose retry is due or whose message was lost
@@ -21,6 +21,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from api.batch_models import Batch, BatchStatus
+from api.model_catalog import LEGACY_QUEUE, configured_models, model_queue
 from api.models import JobStatus
 from api.selectors.batches import batches_unfinished
 from api.services import batch_feed, batches, job_deletion, job_lifecycle, quotas, webhook_delivery, webhooks
@@ -28,8 +29,6 @@ from api.services.jobs import job_send
 from api.worker import service as worker
 
 logger = logging.getLogger(__name__)
-
-ENGINE_QUEUE = "engine"
 
 
 @shared_task(name="api.tasks.run_job", acks_late=True, ignore_result=True)
@@ -45,25 +44,30 @@ def run_job(job_id: str) -> bool:
 
 
 def dispatch_job(job_id: str) -> None:
-    """Send ``job_id`` to the engine queue (after the row that says it is queued is committed)."""
+    """Send ``job_id`` to its model's shared queue (after the row that says it is queued is
+    committed); never to one worker's queue, since that worker may be dead or stopping."""
     job_send(job_id)
 
 
-def _declare_engine_queue() -> None:
-    """Re-create the engine queue's binding in the broker. With Redis, a FLUSHALL (or a fresh
-    Redis) drops kombu's bindings, and kombu then routes published messages to a dead-letter
-    queue until someone declares the queue again; producers only declare once per process."""
+def _declare_engine_queues() -> None:
+    """Re-create the bindings of the models' shared queues in the broker. With Redis, a FLUSHALL
+    (or a fresh Redis) drops kombu's bindings, and kombu then routes published messages to a
+    dead-letter queue until someone declares the queue again; producers only declare once per
+    process. (A worker's own queue is not declared here: the reconciler never sends to one.)"""
     from inference_service.celery import app
 
     with app.connection_for_write() as conn:
-        app.amqp.queues[ENGINE_QUEUE](conn.default_channel).declare()
+        for name in [LEGACY_QUEUE, *(model_queue(m.name) for m in configured_models())]:
+            app.amqp.queues[name](conn.default_channel).declare()
 
 
 @shared_task(name="api.tasks.reconcile_jobs", ignore_result=True)
 def reconcile_jobs() -> dict[str, int]:
     """Re-dispatch queued jobs that no worker claimed in time (their message was lost), and hand
     back running jobs whose worker's lease expired (the worker died) so they run again; such a
-    job whose cancellation was requested ends cancelled instead (job_lifecycle.job_requeue)."""
+    job whose cancellation was requested ends cancelled instead (job_lifecycle.job_requeue).
+    Every job goes to its model's shared queue: one routed to a worker that died is taken by
+    another."""
     after_s = float(settings.JOB_REDISPATCH_AFTER_S)
     requeued = cancelled = 0
     for job_id in job_lifecycle.jobs_with_expired_lease():
@@ -76,7 +80,7 @@ def reconcile_jobs() -> dict[str, int]:
             logger.warning("job %s: worker lease expired with its cancellation requested; cancelled", job_id)
     stale = job_lifecycle.jobs_needing_dispatch(queued_grace_s=after_s)
     if stale:
-        _declare_engine_queue()
+        _declare_engine_queues()
     dispatched = 0
     for job_id in stale:
         if job_lifecycle.job_mark_dispatched(job_id=job_id, redispatch_after_s=after_s):

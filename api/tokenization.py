@@ -16,10 +16,10 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from django.conf import settings
 from jinja2.exceptions import TemplateError, TemplateSyntaxError
 
 from api.errors import ChatTemplateMissing, InvalidRequest, ServiceUnavailable
+from api.model_catalog import configured_models
 from engine_worker.token_bytes import piece_bytes
 
 logger = logging.getLogger(__name__)
@@ -113,17 +113,17 @@ def _vocab_size(config: dict[str, Any], tokenizer_size: int) -> int:
     return value if isinstance(value, int) and value > 0 else tokenizer_size
 
 
-@lru_cache(maxsize=4)
+@lru_cache(maxsize=32)  # one per configured model
 def _load(model_path: str) -> PromptTokenizer:
     return PromptTokenizer(model_path)
 
 
 def get_tokenizer(model_path: str | None = None) -> PromptTokenizer:
-    """The cached tokenizer of ``model_path`` (default settings.MODEL_PATH).
+    """The cached tokenizer of ``model_path`` (default: the first configured model's folder).
 
     Raises ServiceUnavailable if the model folder cannot be read: that is an operator problem,
     answered with a 503 rather than blamed on the request."""
-    path = model_path or settings.MODEL_PATH
+    path = model_path or configured_models()[0].path
     # lru_cache is thread-safe for lookups but may build twice under a race; the lock avoids
     # loading a large tokenizer twice when the first requests arrive together.
     with _load_lock:
@@ -135,15 +135,18 @@ def get_tokenizer(model_path: str | None = None) -> PromptTokenizer:
 
 
 def load_tokenizer_at_start() -> bool:
-    """Load the tokenizer now, while the web process starts (the ASGI module calls this).
+    """Load every configured model's tokenizer now, while the web process starts (the ASGI module
+    calls this).
 
     Without it the first submission of every web process would pay for importing transformers
     and reading the tokenizer (seconds), and every request that arrived meanwhile would queue
     behind it. Synchronous on purpose: loading it on a thread races with other imports of
     transformers (its lazy module can hand a half-initialised package to another importer). A
     failure is only logged: submissions answer 503 until the model folder is readable."""
-    try:
-        get_tokenizer()
-    except ServiceUnavailable:
-        return False  # get_tokenizer logged why
-    return True
+    loaded = True
+    for model in configured_models():
+        try:
+            get_tokenizer(model.path)
+        except ServiceUnavailable:
+            loaded = False  # get_tokenizer logged why
+    return loaded

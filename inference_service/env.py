@@ -102,3 +102,34 @@ def env_json_object(name: str, default: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(parsed, dict):
         raise ImproperlyConfigured(f"{name} must be a JSON object")
     return parsed
+
+
+MODEL_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
+
+
+def model_name_of(path: str) -> str:
+    """A model's default name: its folder's name."""
+    return os.path.basename(os.path.normpath(path))
+
+
+def check_model_name(name: str, *, variable: str) -> str:
+    """A model name is part of queue names and URLs: letters, digits, ``.``, ``_`` and ``-``."""
+    if not name or not set(name) <= MODEL_NAME_CHARS:
+        raise ImproperlyConfigured(f"{variable}: model name {name!r} may only hold letters, digits, '.', '_' and '-'")
+    return name
+
+
+def env_model_list(name: str) -> list[tuple[str, str]]:
+    """``name=path`` pairs (a bare path is named after its folder), comma-separated; names unique."""
+    models: list[tuple[str, str]] = []
+    for item in env_list(name, []):
+        model, sep, path = item.partition("=")
+        if not sep:
+            model, path = model_name_of(item), item
+        model, path = check_model_name(model.strip(), variable=name), path.strip()
+        if not path:
+            raise ImproperlyConfigured(f"{name}: {item!r} names no model folder")
+        if any(model == other for other, _ in models):
+            raise ImproperlyConfigured(f"{name}: the model name {model!r} appears twice")
+        models.append((model, path))
+    return models

@@ -20,6 +20,7 @@ from inference_service.env import (
     env_int,
     env_json_object,
     env_list,
+    env_model_list,
     env_networks,
     env_str,
 )
@@ -185,6 +186,14 @@ SPECTACULAR_SETTINGS = {
 _DEMO_MODEL = BASE_DIR / "engine_worker" / "model" / "demo"
 MODEL_PATH = env_str("MODEL_PATH", str(_DEMO_MODEL if (_DEMO_MODEL / "model.safetensors").exists()
                                        else VAR_DIR / "models" / "tiny"))
+# An engine worker serves the model at MODEL_PATH under MODEL_NAME (default: the folder's name) and
+# consumes that model's queues. The web side accepts jobs for MODELS: a comma-separated list of
+# ``name=path`` (or a bare path, named after its folder); empty means the one model at MODEL_PATH.
+MODEL_NAME = env_str("MODEL_NAME", "")
+MODELS = env_model_list("MODELS")
+# Prefix-affinity routing of a model's jobs over its live workers (api/services/job_routing.py);
+# off, every job goes to the model's shared queue.
+ROUTING_AFFINITY = env_bool("ROUTING_AFFINITY", True)
 
 # Request limits. MAX_TOKENS_CAP bounds every job; a key's max_tokens_per_job may lower it.
 MAX_TOKENS_CAP = env_int("MAX_TOKENS_CAP", 4096, minimum=1)

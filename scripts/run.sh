@@ -4,7 +4,9 @@
 #   database  SQLite under var/ (DATABASE_URL switches to Postgres)
 #   Redis     REDIS_URL, default redis://127.0.0.1:6379/0; a local redis-server is started if none answers
 #   model     MODEL_PATH, default the trained demo model shipped in engine_worker/model/demo
-#   processes daphne (HTTP + WebSocket), the engine worker, celery beat, a light celery worker
+#   models    MODELS=name=path,name2=path2 serves several models (MODEL_PATH is then ignored);
+#             WORKERS_PER_MODEL (default 1) engine workers each
+#   processes daphne (HTTP + WebSocket), the engine workers, celery beat, a light celery worker
 #
 # `make setup` (a dependency of `make run`) installs the packages; this script installs nothing.
 set -euo pipefail
@@ -99,7 +101,24 @@ start web env DB_POOL="$WEB_DB_POOL" $BIN/python -m inference_service.serve_web 
 # one core to the rest unless OPENBLAS_NUM_THREADS is set.
 CORES=$(nproc 2>/dev/null || echo 2)
 BLAS_THREADS="${OPENBLAS_NUM_THREADS:-$(( CORES <= 4 ? (CORES > 1 ? CORES - 1 : 1) : CORES ))}"
-start engine-worker env DB_POOL=0 OPENBLAS_NUM_THREADS="$BLAS_THREADS" $BIN/python manage.py run_engine_worker
+# The engine workers: WORKERS_PER_MODEL for each model of MODELS (name=path or a bare path, named
+# after its folder), or for the one model at MODEL_PATH. Each consumes its model's queues; the
+# cores left to the workers are split between them.
+WORKERS_PER_MODEL="${WORKERS_PER_MODEL:-1}"
+IFS=',' read -r -a MODEL_ENTRIES <<< "${MODELS:-$MODEL_PATH}"
+WORKER_COUNT=$(( ${#MODEL_ENTRIES[@]} * WORKERS_PER_MODEL ))
+WORKER_BLAS_THREADS=$(( BLAS_THREADS / WORKER_COUNT > 0 ? BLAS_THREADS / WORKER_COUNT : 1 ))
+for entry in "${MODEL_ENTRIES[@]}"; do
+  entry="${entry// /}"
+  if [[ "$entry" == *=* ]]; then name="${entry%%=*}"; path="${entry#*=}"; else path="$entry"; name=$(basename "$path"); fi
+  for i in $(seq 1 "$WORKERS_PER_MODEL"); do
+    start "engine-worker-$name-$i" env DB_POOL=0 OPENBLAS_NUM_THREADS="$WORKER_BLAS_THREADS" \
+      MODEL_PATH="$path" MODEL_NAME="$name" $BIN/python manage.py run_engine_worker
+  done
+done
+FIRST_MODEL="${MODEL_ENTRIES[0]}"
+FIRST_MODEL="${FIRST_MODEL// /}"
+if [[ "$FIRST_MODEL" == *=* ]]; then FIRST_MODEL="${FIRST_MODEL%%=*}"; else FIRST_MODEL=$(basename "$FIRST_MODEL"); fi
 start celery-beat $BIN/celery -A inference_service beat --loglevel INFO -s var/celerybeat-schedule
 start celery-worker $BIN/celery -A inference_service worker -Q celery -P solo --loglevel INFO -n "light@%h"
 
@@ -130,7 +149,7 @@ or as server-sent events over plain HTTP:
 
 OpenAI-compatible (any OpenAI SDK with base_url $BASE/v1 and this key):
   curl -s $BASE/v1/chat/completions -H "Authorization: Bearer \$KEY" -H "Content-Type: application/json" \\
-       -d '{"model": "$(basename "$MODEL_PATH")", "messages": [{"role": "user", "content": "Once upon a time"}], "max_tokens": 64}'
+       -d '{"model": "$FIRST_MODEL", "messages": [{"role": "user", "content": "Once upon a time"}], "max_tokens": 64}'
 
 Admin and engine dashboard: $BASE/admin/  (user '$DEMO_USER', password '$DEMO_PASSWORD')
 Prometheus metrics: curl -s $BASE/metrics -H "Authorization: Bearer $METRICS_TOKEN"

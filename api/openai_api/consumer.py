@@ -286,5 +286,5 @@ def _job_text(job_id: str, *, with_logprobs: bool) -> tuple[str, list | None]:
     entries take a noticeable time to render."""
     if not with_logprobs:
         return Job.objects.values_list("output_text", flat=True).get(id=job_id), None
-    text, stored = Job.objects.values_list("output_text", "logprobs").get(id=job_id)
-    return text, job_logprobs(stored or [])
+    text, stored, model = Job.objects.values_list("output_text", "logprobs", "model").get(id=job_id)
+    return text, job_logprobs(stored or [], model=model)

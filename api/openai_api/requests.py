@@ -21,14 +21,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
-from pathlib import Path
 from typing import Any
 
-from django.conf import settings
 from rest_framework import serializers
 
 from api.errors import ServiceError
 from api.job_metadata import MetadataField
+from api.model_catalog import model_resolve
 from api.serializers import (
     JobCreateSerializer,
     LogitBiasField,
@@ -53,24 +52,11 @@ class Kind(Enum):
     TEXT = "text_completion"
 
 
-class ModelNotFound(ServiceError):
-    status_code = 404
-    code = "model_not_found"
-
-    def __init__(self, model: str) -> None:
-        super().__init__(f"The model `{model}` does not exist.", param="model")
-
-
 class UnsupportedParameter(ServiceError):
     code = "unsupported_parameter"
 
     def __init__(self, param: str, detail: str) -> None:
         super().__init__(f"{param}: {detail}", param=param)
-
-
-def served_model() -> str:
-    """The id clients name the model by: the model folder's name, as the workers report it."""
-    return Path(settings.MODEL_PATH).name
 
 
 @dataclass(frozen=True)
@@ -125,8 +111,7 @@ class _CommonSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         attrs = {name: value for name, value in attrs.items() if value is not None}
-        if attrs["model"] != served_model():
-            raise ModelNotFound(attrs["model"])
+        model_resolve(name=attrs["model"])  # a 404 before any other check, as OpenAI's API answers
         if attrs.get("n", 1) != 1:
             raise UnsupportedParameter("n", "only one choice per request (n=1) is supported.")
         if "stream_options" in attrs and not attrs.get("stream"):
@@ -255,7 +240,7 @@ def openai_request(kind: Kind, body: Any) -> OpenAIRequest:
     return OpenAIRequest(
         kind=kind,
         model=attrs["model"],
-        job=JobRequest.from_validated(inner.validated_data),
+        job=JobRequest.from_validated({**inner.validated_data, "model": attrs["model"]}),
         stream=attrs.get("stream", False),
         include_usage=attrs.get("stream_options", {}).get("include_usage", False),
         echo=attrs["prompt"] if kind is Kind.TEXT and attrs.get("echo") else None,

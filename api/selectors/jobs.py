@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Iterable
 from datetime import timedelta
 from typing import Any
 
@@ -13,6 +14,7 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db import connection
 from django.db.models import BooleanField, Count, Q, QuerySet, Sum
 from django.db.models.expressions import RawSQL
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from api import keys
@@ -20,6 +22,7 @@ from api.errors import JobNotFound
 from api.job_logprobs import job_logprobs
 from api.models import Job, JobStatus
 from api.redis_client import get_redis
+from api.selectors.workers import model_served
 
 logger = logging.getLogger(__name__)
 
@@ -65,7 +68,20 @@ def job_queue_position(*, job: Job) -> int | None:
     if job.status != JobStatus.QUEUED:
         return None
     ahead = Q(priority__lt=job.priority) | Q(priority=job.priority, queued_at__lt=job.queued_at)
-    return Job.objects.filter(ahead, status=JobStatus.QUEUED).count()  # index job_status_queue_order
+    # Only its model's workers run it: other models' jobs are not ahead of it.
+    return Job.objects.filter(ahead, status=JobStatus.QUEUED, model=job.model).count()  # job_status_queue_order
+
+
+def job_worker_loads(*, model: str, worker_ids: Iterable[str]) -> dict[str, int]:
+    """Each of ``worker_ids``' active jobs of ``model``: those it runs, and those queued for it by
+    prefix-affinity routing (api/services/job_routing.py)."""
+    loads = dict.fromkeys(worker_ids, 0)
+    rows = (Job.objects.filter(model=model, status__in=(JobStatus.QUEUED, JobStatus.IN_PROGRESS))  # job_model_active
+            .annotate(worker=Coalesce("worker_id", "routed_worker")).filter(worker__in=list(loads))
+            .values("worker").annotate(n=Count("id")).order_by())
+    for row in rows:
+        loads[row["worker"]] = row["n"]
+    return loads
 
 
 def job_streamed_text(*, job_id: str) -> str | None:
@@ -103,6 +119,8 @@ def job_detail(*, job: Job, with_logprobs: bool = True) -> dict[str, Any]:
         "object": "job",
         "status": job.status,
         "queue_position": job_queue_position(job=job),
+        "model": job.model,
+        "model_served": model_served(job.model) if job.status == JobStatus.QUEUED else None,
         "output_text": job_output_text(job=job),
         "finish_reason": job.finish_reason,
         "cancel_requested": job.cancel_requested,
@@ -110,7 +128,7 @@ def job_detail(*, job: Job, with_logprobs: bool = True) -> dict[str, Any]:
         "priority": job.priority,
         "metadata": job.metadata,
         "webhook_url": job.webhook_url or None,
-        "logprobs": job_logprobs(job.logprobs) if with_logprobs and job.is_finished else None,
+        "logprobs": job_logprobs(job.logprobs, model=job.model) if with_logprobs and job.is_finished else None,
         "usage": {
             "prompt_tokens": job.prompt_tokens,
             "cached_tokens": job.cached_tokens,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
-from typing import Any
 
 import redis
 
@@ -50,29 +50,47 @@ def worker_is_live(worker_id: str) -> bool:
     return bool(get_redis().exists(keys.worker_heartbeat_key(worker_id)))
 
 
-def worker_live_count() -> int:
+def worker_load(worker: WorkerHeartbeat) -> int:
+    """A worker's load as its heartbeat last told it: the jobs its engine runs or holds waiting."""
+    return worker.num_running + worker.num_waiting
+
+
+# Heartbeats come every WORKER_HEARTBEAT_S (2 s); reading them (a SCAN of Redis's keys) on every
+# submission would cost more than the answer is worth.
+LIVE_WORKERS_TTL_S = 1.0
+_live_lock = threading.Lock()
+_live_cache: tuple[float, dict[str, frozenset[str]]] = (0.0, {})
+
+
+def worker_ids_serving(model: str) -> frozenset[str]:
+    """The ids of ``model``'s live workers (their heartbeat has not expired), as the heartbeats
+    said at most LIVE_WORKERS_TTL_S ago (read once per process and interval). A busy worker may
+    beat late (a long prefill holds its stats), so a late beat is not taken for a death. Raises
+    redis.RedisError if Redis is unreachable."""
+    global _live_cache
+    now = time.monotonic()
+    with _live_lock:
+        expires, by_model = _live_cache
+    if expires <= now:
+        grouped: dict[str, set[str]] = {}
+        for worker in worker_list():
+            grouped.setdefault(worker.model, set()).add(worker.worker_id)
+        by_model = {name: frozenset(ids) for name, ids in grouped.items()}
+        with _live_lock:
+            _live_cache = (now + LIVE_WORKERS_TTL_S, by_model)
+    return by_model.get(model, frozenset())
+
+
+def worker_ids_forget() -> None:
+    """Read the heartbeats afresh at the next call of worker_ids_serving (tests)."""
+    global _live_cache
+    with _live_lock:
+        _live_cache = (0.0, {})
+
+
+def model_served(model: str) -> bool | None:
+    """Whether a live worker serves ``model``; None when the heartbeats cannot be read."""
     try:
-        return len(worker_list())
+        return bool(worker_ids_serving(model))
     except redis.RedisError:
-        return 0
-
-
-def model_list() -> list[dict[str, Any]]:
-    """The models served right now, each with the workers serving it (OpenAI-style list items)."""
-    by_model: dict[str, dict[str, Any]] = {}
-    now = time.time()
-    for worker in worker_list():
-        entry = by_model.setdefault(
-            worker.model,
-            {"id": worker.model, "object": "model", "context_length": worker.context_length, "workers": []},
-        )
-        entry["workers"].append(
-            {
-                "worker_id": worker.worker_id,
-                "device": worker.device,
-                "num_running": worker.num_running,
-                "num_waiting": worker.num_waiting,
-                "last_seen_s": round(max(0.0, now - worker.sent_at), 3),
-            }
-        )
-    return sorted(by_model.values(), key=lambda m: m["id"])
+        return None

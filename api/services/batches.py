@@ -28,7 +28,6 @@ from api.batch_models import Batch, BatchStatus, FilePurpose
 from api.errors import InvalidRequest, JobNotCancellable, ServiceError
 from api.models import ACTIVE_STATUSES, ApiKey, Job, JobStatus
 from api.openai_api.batch_objects import batch_object
-from api.openai_api.requests import served_model
 from api.selectors.batches import batch_get
 from api.selectors.files import file_get, file_open
 from api.services.batch_feed import batch_progress_send
@@ -99,12 +98,17 @@ def batch_start(*, batch_id: str) -> bool:
                 return False
             count = _create_jobs(batch)
             Batch.objects.filter(id=batch.id).update(status=BatchStatus.IN_PROGRESS, in_progress_at=timezone.now(),
-                                                     model=served_model())
+                                                     model=_first_model(batch.id))
     except _LinesRefused as exc:
         batch_finalize(batch_id=batch_id, errors=[e.as_openai() for e in exc.errors])
         return False
     logger.info("batch %s started: %s jobs", batch_id, count)
     return True
+
+
+def _first_model(batch_id: str) -> str:
+    """The model a batch reports (OpenAI's batch object has one): its first line's."""
+    return Job.objects.filter(batch_id=batch_id).order_by("created_at").values_list("model", flat=True).first() or ""
 
 
 def _create_jobs(batch: Batch) -> int:

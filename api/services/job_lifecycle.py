@@ -35,9 +35,9 @@ def _from_unix(ts: float | None) -> dt.datetime | None:
     return None if ts is None else dt.datetime.fromtimestamp(ts, tz=dt.UTC)
 
 
-def job_claim(*, job_id: str, worker_id: str, lease_s: float) -> Job | None:
+def job_claim(*, job_id: str, worker_id: str, lease_s: float, model: str | None = None) -> Job | None:
     """queued → in_progress for ``worker_id``, unless cancellation was requested, counting the
-    attempt. Clears the text and counts of any earlier attempt (its ``last_seq`` stays: the new
+    attempt. With ``model``, only a job of that model (a worker runs its own model's jobs only). Clears the text and counts of any earlier attempt (its ``last_seq`` stays: the new
     attempt's stream goes on after it). Returns the claimed job, or None if someone else has it,
     it was cancelled, or it is finished.
 
@@ -48,21 +48,32 @@ def job_claim(*, job_id: str, worker_id: str, lease_s: float) -> Job | None:
     values = {"status": JobStatus.IN_PROGRESS.value, "worker_id": worker_id,
               "lease_expires_at": now + dt.timedelta(seconds=lease_s), "started_at": now, "first_token_at": None,
               "output_text": "", "completion_tokens": 0}
-    sql, params = _claim_statement(values)
+    sql, params = _claim_statement(values, with_model=model is not None)
     pk = Job._meta.pk
     params += [pk.get_db_prep_value(pk.to_python(job_id), connection), JobStatus.QUEUED.value, False]
+    if model is not None:
+        params.append(model)
     claimed = list(Job.objects.raw(sql, params))
     return claimed[0] if claimed else None
 
 
-def _claim_statement(values: dict) -> tuple[str, list]:
+def job_queued_for_other_model(*, job_id: str, model: str) -> bool:
+    """Whether ``job_id`` waits in the queue for a model other than ``model`` (its message reached
+    a worker of another model: it is sent on to its own)."""
+    return Job.objects.filter(id=job_id, status=JobStatus.QUEUED, cancel_requested=False).exclude(model=model).exists()
+
+
+def _claim_statement(values: dict, *, with_model: bool) -> tuple[str, list]:
     q = connection.ops.quote_name
     field = Job._meta.get_field
     sets = [f"{q(field(name).column)} = %s" for name in values]
     attempts = q(field("attempts").column)
     sql = (f"UPDATE {q(Job._meta.db_table)} SET {', '.join(sets)}, {attempts} = {attempts} + 1 "
            f"WHERE {q(Job._meta.pk.column)} = %s AND {q(field('status').column)} = %s "
-           f"AND {q(field('cancel_requested').column)} = %s RETURNING *")
+           f"AND {q(field('cancel_requested').column)} = %s")
+    if with_model:
+        sql += f" AND {q(field('model').column)} = %s"
+    sql += " RETURNING *"
     return sql, [field(name).get_db_prep_save(value, connection) for name, value in values.items()]
 
 
@@ -307,7 +318,7 @@ def job_requeue(*, job_id: str, worker_id: str | None, redispatch_after_s: float
     # Its text so far and the first-token time go together: both stay (a cancel in the queue ends
     # it with them) until the next claim clears both.
     if rows.filter(cancel_requested=False).update(
-        status=JobStatus.QUEUED, worker_id=None,
+        status=JobStatus.QUEUED, worker_id=None, routed_worker=None,
         lease_expires_at=now + dt.timedelta(seconds=redispatch_after_s),
     ):
         return JobStatus.QUEUED
@@ -328,10 +339,11 @@ def _stream_end(job_id: str) -> None:
 
 
 def job_mark_dispatched(*, job_id: str, redispatch_after_s: float) -> bool:
-    """A queued job was (re)sent to the broker: count it and set the claim deadline."""
+    """A queued job was (re)sent to its model's shared queue: count it and set the claim
+    deadline; no worker's routed load counts it any more."""
     return bool(
         Job.objects.filter(id=job_id, status=JobStatus.QUEUED).update(
-            dispatch_count=F("dispatch_count") + 1,
+            dispatch_count=F("dispatch_count") + 1, routed_worker=None,
             lease_expires_at=timezone.now() + dt.timedelta(seconds=redispatch_after_s),
         )
     )

@@ -1,9 +1,10 @@
 """Jobs on the web side: create (validate, tokenize, quota, insert, dispatch on commit), cancel,
 requeue. Worker-side transitions (claim, progress, completion) live in job_lifecycle.py.
 
-A job reaches an engine worker as one Celery message, ``api.tasks.run_job`` with its id on the
-``engine`` queue (inference_service/celery.py routes it), sent once the row that says it is queued
-has committed. The message is sent by task name: the task runs in the engine workers, and nothing
+A job reaches an engine worker as one Celery message, ``api.tasks.run_job`` with its id, on its
+model's shared queue or on one of its workers' own queues (api/model_catalog.py; prefix-affinity
+routing chooses, api/services/job_routing.py), sent once the row that says it is queued has
+committed. The message is sent by task name: the task runs in the engine workers, and nothing
 of theirs is imported here. A send that fails leaves the job queued, and the reconciler
 (api/tasks.py) sends it again: the row is the truth, the broker only delivers.
 """
@@ -34,13 +35,16 @@ from api.errors import (
     JobNotFound,
     JobNotRequeueable,
     MaxTokensTooLarge,
+    ModelNotAllowed,
     PromptTooLong,
     TokenIdOutOfRange,
 )
+from api.model_catalog import ConfiguredModel, default_model_name, model_queue, model_resolve
 from api.models import SAMPLING_DEFAULTS, ApiKey, Job, JobStatus
 from api.redis_client import get_redis
 from api.selectors.jobs import job_queue_position
 from api.services.job_deletion import drop_stream
+from api.services.job_routing import job_route
 from api.services.job_webhooks import job_webhooks_enqueue
 from api.services.quotas import RateLimitState, quota_consume_request, quota_gate
 from api.streaming.job_end import stream_job_end
@@ -61,6 +65,7 @@ class JobRequest:
 
     prompt: str | None = None
     messages: list[dict[str, str]] | None = None
+    model: str | None = None  # None: the only configured model
     max_tokens: int | None = None
     priority: int | None = None
     sampling: dict[str, Any] = field(default_factory=dict)
@@ -72,6 +77,7 @@ class JobRequest:
         data = dict(data)
         return cls(
             prompt=data.pop("prompt", None),
+            model=data.pop("model", None),
             messages=[dict(m) for m in data.pop("messages")] if "messages" in data else None,
             max_tokens=data.pop("max_tokens", None),
             priority=data.pop("priority", None),
@@ -89,6 +95,7 @@ class JobRequest:
             "sampling": self.sampling,
             **({"metadata": self.metadata} if self.metadata else {}),  # bodies without it keep their fingerprint
             **({"webhook_url": self.webhook_url} if self.webhook_url else {}),
+            **({"model": self.model} if self.model is not None else {}),
         }
         return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()
 
@@ -112,8 +119,10 @@ def job_create(
     ``created`` is False when ``idempotency_key`` names an earlier job with the same body (that
     job is returned; a different body raises IdempotencyKeyReused). Raises
     InvalidRequest/MaxTokensTooLarge/PromptTooLong for requests the engine could not run,
-    QuotaExceeded when a quota of ``api_key`` is used up, WebhookUrlRefused for a webhook URL the
-    service may not call, and AuthenticationFailed when the key was deleted while the request ran."""
+    ModelNotFound/ModelRequired for a model not served here, ModelNotAllowed for one the key may
+    not use, QuotaExceeded when a quota of ``api_key`` is used up, WebhookUrlRefused for a webhook
+    URL the service may not call, and AuthenticationFailed when the key was deleted while the
+    request ran."""
     if idempotency_key is not None:
         _check_idempotency_key(idempotency_key)
         existing = _job_for_idempotency_key(owner=owner, key=idempotency_key, fingerprint=request.fingerprint())
@@ -125,6 +134,8 @@ def job_create(
     # are charged only once they run, so job_build leaves it to the engine's count.)
     job.prompt_tokens = len(job.prompt_token_ids)
     rate_limit = quota_consume_request(api_key=api_key)
+    route = job_route(model=job.model, prompt_token_ids=job.prompt_token_ids)
+    job.routed_worker = route.worker_id
     job.idempotency_key = idempotency_key
     job.dispatch_count = 1  # the send on commit; job_dispatch takes it back if the send fails
     try:
@@ -133,7 +144,7 @@ def job_create(
             # Locks the key's row and counts this job in: a QuotaExceeded rolls the insert back.
             quota_gate(api_key_id=api_key.id, prompt_tokens=len(job.prompt_token_ids), max_tokens=job.max_tokens,
                        now=job.created_at)
-            transaction.on_commit(partial(job_dispatch, job_id=str(job.id), counted=True))
+            transaction.on_commit(partial(job_dispatch, job_id=str(job.id), counted=True, queue=route.queue))
     except ApiKey.DoesNotExist:
         # The key was deleted after this request authenticated with it: as for any unknown key.
         raise AuthenticationFailed("Invalid API key.", code="invalid_api_key") from None
@@ -149,22 +160,27 @@ def job_create(
 
 
 def job_build(*, owner: AbstractBaseUser, api_key: ApiKey, request: JobRequest, priority: int | None = None) -> Job:
-    """The unsaved job of ``request``: tokenized, its max_tokens set within the key's limit and the
-    context. Raises InvalidRequest/MaxTokensTooLarge/PromptTooLong/TokenIdOutOfRange for a request
-    the engine could not run, WebhookUrlRefused for a webhook URL the service may not call. No
-    quota is counted. ``priority``: the job's, for jobs the service makes (a batch's); else the
-    request's, never more urgent than the key's class."""
+    """The unsaved job of ``request``: its model resolved, tokenized, its max_tokens set within the
+    key's limit and the context. Raises ModelNotFound/ModelRequired/ModelNotAllowed for a model
+    the key cannot use here, InvalidRequest/MaxTokensTooLarge/PromptTooLong/TokenIdOutOfRange for
+    a request the engine could not run, WebhookUrlRefused for a webhook URL the service may not
+    call. No quota is counted. ``priority``: the job's, for jobs the service makes (a batch's);
+    else the request's, never more urgent than the key's class."""
+    model = model_resolve(name=request.model)
+    if api_key.allowed_models and model.name not in api_key.allowed_models:
+        raise ModelNotAllowed(model.name)
     if request.webhook_url:
         webhook_url_check(request.webhook_url)
-    prompt_token_ids, param = _tokenize(request)
-    _check_logit_bias(request.sampling.get("logit_bias"))
-    max_tokens = _max_tokens(request, api_key=api_key, prompt_tokens=len(prompt_token_ids), param=param)
+    prompt_token_ids, param = _tokenize(request, model)
+    _check_logit_bias(request.sampling.get("logit_bias"), model)
+    max_tokens = _max_tokens(request, model, api_key=api_key, prompt_tokens=len(prompt_token_ids), param=param)
     if priority is None:
         # A key's priority class is the most urgent its jobs can be; a request may only ask for less.
         priority = max(api_key.priority, request.priority if request.priority is not None else api_key.priority)
     return Job(
         owner=owner,
         api_key=api_key,
+        model=model.name,
         prompt=request.prompt or "",
         messages=request.messages,
         prompt_token_ids=prompt_token_ids,
@@ -176,10 +192,11 @@ def job_build(*, owner: AbstractBaseUser, api_key: ApiKey, request: JobRequest, 
     )
 
 
-def _max_tokens(request: JobRequest, *, api_key: ApiKey, prompt_tokens: int, param: str) -> int:
+def _max_tokens(request: JobRequest, model: ConfiguredModel, *, api_key: ApiKey, prompt_tokens: int,
+                param: str) -> int:
     """The job's max_tokens: the request's, or the default within the key's limit and what the
     context leaves. Raises MaxTokensTooLarge or PromptTooLong for a job the engine could not run."""
-    context = get_tokenizer().info.context_length
+    context = get_tokenizer(model.path).info.context_length
     if request.max_tokens is not None:
         max_tokens = request.max_tokens
         if max_tokens > api_key.max_tokens_per_job:
@@ -212,39 +229,43 @@ def _job_for_idempotency_key(*, owner: AbstractBaseUser, key: str, fingerprint: 
     return job
 
 
-def _check_logit_bias(bias: dict[str, float] | None) -> None:
+def _check_logit_bias(bias: dict[str, float] | None, model: ConfiguredModel) -> None:
     """Every token a ``logit_bias`` names must be one of the model's (the serializer checked the
     shape; only the model knows its vocabulary)."""
     if not bias:
         return
-    vocab = get_tokenizer().info.vocab_size
+    vocab = get_tokenizer(model.path).info.vocab_size
     unknown = sorted(int(token) for token in bias if int(token) >= vocab)
     if unknown:
         raise TokenIdOutOfRange(token_id=unknown[0], vocab_size=vocab, param="logit_bias")
 
 
-def _tokenize(request: JobRequest) -> tuple[list[int], str]:
-    tokenizer = get_tokenizer()
+def _tokenize(request: JobRequest, model: ConfiguredModel) -> tuple[list[int], str]:
+    tokenizer = get_tokenizer(model.path)
     if request.messages is not None:
         return tokenizer.encode_messages(request.messages), "messages"
     return tokenizer.encode_prompt(request.prompt or ""), "prompt"
 
 
-def job_send(job_id: str) -> None:
-    """Put one ``run_job`` message for ``job_id`` on the engine queue (``task_routes`` sends it
-    there). Raises what the broker raises."""
-    celery_app.send_task(RUN_JOB_TASK, args=[str(job_id)])
+def job_send(job_id: str, *, queue: str | None = None) -> None:
+    """Put one ``run_job`` message for ``job_id`` on ``queue``; without one, on the shared queue of
+    the job's model (every send but a new job's: a worker that died or stopped must not be sent
+    anything). Raises what the broker raises."""
+    if queue is None:
+        model = Job.objects.filter(id=job_id).values_list("model", flat=True).first()
+        queue = model_queue(model or default_model_name())  # a deleted row: its message claims nothing
+    celery_app.send_task(RUN_JOB_TASK, args=[str(job_id)], queue=queue)
 
 
-def job_dispatch(*, job_id: str, counted: bool = False) -> bool:
-    """Send a queued job to the engine queue and count the send in its ``dispatch_count``. Never
-    raises: with the broker down the job stays queued and the reconciler sends it later. Returns
-    whether the message was sent.
+def job_dispatch(*, job_id: str, counted: bool = False, queue: str | None = None) -> bool:
+    """Send a queued job to ``queue`` (default: its model's shared queue) and count the send in its
+    ``dispatch_count``. Never raises: with the broker down the job stays queued and the reconciler
+    sends it later. Returns whether the message was sent.
 
     ``counted``: the row's ``dispatch_count`` already includes this send (job_create inserts it
     so, which saves an UPDATE per submission); it is taken back if the send fails."""
     try:
-        job_send(job_id)
+        job_send(job_id, queue=queue)
     except Exception:  # noqa: BLE001 - any broker failure; the DB row is the truth
         logger.warning("Dispatch of job %s failed; the reconciler will retry", job_id, exc_info=True)
         if counted:
@@ -321,6 +342,7 @@ def job_requeue(*, job_id: uuid.UUID | str) -> Job:
         cached_tokens=0,
         completion_tokens=0,
         worker_id=None,
+        routed_worker=None,
         lease_expires_at=None,
         cancel_requested=False,
         last_seq=0,

@@ -19,7 +19,7 @@ from engine_worker.protocol import FinalResult, OutputChunk
 
 
 def delta_message(job_id: str, seq: int, text: str, completion_tokens: int | None = None,
-                  logprobs: Any = None) -> dict[str, Any]:
+                  logprobs: Any = None, model: str | None = None) -> dict[str, Any]:
     """A delta as clients get it; ``logprobs`` (the chunk's stored entries, for a job that asks)
     rendered as GET /jobs/<id> shows them."""
     message: dict[str, Any] = {"type": "delta", "job_id": job_id, "seq": seq, "text": text}
@@ -28,7 +28,7 @@ def delta_message(job_id: str, seq: int, text: str, completion_tokens: int | Non
     if logprobs is not None:
         from api.job_logprobs import job_logprobs  # the tokenizer: web processes only
 
-        message["logprobs"] = job_logprobs(logprobs)
+        message["logprobs"] = job_logprobs(logprobs, model=model)
     return message
 
 
@@ -61,11 +61,15 @@ def final_from_result(result: FinalResult) -> dict[str, Any]:
     )
 
 
-def chunk_entry(chunk: OutputChunk) -> dict[str, str]:
+def chunk_entry(chunk: OutputChunk, *, model: str | None = None) -> dict[str, str]:
+    """A chunk's stream entry. One with log probabilities names the ``model`` whose tokenizer
+    renders them for the followers."""
     entry = {"type": "delta", JOB_STREAM_FIELD_SEQ: str(chunk.seq), JOB_STREAM_FIELD_TEXT: chunk.text,
              "completion_tokens": str(chunk.completion_tokens)}
     if chunk.logprobs is not None:
         entry["logprobs"] = json.dumps(chunk.logprobs)
+        if model is not None:
+            entry["model"] = model
     return entry
 
 
@@ -100,7 +104,8 @@ def entry_to_message(job_id: str, fields: dict[str, str]) -> dict[str, Any]:
     tokens = fields.get("completion_tokens")
     logprobs = fields.get("logprobs")
     return delta_message(job_id, int(fields[JOB_STREAM_FIELD_SEQ]), fields.get(JOB_STREAM_FIELD_TEXT, ""),
-                         int(tokens) if tokens else None, json.loads(logprobs) if logprobs else None)
+                         int(tokens) if tokens else None, json.loads(logprobs) if logprobs else None,
+                         fields.get("model"))
 
 
 def stream_ttl_s() -> int:

@@ -13,6 +13,7 @@ from rest_framework.views import APIView
 from api.job_metadata import metadata_filters
 from api.schema_hooks import IDEMPOTENCY_KEY_SCHEMA
 from api.selectors.jobs import job_detail, job_get, job_list, job_queue_position
+from api.selectors.workers import model_served
 from api.serializers import (
     JOBS_MAX_PAGE_SIZE,
     PAGE_NOT_FOUND,
@@ -76,8 +77,8 @@ class JobListCreateView(APIView):
         )
         job = submission.job
         position = submission.queue_position if submission.created else job_queue_position(job=job)
-        body = {"id": job.id, "object": "job", "status": job.status, "queue_position": position,
-                "created_at": job.created_at}
+        body = {"id": job.id, "object": "job", "status": job.status, "queue_position": position, "model": job.model,
+                "model_served": model_served(job.model), "created_at": job.created_at}
         headers = {"Location": f"/api/v1/jobs/{job.id}"}
         rate = submission.rate_limit or quota_request_rate_state(api_key=request.auth)
         if rate is not None:

@@ -18,14 +18,14 @@ from rest_framework.views import APIView
 
 from api.errors import ServiceUnavailable
 from api.redis_client import get_redis
-from api.selectors.workers import model_list, worker_live_count
+from api.selectors.models import model_list, model_live_workers
 from api.serializers import REQUEST_ERRORS, ErrorSerializer
 
 
 class ModelListView(APIView):
     @extend_schema(
         operation_id="models_list",
-        summary="Models loaded by live engine workers, with the workers serving each",
+        summary="The configured models, each available or not, with the live workers serving it",
         responses={200: inline_serializer("ModelList", {"object": serializers.CharField(), "data": serializers.ListField()}),
                    401: REQUEST_ERRORS[401],
                    503: OpenApiResponse(ErrorSerializer, description="The workers' heartbeats cannot be read (Redis is down)")},
@@ -51,10 +51,21 @@ class HealthView(APIView):
                    responses={200: _HEALTH, 503: OpenApiResponse(_HEALTH, description="A part is down: its check says which")})
     def get(self, request: Request) -> Response:
         checks = {"database": _check_database(), "redis": _check_redis()}
-        workers = worker_live_count() if checks["redis"]["ok"] else 0
-        checks["workers"] = {"ok": workers > 0, "live": workers}
+        checks["workers"] = _check_workers() if checks["redis"]["ok"] else {"ok": False, "live": 0}
         healthy = all(check["ok"] for check in checks.values())
         return Response({"status": "ok" if healthy else "unavailable", "checks": checks}, status=200 if healthy else 503)
+
+
+def _check_workers() -> dict[str, object]:
+    """Up when a worker is live; ``models`` says how many serve each configured model (a model
+    with none takes jobs, which wait for a worker)."""
+    try:
+        per_model = model_live_workers()
+    except redis.RedisError as exc:
+        return {"ok": False, "live": 0, "error": type(exc).__name__}
+    live = sum(per_model.values())
+    return {"ok": live > 0, "live": live,
+            "models": {name: {"live": count, "served": count > 0} for name, count in per_model.items()}}
 
 
 def _check_database() -> dict[str, object]:

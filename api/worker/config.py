@@ -10,11 +10,14 @@ from dataclasses import dataclass
 
 from django.conf import settings
 
+from inference_service.env import check_model_name, model_name_of
+
 
 @dataclass(frozen=True)
 class WorkerConfig:
     worker_id: str
     model_path: str
+    model_name: str  # the model's name in job rows, queues and heartbeats (api/model_catalog.py)
     lease_s: float  # a held job's lease; renewed every heartbeat
     heartbeat_s: float  # heartbeat, lease renewal and cancel fallback period
     drain_s: float  # on SIGTERM, how long running jobs may finish before they are handed back
@@ -27,6 +30,8 @@ class WorkerConfig:
         return cls(
             worker_id=settings.WORKER_ID or f"{host_worker_id_prefix()}{os.getpid()}-{uuid.uuid4().hex[:6]}",
             model_path=settings.MODEL_PATH,
+            model_name=check_model_name(settings.MODEL_NAME or model_name_of(settings.MODEL_PATH),
+                                        variable="MODEL_NAME"),
             lease_s=float(settings.JOB_LEASE_S),
             heartbeat_s=float(settings.WORKER_HEARTBEAT_S),
             drain_s=float(settings.WORKER_DRAIN_S),

@@ -1,24 +1,27 @@
-"""The Celery consumer of the ``engine`` queue, run on an engine worker's main thread.
+"""The Celery consumer of an engine worker's queues, run on its main thread.
 
-Only the ``engine`` queue, with the solo pool: mlx does not survive a fork, and ``run_job`` is
-short (a claim and a hand-over to the engine), so one thread consumes for the whole continuous
-batch. A message is acknowledged when ``run_job`` returns, after the claim: a job whose worker
-dies before that is still queued, and the reconciler sends it again.
+A worker of model M consumes M's shared queue, its own queue (jobs routed to it by prefix
+affinity) and ``engine``, the service's one queue before it served several models, so messages
+sent there before an upgrade still run (api/model_catalog.py). With the solo pool: mlx does not
+survive a fork, and ``run_job`` is short (a claim and a hand-over to the engine), so one thread
+consumes for the whole continuous batch. A message is acknowledged when ``run_job`` returns,
+after the claim: a job whose worker dies before that is still queued, and the reconciler sends it
+again, to the shared queue.
 """
 
 from __future__ import annotations
 
 
-def consume(*, worker_id: str, prefetch: int, loglevel: str) -> None:
-    """Run a Celery worker in this thread on the engine queue until it is told to stop (SIGTERM
+def consume(*, worker_id: str, model: str, prefetch: int, loglevel: str) -> None:
+    """Run a Celery worker in this thread on ``model``'s queues until it is told to stop (SIGTERM
     or SIGINT: Celery's warm shutdown, which gives prefetched messages back to the broker)."""
-    from api.tasks import ENGINE_QUEUE
+    from api.model_catalog import LEGACY_QUEUE, model_queue, worker_queue
     from inference_service.celery import app
 
     celery_worker = app.Worker(
         hostname=f"engine@{worker_id}",
         prefetch_multiplier=prefetch,
-        queues=[ENGINE_QUEUE],
+        queues=[worker_queue(model, worker_id), model_queue(model), LEGACY_QUEUE],
         pool_cls="solo",
         concurrency=1,
         loglevel=loglevel,

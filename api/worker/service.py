@@ -75,12 +75,15 @@ class EngineWorkerService:
             self._redispatch(job_id)
             return False
         try:
-            job = job_lifecycle.job_claim(job_id=job_id, worker_id=self.worker_id, lease_s=self.config.lease_s)
+            job = job_lifecycle.job_claim(job_id=job_id, worker_id=self.worker_id, lease_s=self.config.lease_s,
+                                          model=self.config.model_name)
+            if job is None:
+                if job_lifecycle.job_queued_for_other_model(job_id=job_id, model=self.config.model_name):
+                    self._redispatch(job_id)  # a message on the old shared queue: to its model's queue
+                return False
         except DatabaseError:  # it stays queued in the database; the reconciler sends it again
             logger.warning("could not claim job %s", job_id, exc_info=True)
             close_old_connections()
-            return False
-        if job is None:
             return False
         try:
             first_seq = stream_restart(redis_client=self._redis, job=job) if job.attempts > 1 else 1

@@ -49,8 +49,10 @@ _CONNECTION_ERRORS = (OperationalError, InterfaceError)
 
 
 class RedisJobSink:
-    def __init__(self, *, worker_id: str, redis_client: redis.Redis, progress_interval_s: float = 1.0) -> None:
+    def __init__(self, *, worker_id: str, redis_client: redis.Redis, progress_interval_s: float = 1.0,
+                 model: str | None = None) -> None:
         self.worker_id = worker_id
+        self._model = model  # named in chunk entries with log probabilities (their tokenizer)
         self._redis = redis_client
         self._progress_interval_s = progress_interval_s
         self._texts: dict[str, list[str]] = {}
@@ -200,7 +202,7 @@ class RedisJobSink:
         keys = set()
         for chunk in chunks:
             key = job_stream_key(chunk.job_id)
-            pipe.xadd(key, messages.chunk_entry(chunk), maxlen=messages.STREAM_MAXLEN, approximate=True)
+            pipe.xadd(key, messages.chunk_entry(chunk, model=self._model), maxlen=messages.STREAM_MAXLEN, approximate=True)
             keys.add(key)
         for final in finals:
             key = job_stream_key(final["job_id"])

@@ -90,6 +90,7 @@ class ChildSpec:
     model_path: str
     stream_interval_s: float
     heartbeat_s: float
+    model_name: str = ""  # the name in heartbeats; default: the model folder's name
 
 
 OnRefused = Callable[[str, str, bool], None]
@@ -301,7 +302,7 @@ def serve(conn: Any, spec: ChildSpec) -> None:
     engine.start()
     out = _ConnectionSink(conn)
     beats = _Beats(spec, out)
-    host = JobHost(engine, out, model_name=os.path.basename(os.path.normpath(spec.model_path)),
+    host = JobHost(engine, out, model_name=spec.model_name or os.path.basename(os.path.normpath(spec.model_path)),
                    context_length=context_length(model), stream_interval_s=spec.stream_interval_s,
                    on_tick=lambda: beats.tick(host), tick_s=min(0.5, spec.heartbeat_s))
     host.start()

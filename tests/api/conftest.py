@@ -35,6 +35,16 @@ def consumer_connections_closed():
     gc.collect()
 
 
+@pytest.fixture(autouse=True)
+def _fresh_live_workers():
+    """Each test reads the workers' heartbeats afresh (they are cached for a second per process)."""
+    from api.selectors.workers import worker_ids_forget
+
+    worker_ids_forget()
+    yield
+    worker_ids_forget()
+
+
 @pytest.fixture
 def redis_client():
     """The real Redis, flushed before and after the test. Refuses DB 0 (a developer's data)."""

@@ -116,6 +116,22 @@ def test_adding_a_key_in_the_admin_shows_the_secret_once_and_stores_its_hash(sta
     assert ApiKey.objects.get(owner=owner).max_concurrent_jobs == 2
 
 
+def test_an_operator_restricts_a_key_to_some_models_in_the_admin(staff, settings, tiny_model_path):
+    settings.MODELS = [("tiny", str(tiny_model_path)), ("tiny-b", str(tiny_model_path))]
+    api_key, _secret = make_api_key()
+    url = f"/admin/api/apikey/{api_key.id}/change/"
+    page = staff.get(url).content.decode()
+    assert 'value="tiny"' in page and 'value="tiny-b"' in page  # the configured models, as checkboxes
+
+    fields = {"owner": api_key.owner.id, "name": "ops", "requests_per_minute": 60, "tokens_per_day": 1000,
+              "max_concurrent_jobs": 2, "max_tokens_per_job": 100, "priority": 3}
+    staff.post(url, {**fields, "allowed_models": ["tiny-b"]})
+    assert ApiKey.objects.get(id=api_key.id).allowed_models == ["tiny-b"]
+
+    staff.post(url, fields)  # none ticked: every model
+    assert ApiKey.objects.get(id=api_key.id).allowed_models == []
+
+
 def test_revoke_action_revokes_the_selected_keys(staff):
     api_key, _ = make_api_key()
     staff.post("/admin/api/apikey/", {"action": "revoke_keys", "_selected_action": [api_key.id]})

@@ -24,7 +24,7 @@ from tests.api.factories import make_job
 def no_broker(monkeypatch):
     sent: list[str] = []
     monkeypatch.setattr(tasks, "dispatch_job", sent.append)
-    monkeypatch.setattr(tasks, "_declare_engine_queue", lambda: None)
+    monkeypatch.setattr(tasks, "_declare_engine_queues", lambda: None)
     return sent
 
 

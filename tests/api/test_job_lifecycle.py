@@ -182,7 +182,7 @@ def test_reconciler_requeues_expired_leases_and_redispatches_lost_jobs(monkeypat
 
     sent: list[str] = []
     monkeypatch.setattr(tasks, "dispatch_job", sent.append)
-    monkeypatch.setattr(tasks, "_declare_engine_queue", lambda: None)
+    monkeypatch.setattr(tasks, "_declare_engine_queues", lambda: None)
     dead = make_job()
     lc.job_claim(job_id=str(dead.id), worker_id="dead", lease_s=30)
     type(dead).objects.filter(id=dead.id).update(lease_expires_at=timezone.now() - dt.timedelta(seconds=1))

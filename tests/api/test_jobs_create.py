@@ -89,15 +89,16 @@ def test_job_is_dispatched_to_celery_with_its_id_only_after_commit(
     assert Job.objects.get(id=job_id).dispatch_count == 1
 
 
-def test_each_job_is_one_run_job_message_with_its_id_on_the_engine_queue(
+def test_each_job_is_one_run_job_message_with_its_id_on_its_models_queue(
     api_client, broker, django_capture_on_commit_callbacks
 ):
     with django_capture_on_commit_callbacks(execute=True):
         ids = [api_client.post("/api/v1/jobs", {"prompt": f"Hi {i}", "max_tokens": 4}, format="json").json()["id"]
                for i in range(3)]
 
-    assert broker.messages == [(RUN_JOB_TASK, [job_id], {}) for job_id in ids]
-    # Sent by name: the name is the engine workers' task, and the app's routes put it on their queue.
+    assert broker.messages == [(RUN_JOB_TASK, [job_id], {"queue": "engine.tiny"}) for job_id in ids]
+    # Sent by name: the name is the engine workers' task; a message without a queue (an older web
+    # process's) goes to the old shared queue, which every worker still consumes.
     assert run_job.name == RUN_JOB_TASK and RUN_JOB_TASK in app.tasks
     assert app.amqp.router.route({}, RUN_JOB_TASK)["queue"].name == "engine"
 

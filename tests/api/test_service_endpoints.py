@@ -23,14 +23,19 @@ def test_models_lists_each_model_with_the_live_workers_serving_it(api_client, re
     body = api_client.get("/api/v1/models").json()
 
     assert body["object"] == "list"
-    assert [m["id"] for m in body["data"]] == ["other", "tiny"]
-    tiny = body["data"][1]
+    # The configured model first; a model a worker serves but jobs cannot name, after it.
+    assert [(m["id"], m["configured"], m["available"]) for m in body["data"]] == [
+        ("tiny", True, True), ("other", False, True)]
+    tiny = body["data"][0]
     assert [w["worker_id"] for w in tiny["workers"]] == ["w-1", "w-2"]
     assert tiny["context_length"] == 4096 and tiny["workers"][0]["device"] == "cpu"
+    assert tiny["workers"][0]["load"] == tiny["workers"][0]["num_running"] + tiny["workers"][0]["num_waiting"]
 
 
-def test_models_is_empty_when_no_worker_is_alive(api_client, redis_client):
-    assert api_client.get("/api/v1/models").json()["data"] == []
+def test_models_lists_a_configured_model_without_a_live_worker_as_unavailable(api_client, redis_client):
+    assert api_client.get("/api/v1/models").json()["data"] == [
+        {"id": "tiny", "object": "model", "context_length": 4096, "configured": True, "available": False,
+         "workers": []}]
 
 
 def test_models_requires_an_api_key(db):
@@ -45,7 +50,8 @@ def test_health_is_200_when_database_redis_and_a_worker_are_up(db, redis_client)
     assert response.status_code == 200
     assert response.json() == {
         "status": "ok",
-        "checks": {"database": {"ok": True}, "redis": {"ok": True}, "workers": {"ok": True, "live": 1}},
+        "checks": {"database": {"ok": True}, "redis": {"ok": True},
+                   "workers": {"ok": True, "live": 1, "models": {"tiny": {"live": 1, "served": True}}}},
     }
 
 
@@ -53,7 +59,8 @@ def test_health_is_503_without_a_live_worker(db, redis_client):
     response = APIClient().get("/api/v1/health")
 
     assert response.status_code == 503
-    assert response.json()["checks"]["workers"] == {"ok": False, "live": 0}
+    assert response.json()["checks"]["workers"] == {"ok": False, "live": 0,
+                                                    "models": {"tiny": {"live": 0, "served": False}}}
 
 
 def test_health_is_503_when_redis_is_unreachable(db, redis_client):

@@ -49,7 +49,7 @@ class FakeEngine:
 
 
 def _service(engine: FakeEngine, redis_client, dispatch=lambda job_id: None) -> EngineWorkerService:
-    config = WorkerConfig(worker_id="w1", model_path="tiny", lease_s=30, heartbeat_s=2, drain_s=1,
+    config = WorkerConfig(worker_id="w1", model_path="tiny", model_name="tiny", lease_s=30, heartbeat_s=2, drain_s=1,
                           redispatch_after_s=30, stream_interval_s=0, prefetch=16)
     return EngineWorkerService(config=config, make_host=lambda sink, on_tick, on_refused: JobHost(engine, sink),
                                sink=MemorySink(), redis_client=redis_client, dispatch=dispatch)
@@ -85,6 +85,20 @@ def test_a_duplicate_delivery_or_a_cancelled_job_starts_nothing(redis_client, dj
         assert service.admit(str(job.id)) is False
     assert service.admit(str(cancelled.id)) is False
     assert [r.request_id for r in engine.started] == [str(job.id)]
+
+
+def test_a_worker_runs_no_other_models_job_and_sends_it_on_to_that_models_queue(redis_client):
+    other, cancelled = make_job(model="tiny-b"), make_job(model="tiny-b", status=JobStatus.CANCELLED)
+    engine = FakeEngine()
+    dispatched: list[str] = []
+    service = _service(engine, redis_client, dispatch=dispatched.append)
+
+    assert service.admit(str(other.id)) is False
+    assert service.admit(str(cancelled.id)) is False
+
+    other.refresh_from_db()
+    assert (other.status, other.worker_id, other.attempts) == (JobStatus.QUEUED, None, 0)
+    assert engine.started == [] and dispatched == [str(other.id)]  # the ended one is not sent on
 
 
 def test_a_worker_whose_engine_died_claims_nothing_and_sends_delivered_jobs_back(

@@ -2,8 +2,9 @@
 
 The engine runs in a child process that this one spawns (engine_worker/runtime/engine_process.py:
 it loads the model; mlx never runs here, so nothing here can deadlock on a fork). This process
-consumes only the ``engine`` Celery queue with the solo pool on its main thread, and writes the
-engine's outputs from its I/O thread.
+consumes its model's Celery queues (api/worker/consumer.py) with the solo pool on its main thread,
+and writes the engine's outputs from its I/O thread. It serves the model at ``MODEL_PATH`` under
+``MODEL_NAME`` (default: the folder's name).
 
 SIGTERM (or Ctrl-C): the consumer stops (Celery's warm shutdown), running jobs get
 ``WORKER_DRAIN_S`` seconds to finish, the rest are handed back to the queue, and the engine process
@@ -28,7 +29,7 @@ logger = logging.getLogger(__name__)
 
 
 class Command(BaseCommand):
-    help = "Run an engine worker: load the model, consume the 'engine' queue, stream job outputs."
+    help = "Run an engine worker: load the model, consume its queues, stream job outputs."
 
     def add_arguments(self, parser: Any) -> None:
         parser.add_argument("--worker-id", default=None, help="Identity in heartbeats and job rows.")
@@ -42,9 +43,10 @@ class Command(BaseCommand):
         service = _build(config)
         service.start()  # the engine process has loaded the model and runs
         worker.install(service)
-        logger.info("engine worker %s ready (model %s)", config.worker_id, config.model_path)
+        logger.info("engine worker %s ready (model %s at %s)", config.worker_id, config.model_name, config.model_path)
         try:
-            consume(worker_id=config.worker_id, prefetch=config.prefetch, loglevel=options["loglevel"])
+            consume(worker_id=config.worker_id, model=config.model_name, prefetch=config.prefetch,
+                    loglevel=options["loglevel"])
         finally:
             worker.install(None)
             handed_back = service.shutdown()
@@ -73,12 +75,13 @@ def _build(config: WorkerConfig) -> worker.EngineWorkerService:
     redis_client = get_redis()
     # The engine process reads its settings from the environment it inherits (EngineConfig.from_env).
     os.environ["ENGINE_POLICY"] = settings.ENGINE_POLICY
-    spec = ChildSpec(worker_id=config.worker_id, model_path=config.model_path,
+    spec = ChildSpec(worker_id=config.worker_id, model_path=config.model_path, model_name=config.model_name,
                      stream_interval_s=config.stream_interval_s, heartbeat_s=config.heartbeat_s)
 
     def make_host(sink, on_tick, on_refused):  # noqa: ANN001, ANN202 - HostFactory
         return EngineProcess(spec, sink, on_tick=on_tick, on_refused=on_refused)
 
     return worker.EngineWorkerService(
-        config=config, make_host=make_host, sink=RedisJobSink(worker_id=config.worker_id, redis_client=redis_client),
+        config=config, make_host=make_host, sink=RedisJobSink(worker_id=config.worker_id, redis_client=redis_client,
+                                                           model=config.model_name),
         redis_client=redis_client, dispatch=dispatch_job)

@@ -1,0 +1,145 @@
+"""Prefix-affinity routing: which queue a new job's ``run_job`` message goes to.
+
+Among the live workers of the job's model, a job whose prompt continues a prompt that a worker
+ran recently (a conversation's next turn: the previous turn's prompt, its answer and one more
+message) goes to that worker, whose prefix cache holds it, unless that worker is much busier
+than the others; any other job goes to the least-loaded worker.
+
+* **Prefixes.** The prompt's tokens are cut into blocks of ``BLOCK_TOKENS``; block *i* is named
+  by a hash of blocks 0..*i* (a chain, as the engine's prefix index names them), for the first
+  ``MAX_BLOCKS`` blocks. Redis keeps, per name, the set of workers recently sent a job whose
+  prompt has that prefix (``engine:affinity:<model>:<hash>``), and the set of those whose job's
+  prompt ended there (``...:end``: its last whole block), each for ``AFFINITY_TTL_S`` after the
+  last job. The deepest block held by a live worker decides.
+* **A continuation** (that block ends an earlier job's prompt on a live worker): that worker,
+  unless it has more than ``MAX_EXTRA_JOBS`` or half the least-loaded worker's load more active
+  jobs than the least-loaded worker; then the least-loaded worker, which recomputes the prefix.
+* **Anything else** (a new prompt, or a new branch of a prefix other jobs share, such as a system
+  prompt): the least-loaded worker, where holding the shared part counts as one job less (ties:
+  rendezvous hashing of the prompt's last block). A shared system prompt is then computed once
+  per worker and new conversations spread by load, instead of piling onto the worker that saw it
+  first.
+* **Load.** A worker's load is its model's active jobs it runs or was routed (the database,
+  counted per submission, so a burst of submissions sees itself; heartbeats lag by seconds).
+* **Queues.** The chosen worker's own queue (``engine.<model>.<worker>``). With fewer than two
+  live workers, with a prompt shorter than a block, with affinity off (``ROUTING_AFFINITY``) or
+  Redis out of reach, the model's shared queue, which every worker of the model consumes.
+
+A worker that dies stops heartbeating: it is never chosen again, and its prefixes go to the
+others. A message already sent to its queue is never consumed; the job stays queued, and the
+reconciler sends it to the model's shared queue once its claim deadline passes (api/tasks.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import struct
+from dataclasses import dataclass
+
+import redis
+from django.conf import settings
+
+from api.model_catalog import model_queue, worker_queue
+from api.redis_client import get_redis
+from api.selectors.jobs import job_worker_loads
+from api.selectors.workers import worker_ids_serving
+
+logger = logging.getLogger(__name__)
+
+BLOCK_TOKENS = 32
+MAX_BLOCKS = 256  # 8,192 tokens: deeper prefixes route as their first 8,192 tokens do
+AFFINITY_TTL_S = 600
+MAX_EXTRA_JOBS = 4
+
+AFFINITY_PREFIX = "engine:affinity:"
+END_SUFFIX = ":end"  # the workers whose job's prompt's last whole block this is
+
+
+@dataclass(frozen=True)
+class Route:
+    queue: str
+    worker_id: str | None  # None: the model's shared queue
+
+
+def job_route(*, model: str, prompt_token_ids: list[int]) -> Route:
+    """The queue of a new job of ``model`` with this prompt, and the worker it is meant for.
+    Records the prompt's prefix as that worker's. Never raises for Redis trouble (the shared
+    queue then)."""
+    shared = Route(model_queue(model), None)
+    if not settings.ROUTING_AFFINITY:
+        return shared
+    hashes = prefix_hashes(prompt_token_ids)
+    if not hashes:
+        return shared
+    try:
+        live = worker_ids_serving(model)
+        if len(live) < 2:
+            return shared
+        client = get_redis()
+        names = [_affinity_key(model, h) for h in hashes]
+        target = _choose(model, hashes, live, *_holders(client, names, live))
+        pipe = client.pipeline(transaction=False)
+        for name in names:
+            pipe.sadd(name, target)
+            pipe.expire(name, AFFINITY_TTL_S)
+        pipe.sadd(names[-1] + END_SUFFIX, target)
+        pipe.expire(names[-1] + END_SUFFIX, AFFINITY_TTL_S)
+        pipe.execute()
+    except redis.RedisError:
+        logger.warning("prefix-affinity routing unavailable (Redis); job sent to the shared queue", exc_info=True)
+        return shared
+    return Route(worker_queue(model, target), target)
+
+
+def _holders(client: redis.Redis, names: list[str], live: frozenset[str]) -> tuple[set[str], set[str]]:
+    """The live workers that hold the prompt's deepest held block, and those of them whose job's
+    prompt ended with that block (one round trip)."""
+    pipe = client.pipeline(transaction=False)
+    for name in names:
+        pipe.smembers(name)
+        pipe.smembers(name + END_SUFFIX)
+    replies = pipe.execute()
+    for i in reversed(range(len(names))):
+        held = replies[2 * i] & live
+        if held:
+            return held, replies[2 * i + 1] & live
+    return set(), set()
+
+
+def _choose(model: str, hashes: list[bytes], live: frozenset[str], holders: set[str], ends: set[str]) -> str:
+    loads = job_worker_loads(model=model, worker_ids=live)
+
+    # Ties go by rendezvous hashing of the prompt's own last block: prompts that share only a
+    # system prompt split evenly, even in a burst that sees the same loads.
+    def busy(worker: str) -> tuple[int, int]:
+        return loads[worker], -_rendezvous(hashes[-1], worker)
+
+    least = min(live, key=busy)
+    if ends:  # the prompt continues one that a worker ran, whose KV it holds: stay unless much busier
+        target = min(ends, key=busy)
+        return target if loads[target] - loads[least] <= max(MAX_EXTRA_JOBS, loads[least] // 2) else least
+    # A new prompt, or a new branch of a shared prefix (a system prompt): the least-loaded worker,
+    # where holding the shared part counts as one job less.
+    return min(live, key=lambda w: (loads[w] - (w in holders), -_rendezvous(hashes[-1], w)))
+
+
+def prefix_hashes(token_ids: list[int]) -> list[bytes]:
+    """The chain hashes of the prompt's whole blocks (at most MAX_BLOCKS): each names the prefix
+    that ends with its block."""
+    hashes = []
+    previous = b""
+    blocks = min(len(token_ids) // BLOCK_TOKENS, MAX_BLOCKS)
+    for i in range(blocks):
+        block = token_ids[i * BLOCK_TOKENS:(i + 1) * BLOCK_TOKENS]
+        previous = hashlib.blake2b(previous + struct.pack(f"<{BLOCK_TOKENS}I", *block), digest_size=16).digest()
+        hashes.append(previous)
+    return hashes
+
+
+def _affinity_key(model: str, block_hash: bytes) -> str:
+    return f"{AFFINITY_PREFIX}{model}:{block_hash.hex()}"
+
+
+def _rendezvous(first_block: bytes, worker_id: str) -> int:
+    return int.from_bytes(hashlib.blake2b(first_block + worker_id.encode(), digest_size=8).digest(), "big")

@@ -1,0 +1,208 @@
+"""Prefix-affinity routing against the plain shared queue: prefix-cache hit rate and TTFT.
+
+The whole service (daphne, Redis, the database, as bench/service_bench.py starts them) with
+``--workers`` (2) engine workers of one model. ``--conversations`` (64) conversations of
+``--turns`` (4) turns each run at once; every conversation's prompt starts with the same system
+prompt of ``--system-tokens`` (1,000) tokens, and each turn's prompt is the previous turn's
+prompt, its answer and one more question (lines of the shipped corpus, at most
+``--question-words`` words). A conversation sends its next turn when the previous
+one's final arrives (POST /api/v1/jobs, then its WebSocket to the final).
+
+It runs twice on a fresh service (fresh workers, so no prefix cache carries over): with
+``ROUTING_AFFINITY`` on (the default) and off (every job on the model's shared queue). Per run:
+
+* **hit rate**: the prompt tokens the workers' prefix caches supplied over all prompt tokens
+  (``usage.cached_tokens`` / ``usage.prompt_tokens`` of every job, from GET /api/v1/jobs/<id>);
+* **TTFT p50/p90**: from the POST being written to the first delta on the job's socket;
+* **later turns on the first turn's worker**: how well the conversations kept their worker.
+
+The LAST printed line is one JSON object with ``hit_rate_affinity``, ``hit_rate_shared`` and
+``ttft_speedup`` (shared TTFT p50 / affinity TTFT p50), and each run's figures.
+
+    python bench/affinity_bench.py [--model PATH] [--workers 2] [--conversations 64] [--turns 4]
+        [--system-tokens 1000] [--max-tokens 32] [--question-words 24]
+
+Small, on a CPU: ``--conversations 8 --turns 3 --system-tokens 300 --max-tokens 8``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(ROOT))
+
+from common import dump_json_line, ensure_default_model, environment, percentile  # noqa: E402
+from http_clients import post_job  # noqa: E402
+from service_bench import Service, _read_stream, candidate_prompts  # noqa: E402
+
+
+def system_prompt(model_path: Path, tokens: int) -> str:
+    """Text of about ``tokens`` tokens of the model's tokenizer (lines of the shipped corpus)."""
+    from transformers import AutoTokenizer
+
+    from engine_worker.model.builder import CORPUS_PATH
+
+    tokenizer = AutoTokenizer.from_pretrained(str(model_path))
+    ids = tokenizer.encode(CORPUS_PATH.read_text(encoding="utf-8")[: tokens * 16])[:tokens]
+    return tokenizer.decode(ids, skip_special_tokens=True)
+
+
+async def conversation(port: int, key: str, system: str, questions: list[str], max_tokens: int) -> list[dict]:
+    """Run one conversation's turns in order; per turn its job id and TTFT."""
+    import websockets
+
+    turns, history = [], system
+    for question in questions:
+        prompt = f"{history}\nQ: {question}\nA:"
+        job_id, sent = await post_job(port, key, {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0})
+        async with websockets.connect(f"ws://127.0.0.1:{port}/ws/v1/jobs/{job_id}/?api_key={key}",
+                                      open_timeout=120, max_size=None) as ws:
+            ttft, _tokens = await _read_stream(ws, sent)
+        answer = _get(port, key, f"/api/v1/jobs/{job_id}")["output_text"]
+        turns.append({"job_id": job_id, "ttft_s": ttft})
+        history = f"{prompt}{answer}"
+    return turns
+
+
+def _get(port: int, key: str, path: str) -> dict:
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", headers={"Authorization": f"Bearer {key}"})
+    with urllib.request.urlopen(request, timeout=60) as response:
+        return json.loads(response.read())
+
+
+def start_workers(service: Service, count: int) -> list[str]:
+    """Start ``count`` engine workers of the service's model and wait for their heartbeats."""
+    import redis
+
+    ids = [f"affinity-w{i}-{os.getpid()}" for i in range(count)]
+    for worker_id in ids:
+        log = (service.log_dir / f"affinity-bench-{worker_id}.log").open("wb")
+        service.procs.append(subprocess.Popen(
+            [sys.executable, "manage.py", "run_engine_worker", "--worker-id", worker_id, "--loglevel", "WARNING"],
+            cwd=ROOT, env={**service.env, "DB_POOL": "0"}, stdout=log, stderr=subprocess.STDOUT))
+    r = redis.Redis.from_url(service.env["REDIS_URL"])
+    deadline = time.monotonic() + 600
+    while not all(r.exists(f"engine:workers:{w}") for w in ids):
+        if time.monotonic() > deadline or any(p.poll() is not None for p in service.procs):
+            raise RuntimeError(f"the engine workers did not start; see {service.log_dir}/affinity-bench-*.log")
+        time.sleep(0.5)
+    return ids
+
+
+def run(args, model_path: Path, system: str, *, affinity: bool) -> dict:
+    log_dir = ROOT / "var" / "log"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    service = Service(model_path, args.port, log_dir)
+    jobs = args.conversations * args.turns
+    service.env.update({"ROUTING_AFFINITY": "1" if affinity else "0",
+                        "DEFAULT_KEY_MAX_CONCURRENT_JOBS": str(10 * jobs), "DEFAULT_KEY_TOKENS_PER_DAY": str(10**12)})
+    questions = [" ".join(q.split()[: args.question_words]) for q in candidate_prompts(None, jobs)]
+    try:
+        (key,) = service.start(with_worker=False)
+        workers = start_workers(service, args.workers)
+        time.sleep(2.5)  # a heartbeat period: the web tier sees every worker live before the first job
+
+        async def all_conversations() -> list[list[dict]]:
+            return await asyncio.gather(*(
+                conversation(args.port, key, system, questions[c * args.turns:(c + 1) * args.turns], args.max_tokens)
+                for c in range(args.conversations)))
+
+        t0 = time.perf_counter()
+        conversations = asyncio.run(all_conversations())
+        wall = time.perf_counter() - t0
+        rows = [{**turn, "conversation": c, "turn": t, **_usage(_get(args.port, key, f"/api/v1/jobs/{turn['job_id']}"))}
+                for c, turns in enumerate(conversations) for t, turn in enumerate(turns)]
+        stamps = service.job_timestamps([r["job_id"] for r in rows])
+        for r in rows:
+            created, started, first, _finished = stamps[r["job_id"]]
+            r["wait_s"], r["prefill_s"] = started - created, first - started
+    finally:
+        service.stop()
+    return _summary(rows, wall, workers, affinity=affinity)
+
+
+def _usage(job: dict) -> dict:
+    return {"prompt_tokens": job["usage"]["prompt_tokens"], "cached_tokens": job["usage"]["cached_tokens"],
+            "worker_id": job["worker_id"], "status": job["status"]}
+
+
+def _summary(rows: list[dict], wall: float, workers: list[str], *, affinity: bool) -> dict:
+    def hit_rate(selected: list[dict]) -> float:
+        prompt = sum(r["prompt_tokens"] for r in selected)
+        return round(sum(r["cached_tokens"] for r in selected) / prompt, 4) if prompt else 0.0
+
+    ttfts = [r["ttft_s"] * 1000 for r in rows]
+    return {
+        "routing": "affinity" if affinity else "shared",
+        "jobs": len(rows),
+        "completed": sum(r["status"] == "completed" for r in rows),
+        "hit_rate": hit_rate(rows),
+        "hit_rate_later_turns": hit_rate([r for r in rows if r["turn"] > 0]),
+        "hit_rate_by_turn": [hit_rate([r for r in rows if r["turn"] == t]) for t in range(1 + max(r["turn"] for r in rows))],
+        "ttft_p50_ms": round(percentile(ttfts, 50), 1),
+        "ttft_p90_ms": round(percentile(ttfts, 90), 1),
+        # TTFT's parts on the service's clock: created to claimed (queue), claimed to first token.
+        "queue_wait_p50_ms": round(percentile([r["wait_s"] * 1000 for r in rows], 50), 1),
+        "claim_to_first_token_p50_ms": round(percentile([r["prefill_s"] * 1000 for r in rows], 50), 1),
+        "wall_s": round(wall, 2),
+        "jobs_per_worker": {w: sum(r["worker_id"] == w for r in rows) for w in workers},
+        "later_turns_on_first_turns_worker": round(_kept(rows), 4),
+    }
+
+
+def _kept(rows: list[dict]) -> float:
+    """The share of later turns that ran on the worker of their conversation's first turn."""
+    first, later = {}, []
+    for r in rows:
+        if r["turn"] == 0:
+            first[r["conversation"]] = r["worker_id"]
+        else:
+            later.append(r)
+    return sum(r["worker_id"] == first[r["conversation"]] for r in later) / len(later) if later else 0.0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default=None)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--conversations", type=int, default=64)
+    parser.add_argument("--turns", type=int, default=4)
+    parser.add_argument("--system-tokens", type=int, default=1000)
+    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--question-words", type=int, default=24, help="at most this many words per user turn")
+    parser.add_argument("--modes", nargs="+", choices=("affinity", "shared"), default=["affinity", "shared"],
+                        help="the runs, in order (one alone: its figures, no ratio)")
+    parser.add_argument("--port", type=int, default=18767)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+
+    model_path = ensure_default_model(args.model).resolve()
+    system = system_prompt(model_path, args.system_tokens)
+    results = {}
+    for affinity in [mode == "affinity" for mode in args.modes]:
+        results["affinity" if affinity else "shared"] = run(args, model_path, system, affinity=affinity)
+        print(json.dumps(results["affinity" if affinity else "shared"]), flush=True)
+    affinity, shared = results.get("affinity"), results.get("shared")
+    dump_json_line({
+        "hit_rate_affinity": affinity["hit_rate"] if affinity else None,
+        "hit_rate_shared": shared["hit_rate"] if shared else None,
+        "ttft_speedup": (round(shared["ttft_p50_ms"] / affinity["ttft_p50_ms"], 3)
+                         if affinity and shared and affinity["ttft_p50_ms"] else None),
+        "args": vars(args), "model": str(model_path), "runs": results, "environment": environment(),
+    }, args.out)
+
+
+if __name__ == "__main__":
+    main()

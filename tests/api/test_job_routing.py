@@ -1,0 +1,118 @@
+"""Prefix-affinity routing over a model's live workers (api/services/job_routing.py), with real
+Redis (heartbeats, the prefix map) and the database (the workers' loads)."""
+
+from __future__ import annotations
+
+import pytest
+
+from api.models import Job, JobStatus
+from api.selectors.workers import worker_ids_forget
+from api.services.job_routing import BLOCK_TOKENS, MAX_EXTRA_JOBS, Route, job_route
+from tests.api.factories import heartbeat, make_job, publish_heartbeat
+
+pytestmark = pytest.mark.django_db
+
+SYSTEM = list(range(10, 10 + 10 * BLOCK_TOKENS))  # a shared system prompt of ten blocks
+
+
+@pytest.fixture
+def live(redis_client):
+    """Publish heartbeats of workers of the tiny model; returns a function doing it."""
+    def start(*worker_ids: str) -> None:
+        for worker_id in worker_ids:
+            publish_heartbeat(redis_client, heartbeat(worker_id=worker_id, model="tiny"))
+        worker_ids_forget()
+
+    return start
+
+
+def _turn(conversation: int, turn: int) -> list[int]:
+    """The prompt of a conversation's turn: the system prompt, then every earlier turn's message
+    and answer, then this turn's message (two blocks each)."""
+    tokens = list(SYSTEM)
+    for t in range(turn + 1):
+        tokens += [5000 + conversation * 100 + t] * (2 * BLOCK_TOKENS)
+    return tokens
+
+
+def _route(tokens: list[int]) -> Route:
+    route = job_route(model="tiny", prompt_token_ids=tokens)
+    if route.worker_id is not None:  # the job now counts in its worker's load, as job_create inserts it
+        make_job(model="tiny", routed_worker=route.worker_id)
+    return route
+
+
+def test_every_turn_of_a_conversation_goes_to_the_worker_that_served_its_first(live):
+    live("w-a", "w-b")
+
+    routes = []
+    for turn in range(4):
+        routes.append(_route(_turn(7, turn)))
+        Job.objects.update(status=JobStatus.COMPLETED)  # the next turn follows the answer
+
+    assert routes[0].worker_id in {"w-a", "w-b"}
+    assert {r.worker_id for r in routes} == {routes[0].worker_id}
+    assert routes[0].queue == f"engine.tiny.{routes[0].worker_id}"
+
+
+def test_new_conversations_over_one_system_prompt_spread_over_the_workers_and_keep_to_them(live):
+    live("w-a", "w-b")
+
+    first = [_route(_turn(c, 0)).worker_id for c in range(24)]
+    Job.objects.update(status=JobStatus.COMPLETED)  # the first turns were answered
+    later = [_route(_turn(c, 1)).worker_id for c in range(24)]
+
+    counts = {w: first.count(w) for w in ("w-a", "w-b")}
+    assert abs(counts["w-a"] - counts["w-b"]) <= MAX_EXTRA_JOBS + 1, counts
+    assert later == first  # each conversation's second turn where its first ran
+
+
+def test_a_much_busier_worker_loses_the_job_to_the_least_loaded(live):
+    live("w-a", "w-b")
+    owner = _route(_turn(1, 0)).worker_id
+    other = ({"w-a", "w-b"} - {owner}).pop()
+    for _ in range(MAX_EXTRA_JOBS + 1):
+        make_job(model="tiny", status=JobStatus.IN_PROGRESS, worker_id=owner)
+
+    assert _route(_turn(1, 1)).worker_id == other
+    assert _route(_turn(1, 2)).worker_id == other  # its prefix is the other worker's now
+
+
+def test_a_worker_that_died_loses_its_affinity(live, redis_client):
+    live("w-a", "w-b", "w-c")
+    owner = _route(_turn(3, 0)).worker_id
+    redis_client.delete(f"engine:workers:{owner}")  # its heartbeat expired
+    worker_ids_forget()
+
+    route = _route(_turn(3, 1))
+
+    assert route.worker_id in {"w-a", "w-b", "w-c"} - {owner}
+
+
+def test_one_live_worker_a_short_prompt_or_affinity_off_use_the_models_shared_queue(live, settings):
+    shared = Route("engine.tiny", None)
+    live("w-a")
+    assert _route(_turn(1, 0)) == shared
+
+    live("w-b")
+    assert _route(list(range(BLOCK_TOKENS - 1))) == shared
+    settings.ROUTING_AFFINITY = False
+    assert _route(_turn(1, 0)) == shared
+
+
+def test_a_submitted_conversation_is_routed_to_one_worker_and_sent_to_its_queue(
+        live, api_client, broker, django_capture_on_commit_callbacks):
+    live("w-a", "w-b")
+    system = {"role": "system", "content": "You are a careful assistant who answers in one line. " * 20}
+    history = [system, {"role": "user", "content": "Tell me about the sea."}]
+    ids = []
+    for turn in range(3):
+        with django_capture_on_commit_callbacks(execute=True):
+            ids.append(api_client.post("/api/v1/jobs", {"messages": history, "max_tokens": 4},
+                                       format="json").json()["id"])
+        history += [{"role": "assistant", "content": f"Answer {turn}."}, {"role": "user", "content": "And then?"}]
+
+    workers = {Job.objects.get(id=job_id).routed_worker for job_id in ids}
+    assert len(workers) == 1 and workers <= {"w-a", "w-b"}
+    (worker,) = workers
+    assert [options for _name, _args, options in broker.messages] == [{"queue": f"engine.tiny.{worker}"}] * 3
