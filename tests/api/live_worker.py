@@ -50,7 +50,7 @@ def live_worker(tiny_model: Any, redis_client: Any, *, worker_id: str = "w-live"
     engine = EngineCore(model, tokenizer, EngineConfig())
     engine.start()
     sink = MemorySink()
-    config = WorkerConfig(worker_id=worker_id, model_path="tiny", lease_s=30, heartbeat_s=heartbeat_s, drain_s=1,
+    config = WorkerConfig(worker_id=worker_id, model_path="tiny", model_name="tiny", lease_s=30, heartbeat_s=heartbeat_s, drain_s=1,
                           redispatch_after_s=30, stream_interval_s=0, prefetch=16)
 
     def make_host(sink: MemorySink, on_tick: Callable[[], None], on_refused: Any) -> JobHost:

@@ -139,6 +139,7 @@ def test_celery_routes_jobs_to_the_engine_queue_and_schedules_reconciliation():
         "api.tasks.rollup_usage": 300.0,
         "api.tasks.purge_jobs": 3600.0,
         "api.tasks.send_due_webhooks": 2.0,
+        "api.tasks.tick_batches": 5.0,
     }
     # Webhooks go to the light worker's default queue, never to an engine worker.
     assert "api.tasks.deliver_webhook" not in app.conf.task_routes

@@ -5,17 +5,20 @@ in the test's polling loop, as in the other integration tests."""
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import sys
 from collections.abc import Iterator
 
 import openai
 import pytest
+from standardwebhooks.webhooks import Webhook
 
 from api.keys import job_stream_key
-from api.models import Job
+from api.models import ApiKey, Job
 from api.tasks import reconcile_jobs, tick_batches
 from tests.api.factories import make_api_key
+from tests.api.webhook_receiver import WebhookReceiver
 from tests.integration.procs import START_TIMEOUT_S, Proc, free_port, port_open, start_daphne, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -28,7 +31,10 @@ def stack(workers, service_env, tmp_path, settings) -> Iterator[str]:
     """daphne, the light worker and an engine worker on one files folder (this process's beat
     tasks too); yields the /v1 URL."""
     files = {"location": str(tmp_path / "files")}
-    service_env.update(FILES_STORAGE_OPTIONS=json.dumps(files), BATCH_JOBS_IN_FLIGHT_PER_KEY=str(CAP))
+    # Loopback webhooks allowed: a batch's end is announced to a receiver in this process.
+    service_env.update(FILES_STORAGE_OPTIONS=json.dumps(files), BATCH_JOBS_IN_FLIGHT_PER_KEY=str(CAP),
+                       WEBHOOK_ALLOWED_NETWORKS="127.0.0.0/8")
+    settings.WEBHOOK_ALLOWED_NETWORKS = (ipaddress.ip_network("127.0.0.0/8"),)
     # pytest-django's settings fixture: Django then drops its storages built from the old value.
     settings.STORAGES = {**settings.STORAGES, "files": {
         "BACKEND": "django.core.files.storage.FileSystemStorage", "OPTIONS": files}}
@@ -95,11 +101,18 @@ def _file_lines(client: openai.OpenAI, file_id: str | None) -> list[dict]:
 
 
 def test_a_batch_runs_through_the_sdk_and_its_output_answers_as_the_online_endpoint(stack):
-    client = _client(stack)
+    api_key, secret = make_api_key()
+    client = openai.OpenAI(base_url=stack, api_key=secret, max_retries=0, timeout=120)
     lines = _lines(7, max_tokens=12)
-    batch_id = _start(client, lines, metadata={"run": "sdk"}, extra_body={"webhook_url": "https://example.com/hook"})
+    with WebhookReceiver() as receiver:
+        batch_id = _start(client, lines, metadata={"run": "sdk"}, extra_body={"webhook_url": receiver.url})
+        batch = _wait_ended(client, batch_id)
+        hooks = receiver.wait_for(1, 60)
 
-    batch = _wait_ended(client, batch_id)
+    [hook] = hooks  # the light worker announced the batch's end once, signed with the key's secret
+    event = Webhook(ApiKey.objects.get(id=api_key.id).webhook_secret).verify(hook.body, hook.headers)
+    assert event["type"] == "batch.completed" and event["data"]["id"] == batch_id
+    assert event["data"]["output_file_id"] == batch.output_file_id
 
     assert batch.status == "completed" and batch.metadata == {"run": "sdk"}
     assert batch.request_counts.total == 7 and batch.request_counts.completed == 7
