@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import threading
 import time
 
@@ -48,6 +49,20 @@ def worker_list() -> list[WorkerHeartbeat]:
 def worker_is_live(worker_id: str) -> bool:
     """Whether ``worker_id``'s heartbeat is there. Raises redis.RedisError."""
     return bool(get_redis().exists(keys.worker_heartbeat_key(worker_id)))
+
+
+_GLOB_SPECIAL = re.compile(r"([*?\[\]\\])")
+
+
+def worker_ids_alive(*, worker_id: str | None = None, id_prefix: str = "") -> list[str]:
+    """The ids of the live workers that are ``worker_id``, or (without it) whose ids start with
+    ``id_prefix`` (a container's health check knows its worker by id or by its host's prefix).
+    Raises redis.RedisError if Redis is unreachable."""
+    if worker_id is not None:
+        return [worker_id] if worker_is_live(worker_id) else []
+    pattern = keys.worker_heartbeat_key(_GLOB_SPECIAL.sub(r"\\\1", id_prefix)) + "*"
+    prefix = len(keys.WORKER_HEARTBEAT_PREFIX)
+    return sorted(name[prefix:] for name in get_redis().scan_iter(match=pattern, count=100))
 
 
 def worker_load(worker: WorkerHeartbeat) -> int:
