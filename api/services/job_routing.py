@@ -69,13 +69,13 @@ def job_route(*, model: str, prompt_token_ids: list[int]) -> Route:
     shared = Route(model_queue(model), None)
     if not settings.ROUTING_AFFINITY:
         return shared
-    hashes = prefix_hashes(prompt_token_ids)
-    if not hashes:
+    if len(prompt_token_ids) < BLOCK_TOKENS:
         return shared
     try:
         live = worker_ids_serving(model)
-        if len(live) < 2:
+        if len(live) < 2:  # one worker (the usual deployment): nothing to choose, nothing to hash
             return shared
+        hashes = prefix_hashes(prompt_token_ids)
         client = get_redis()
         names = [_affinity_key(model, h) for h in hashes]
         target = _choose(model, hashes, live, *_holders(client, names, live))
