@@ -262,8 +262,12 @@ def train(out: str | Path, spec: ModelSpec = DEMO_SPEC, cfg: TrainConfig = Train
     trainer.run()
     log = trainer.log
     if evaluate_after:
-        log["evaluation"] = evaluate.evaluate(out, docs=trainer.docs, max_tokens=cfg.eval_max_tokens or None)
-        log["passed"] = log["evaluation"]["passed"]
+        try:
+            log["evaluation"] = evaluate.evaluate(out, docs=trainer.docs, max_tokens=cfg.eval_max_tokens or None)
+            log["passed"] = log["evaluation"]["passed"]
+        except Exception as exc:  # the trained weights are in OUT already: keep the run's log with them
+            logger.exception("the final evaluation failed")
+            log["evaluation_error"], log["passed"] = repr(exc), False
     log["total_seconds"] = round(time.monotonic() - trainer.t0, 1)
     (Path(out) / "eval.json").write_text(json.dumps(log, indent=2) + "\n")
     return log
