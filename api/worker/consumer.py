@@ -7,9 +7,16 @@ survive a fork, and ``run_job`` is short (a claim and a hand-over to the engine)
 consumes for the whole continuous batch. A message is acknowledged when ``run_job`` returns,
 after the claim: a job whose worker dies before that is still queued, and the reconciler sends it
 again, to the shared queue.
+
+The consumer keeps its database connection from one ``run_job`` to the next: Celery's Django
+fixup otherwise closes it before and after every task, and a claim that opens a PostgreSQL
+connection costs the worker and the server more than the claim itself. A claim that meets a dead
+connection closes it (``EngineWorkerService.admit``) and the next one opens another.
 """
 
 from __future__ import annotations
+
+DB_REUSE_MAX_TASKS = 1000
 
 
 def consume(*, worker_id: str, model: str, prefetch: int, loglevel: str) -> None:
@@ -18,6 +25,9 @@ def consume(*, worker_id: str, model: str, prefetch: int, loglevel: str) -> None
     from api.model_catalog import LEGACY_QUEUE, model_queue, worker_queue
     from inference_service.celery import app
 
+    # Celery's Django fixup reads this when the worker starts: it closes the connections every
+    # 2 x N tasks instead of around each one.
+    app.conf.update(CELERY_DB_REUSE_MAX=DB_REUSE_MAX_TASKS)
     celery_worker = app.Worker(
         hostname=f"engine@{worker_id}",
         prefetch_multiplier=prefetch,
