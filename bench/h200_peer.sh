@@ -16,8 +16,10 @@
 # redis-server from .whl/bin. The JSON result and the servers' logs go to $OUT (default /tmp/peer).
 set -euo pipefail
 source .whl/gpu-env.sh
+# .whl/peer/ (vllm-mlx) only when a vllm server runs: an A/B of this service against an older tree
+# (--servers ours,old) fits the carry limit without it.
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
-    .whl/svc/*.whl .whl/peer/*.whl
+    .whl/svc/*.whl $(ls .whl/peer/*.whl 2>/dev/null)
 export MLX_DISABLE_OPENBLAS=1
 LD_LIBRARY_PATH=$PWD/.whl/bin .whl/bin/redis-server --port 6379 --save '' --appendonly no --daemonize yes \
     --logfile /tmp/redis.log
