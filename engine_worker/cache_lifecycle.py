@@ -11,6 +11,9 @@ Wires :mod:`engine_worker.cache.scheduler_hooks` into the :class:`~engine_worker
   has its cache captured once, when the prompt is processed, and stored under the prompt
   (seed S37): a later prompt extending the prompt with another follow-up hits it. Other requests
   cost nothing extra per step;
+* **shared prefills** (:mod:`engine_worker.cache.shared_prefill`): a waiting prompt that shares a
+  long prefix with a prompt still prefilling waits for it, and that prompt's cache is stored as
+  soon as it is processed, so a prefix that many prompts bring at once is prefilled once;
 * **aborts**: a running request taken out of the batch leaves what it had already prefilled
   (and generated) in the cache;
 * **SSD promotion**: a request whose lookup says ``ssd_pending`` waits in the queue, a bounded
@@ -44,14 +47,17 @@ class CacheLifecycle:
         self.backend = seam.backend
         self._saver: Any = None
         self.ssd_wait: Any = None  # SSDWaitPolicy while a cache is active
+        self._shared: Any = None  # SharedPrefill while a cache is active
         self._interval = 0
         # Prompts at least this long wrap the sliding window (0: no window, or a back end that
         # cannot store a wrapped window).
         self._window = max_kv_size if seam.active and getattr(self.backend, "stores_wrapped_windows", False) else 0
         if seam.active:
             from engine_worker.cache.scheduler_hooks import MidPrefillSaver, SSDWaitPolicy
+            from engine_worker.cache.shared_prefill import SharedPrefill
 
             self.ssd_wait = SSDWaitPolicy()
+            self._shared = SharedPrefill(self.backend)
             if mid_prefill_save_interval > 0:
                 self._saver = MidPrefillSaver(self.backend, mid_prefill_save_interval)
                 self._interval = mid_prefill_save_interval
@@ -63,9 +69,14 @@ class CacheLifecycle:
 
     # ---- admission ---------------------------------------------------------------------------
 
+    def holds(self, request: Request) -> bool:
+        """Before a lookup: True while the request follows a prefill in progress."""
+        return self._shared is not None and self._shared.waits(request)
+
     def defer(self, request: Request) -> bool:
-        """After a lookup: True when the request should wait for its SSD entry (it is then
-        looked up again at a later step). A request that stops waiting runs cold."""
+        """After a lookup: True when the request should wait, for its SSD entry or for a
+        prefill in progress that covers more of its prompt (it is then looked up again at a
+        later step). A request whose SSD wait expires runs cold."""
         wait = self.ssd_wait
         if wait is None:
             return False
@@ -75,11 +86,13 @@ class CacheLifecycle:
             return True
         if hit_type == SSD_PENDING:  # the wait expired: it prefills cold
             request.cache_hit_type = "miss"
-        return False
+        return self._shared.follow(request)
 
     def admitted(self, request: Request) -> None:
         """A request entered the batch: track it for mid-prefill saves if its prompt is long, and
         for a prompt-only snapshot if its prompt wraps the sliding window."""
+        if self._shared is not None:
+            self._shared.started(request)
         n = len(request.prompt_token_ids)
         if self._saver is not None and n > self._interval:
             self._long_prefills[request.request_id] = request
@@ -93,6 +106,13 @@ class CacheLifecycle:
         the prompt-only snapshots of flagged requests whose prompt is now processed."""
         if self._prompt_snapshots:
             self._snapshot_prompts(runner)
+        if self._shared is not None and self._shared.leading:
+            try:
+                self._shared.after_step(getattr(runner, "extract_cache", None))
+            except Exception:  # a failed store only loses a future hit; its followers go on
+                logger.exception("shared prefill store failed")
+                self._seam.errors += 1
+                self._shared.release_all()
         if not self._long_prefills:
             return
         prefilling = []
@@ -152,6 +172,7 @@ class CacheLifecycle:
             self._prompt_snapshots.pop(request_id, None)
         if self.ssd_wait is not None:
             self.ssd_wait.forget(request_id)
+            self._shared.forget(request_id)
 
     # ---- operator view -----------------------------------------------------------------------
 

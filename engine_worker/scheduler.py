@@ -201,10 +201,13 @@ class Scheduler(BatchExits, BatchMemory, SchedulerOps):
         # the policy orders them, an abort is a queue removal, and a burst's later prompts do not
         # make every step an admission step.
         free = self.config.prefill_batch_size - len(self._prefilling)
-        deferred: list[tuple[tuple, Request]] = []  # waiting for an SSD read: never block the queue
+        deferred: list[tuple[tuple, Request]] = []  # waiting for an SSD read or a shared prefill
         while self.waiting and len(self.running) < cap and free > 0:
             request = self.waiting.peek()
             if request.remaining_tokens is None:
+                if self._lifecycle.holds(request):  # it follows a prefill in progress
+                    deferred.append(self.waiting.pop_entry())
+                    continue
                 self._cache.lookup(request)
                 if self._lifecycle.defer(request):
                     deferred.append(self.waiting.pop_entry())

@@ -1,0 +1,140 @@
+"""Shared-prefix admission: a prompt waits for a prefill in progress that will cover more of it.
+
+The prefix cache stores a request's cache when the request ends, so prompts that arrive together
+and share a long prefix (one system prompt, the first turns of many conversations) would all
+prefill it: none of them is in the cache yet. Instead, after its lookup, a waiting prompt that
+shares at least :data:`MIN_GAIN_TOKENS` more tokens with a prompt still prefilling (a *leader*)
+than the cache gives it now *follows* that leader: it stays in the waiting queue, without a
+cache copy, until the leader's prompt is processed. The leader's cache is then stored under its
+prompt (``extract_cache``, the same snapshot a finished request leaves), and the follower's next
+lookup hits the shared part. So the shared prefix is prefilled once, and the followers prefill
+only what is their own.
+
+A follower waits at most as long as its leader prefills: an aborted or failed leader releases its
+followers at once. Prompts that share less than :data:`MIN_GAIN_TOKENS` with a prefill in
+progress are admitted as before.
+
+Runs on the engine thread (:class:`engine_worker.cache_lifecycle.CacheLifecycle`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from engine_worker.cache.index import as_token_array, common_prefix_len
+from engine_worker.cache_protocol import PrefixCacheBackend
+from engine_worker.request import Request
+
+# A follower waits for its leader's prefill only to skip at least this many prompt tokens; below
+# it, prefilling them alongside costs less than the wait. Also the length of the first block by
+# which prefills in progress are grouped.
+MIN_GAIN_TOKENS = 256
+
+
+class SharedPrefill:
+    def __init__(self, backend: PrefixCacheBackend) -> None:
+        self.backend = backend
+        # First MIN_GAIN_TOKENS tokens of a prompt -> its requests still prefilling, by id.
+        self._prefilling: dict[bytes, dict[str, tuple[Request, np.ndarray]]] = {}
+        self._block_of: dict[str, bytes] = {}  # leader id -> its group
+        self._followers: dict[str, set[str]] = {}  # leader id -> ids of the requests following it
+        self._leader_of: dict[str, str] = {}  # follower id -> leader id
+
+    @property
+    def leading(self) -> bool:
+        """Whether some prompt in the batch is still prefilling under watch."""
+        return bool(self._prefilling)
+
+    def release_all(self) -> None:
+        """Stop every leader (after a failure): their followers are looked up again."""
+        for rid in list(self._block_of):
+            self._stop_leading(rid)
+
+    def started(self, request: Request) -> None:
+        """``request`` entered the batch to prefill its prompt."""
+        prompt = request.prompt_token_ids
+        if len(prompt) - request.cached_tokens < MIN_GAIN_TOKENS:
+            return  # it prefills too little for anyone to wait on it
+        tokens = as_token_array(prompt)
+        block = tokens[:MIN_GAIN_TOKENS].tobytes()
+        self._prefilling.setdefault(block, {})[request.request_id] = (request, tokens)
+        self._block_of[request.request_id] = block
+
+    def waits(self, request: Request) -> bool:
+        """For a waiting request: True while it follows a leader still prefilling (it is then
+        not looked up: its lookup would be served better after the leader's)."""
+        leader = self._leader_of.get(request.request_id)
+        if leader is None:
+            return False
+        if leader in self._block_of:
+            return True
+        del self._leader_of[request.request_id]
+        return False
+
+    def follow(self, request: Request) -> bool:
+        """After ``request``'s lookup: whether it should follow a prefill in progress. If so it
+        drops its lookup (looked up again once the leader's prompt is stored) and True returns."""
+        prompt = request.prompt_token_ids
+        if len(prompt) < MIN_GAIN_TOKENS + request.cached_tokens or not self._prefilling:
+            return False
+        tokens = as_token_array(prompt)
+        group = self._prefilling.get(tokens[:MIN_GAIN_TOKENS].tobytes())
+        if not group:
+            return False
+        for leader_id, (_leader, leader_tokens) in group.items():
+            if common_prefix_len(leader_tokens, tokens) >= request.cached_tokens + MIN_GAIN_TOKENS:
+                self._leader_of[request.request_id] = leader_id
+                self._followers.setdefault(leader_id, set()).add(request.request_id)
+                request.prompt_cache = None
+                request.remaining_tokens = None
+                return True
+        return False
+
+    def after_step(self, extract_cache: Callable[[list[int]], dict[int, Any]] | None) -> None:
+        """Store the prompts of leaders that someone follows once they are processed; a leader
+        whose first token came (or that left the batch) stops leading."""
+        for block, group in list(self._prefilling.items()):
+            for rid, (request, tokens) in list(group.items()):
+                uid = request.batch_uid
+                if uid is None or request.is_finished():
+                    self._stop_leading(rid)
+                    continue
+                if rid not in self._followers:
+                    if request.output_token_ids:
+                        self._stop_leading(rid)
+                    continue
+                if extract_cache is None:
+                    self._stop_leading(rid)
+                    continue
+                if self._store_prompt(tokens, extract_cache([uid]).get(uid)) or request.output_token_ids:
+                    self._stop_leading(rid)
+
+    def _store_prompt(self, prompt: np.ndarray, extracted: tuple[list[Any], Sequence[int]] | None) -> bool:
+        """Store the leader's cache under its prompt once the prompt is processed."""
+        if extracted is None or not extracted[0]:
+            return False  # still queued in the generator
+        layers = extracted[0]
+        if int(getattr(layers[0], "offset", 0)) < len(prompt):
+            return False  # still prefilling
+        self.backend.store(prompt.tolist(), layers)
+        return True
+
+    def forget(self, request_id: str) -> None:
+        """``request_id`` finished, failed or was aborted."""
+        if request_id in self._block_of:
+            self._stop_leading(request_id)
+        leader = self._leader_of.pop(request_id, None)
+        if leader is not None and leader in self._followers:
+            self._followers[leader].discard(request_id)
+
+    def _stop_leading(self, request_id: str) -> None:
+        block = self._block_of.pop(request_id, None)
+        group = self._prefilling.get(block) if block is not None else None
+        if group is not None:
+            group.pop(request_id, None)
+            if not group:
+                del self._prefilling[block]
+        self._followers.pop(request_id, None)  # its followers see it gone at their next waits()
