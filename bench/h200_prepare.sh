@@ -38,7 +38,8 @@ cp "$SHARED/tools/gpu-env.sh" .whl/
 # The service's pins (pyproject.toml) and the bench client's websockets, with their dependencies.
 download -d .whl/svc django==5.2.19 djangorestframework==3.18.3 drf-spectacular==0.30.0 channels==4.3.2 \
     channels-redis==4.3.0 daphne==4.2.3 celery==5.7.0 redis==8.1.0 dj-database-url==3.1.2 \
-    'psycopg[binary]==3.3.9' psycopg-pool==3.3.3 prometheus-client==0.26.0 websockets==17.4
+    'psycopg[binary]==3.3.9' psycopg-pool==3.3.3 prometheus-client==0.26.0 standardwebhooks==1.1.0 \
+    httpx==0.29.0 websockets==17.4
 (cd .whl/svc && rm -f attrs-* click-8* idna-* msgpack-* packaging-* python_dateutil-* pyyaml-* six-* \
     typing_extensions-* prompt_toolkit-* wcwidth-*)
 python3 - <<'PY'

@@ -208,8 +208,10 @@ class Server:
                 raise RuntimeError(f"{self.label} exited; see its log")
             try:
                 r = httpx.get(f"{base}/v1/models", headers=headers, timeout=2)
-                if r.status_code == 200 and r.json().get("data"):
-                    return r.json()["data"][0]["id"]
+                data = r.json().get("data") if r.status_code == 200 else None
+                # This service lists a model with no live worker too, as unavailable: wait for one.
+                if data and data[0].get("available", True):
+                    return data[0]["id"]
             except (httpx.HTTPError, ValueError):
                 pass
             time.sleep(1)
