@@ -82,15 +82,16 @@ async def online_round(port: int, key: str, bodies: list[dict], clients: int) ->
     return time.perf_counter() - t0
 
 
-async def interactive(port: int, key: str, model: str, stop: asyncio.Event | None, count: int) -> list[float]:
-    """TTFT seconds of one client's requests, one after another: ``count`` of them, or (with
-    ``stop``) until it is set."""
+async def interactive(port: int, key: str, model: str, stop: asyncio.Event | None, count: int
+                      ) -> list[tuple[str, float]]:
+    """(job id, TTFT seconds) of one client's requests, one after another: ``count`` of them, or
+    (with ``stop``) until it is set."""
     ttft = []
     body = {"model": model, "prompt": INTERACTIVE_PROMPT, "max_tokens": INTERACTIVE_MAX_TOKENS, "temperature": 0.0,
             "stream": True}
     while (len(ttft) < count) if stop is None else not stop.is_set():
-        _job, first, _tokens = await openai_stream(port, key, body, time.perf_counter())
-        ttft.append(first)
+        job, first, _tokens = await openai_stream(port, key, body, time.perf_counter())
+        ttft.append((job, first))
     return ttft
 
 
@@ -114,7 +115,7 @@ def run_batch(base_url: str, key: str, bodies: list[dict]) -> tuple[float, dict]
 
 
 async def batch_with_interactive(base_url: str, port: int, keys: list[str], bodies: list[dict],
-                                 model: str) -> tuple[float, list[float]]:
+                                 model: str) -> tuple[float, list[tuple[str, float]]]:
     stop = asyncio.Event()
     watcher = asyncio.create_task(interactive(port, keys[1], model, stop, 0))
     try:
@@ -122,6 +123,14 @@ async def batch_with_interactive(base_url: str, port: int, keys: list[str], bodi
     finally:
         stop.set()
     return elapsed, await watcher
+
+
+def _stages(service: BatchService, requests: list[tuple[str, float]]) -> dict[str, float]:
+    """p50 of the interactive jobs' INSERT -> claim and claim -> first token, from their rows."""
+    stamps = service.job_timestamps([job for job, _ in requests])
+    rows = [stamps[job] for job, _ in requests if job in stamps and None not in stamps[job][:3]]
+    return {"insert_to_claim": round(1000 * percentile([s - c for c, s, _f, _e in rows], 50), 1),
+            "claim_to_first_token": round(1000 * percentile([f - s for _c, s, f, _e in rows], 50), 1)}
 
 
 def main() -> None:
@@ -155,10 +164,11 @@ def main() -> None:
         print(f"batch: {batch_s:.1f} s", flush=True)
         busy_batch_s, busy = asyncio.run(batch_with_interactive(base_url, args.port, keys, bodies, model))
         print(f"batch with an interactive client: {busy_batch_s:.1f} s, {len(busy)} interactive requests", flush=True)
+        stages = {"idle": _stages(service, idle), "during_batch": _stages(service, busy)}
     finally:
         service.stop()
 
-    idle_p50, busy_p50 = percentile(idle, 50), percentile(busy, 50)
+    idle_p50, busy_p50 = percentile([t for _, t in idle], 50), percentile([t for _, t in busy], 50)
     dump_json_line({
         "bench": "batch",
         "model": str(model_path),
@@ -171,6 +181,7 @@ def main() -> None:
         "interactive_ttft_ms_p50_idle": round(1000 * idle_p50, 1),
         "interactive_ttft_ms_p50_during_batch": round(1000 * busy_p50, 1),
         "interactive_requests_during_batch": len(busy),
+        "interactive_stages_ms_p50": stages,
         "settings": {name: os.environ.get(name) for name in ("BATCH_JOBS_IN_FLIGHT_PER_KEY", "BATCH_JOB_PRIORITY",
                                                              "ENGINE_POLICY") if os.environ.get(name)},
         "env": environment(),
