@@ -96,7 +96,7 @@ class SharedPrefill:
     def after_step(self, extract_cache: Callable[[list[int]], dict[int, Any]] | None) -> None:
         """Store the prompts of leaders that someone follows once they are processed; a leader
         whose first token came (or that left the batch) stops leading."""
-        for block, group in list(self._prefilling.items()):
+        for group in list(self._prefilling.values()):
             for rid, (request, tokens) in list(group.items()):
                 uid = request.batch_uid
                 if uid is None or request.is_finished():
