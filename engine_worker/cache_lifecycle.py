@@ -70,13 +70,13 @@ class CacheLifecycle:
     # ---- admission ---------------------------------------------------------------------------
 
     def holds(self, request: Request) -> bool:
-        """Before a lookup: True while the request follows a prefill in progress."""
-        return self._shared is not None and self._shared.waits(request)
+        """Before a lookup: True while the request follows a prefill in progress that covers
+        more of its prompt than the cache would (it is looked up once that prompt is stored)."""
+        return self._shared is not None and (self._shared.waits(request) or self._shared.follow(request))
 
     def defer(self, request: Request) -> bool:
-        """After a lookup: True when the request should wait, for its SSD entry or for a
-        prefill in progress that covers more of its prompt (it is then looked up again at a
-        later step). A request whose SSD wait expires runs cold."""
+        """After a lookup: True when the request should wait for its SSD entry (it is then
+        looked up again at a later step). A request that stops waiting runs cold."""
         wait = self.ssd_wait
         if wait is None:
             return False
@@ -86,7 +86,7 @@ class CacheLifecycle:
             return True
         if hit_type == SSD_PENDING:  # the wait expired: it prefills cold
             request.cache_hit_type = "miss"
-        return self._shared.follow(request)
+        return False
 
     def admitted(self, request: Request) -> None:
         """A request entered the batch: track it for mid-prefill saves if its prompt is long, and

@@ -2,10 +2,11 @@
 
 The prefix cache stores a request's cache when the request ends, so prompts that arrive together
 and share a long prefix (one system prompt, the first turns of many conversations) would all
-prefill it: none of them is in the cache yet. Instead, after its lookup, a waiting prompt that
-shares at least :data:`MIN_GAIN_TOKENS` more tokens with a prompt still prefilling (a *leader*)
-than the cache gives it now *follows* that leader: it stays in the waiting queue, without a
-cache copy, until the leader's prompt is processed. The leader's cache is then stored under its
+prefill it: none of them is in the cache yet. Instead, a waiting prompt that shares at least
+:data:`MIN_GAIN_TOKENS` more tokens with a prompt still prefilling (a *leader*) than the cache gave
+that leader *follows* it: it stays in the waiting queue, not looked up, until the leader's prompt
+is processed. (The cache serves a prompt the longest prefix it shares with any entry, so what it
+gave the leader is what it holds of the shared part.) The leader's cache is then stored under its
 prompt (``extract_cache``, the same snapshot a finished request leaves), and the follower's next
 lookup hits the shared part. So the shared prefix is prefilled once, and the followers prefill
 only what is their own.
@@ -42,6 +43,9 @@ class SharedPrefill:
         self._block_of: dict[str, bytes] = {}  # leader id -> its group
         self._followers: dict[str, set[str]] = {}  # leader id -> ids of the requests following it
         self._leader_of: dict[str, str] = {}  # follower id -> leader id
+        # Requests that followed once: they never follow again, so a cache that cannot keep the
+        # leader's prompt (an entry over its budget) costs each of them one wait, not a chain.
+        self._followed: set[str] = set()
 
     @property
     def leading(self) -> bool:
@@ -64,8 +68,7 @@ class SharedPrefill:
         self._block_of[request.request_id] = block
 
     def waits(self, request: Request) -> bool:
-        """For a waiting request: True while it follows a leader still prefilling (it is then
-        not looked up: its lookup would be served better after the leader's)."""
+        """For a waiting request: True while it follows a leader still prefilling."""
         leader = self._leader_of.get(request.request_id)
         if leader is None:
             return False
@@ -75,21 +78,20 @@ class SharedPrefill:
         return False
 
     def follow(self, request: Request) -> bool:
-        """After ``request``'s lookup: whether it should follow a prefill in progress. If so it
-        drops its lookup (looked up again once the leader's prompt is stored) and True returns."""
+        """Before ``request``'s lookup: whether it should follow a prefill in progress (it is
+        looked up once the leader's prompt is stored)."""
         prompt = request.prompt_token_ids
-        if len(prompt) < MIN_GAIN_TOKENS + request.cached_tokens or not self._prefilling:
+        if len(prompt) < MIN_GAIN_TOKENS or not self._prefilling or request.request_id in self._followed:
             return False
         tokens = as_token_array(prompt)
         group = self._prefilling.get(tokens[:MIN_GAIN_TOKENS].tobytes())
         if not group:
             return False
-        for leader_id, (_leader, leader_tokens) in group.items():
-            if common_prefix_len(leader_tokens, tokens) >= request.cached_tokens + MIN_GAIN_TOKENS:
+        for leader_id, (leader, leader_tokens) in group.items():
+            if common_prefix_len(leader_tokens, tokens) >= leader.cached_tokens + MIN_GAIN_TOKENS:
                 self._leader_of[request.request_id] = leader_id
                 self._followers.setdefault(leader_id, set()).add(request.request_id)
-                request.prompt_cache = None
-                request.remaining_tokens = None
+                self._followed.add(request.request_id)
                 return True
         return False
 
@@ -126,6 +128,7 @@ class SharedPrefill:
         """``request_id`` finished, failed or was aborted."""
         if request_id in self._block_of:
             self._stop_leading(request_id)
+        self._followed.discard(request_id)
         leader = self._leader_of.pop(request_id, None)
         if leader is not None and leader in self._followers:
             self._followers[leader].discard(request_id)

@@ -57,3 +57,20 @@ def test_followers_of_an_aborted_leader_run_without_waiting_for_it(tiny_model, p
     outputs = run_scheduler(scheduler)
     for i in (1, 2):
         assert final(outputs[f"r{i}"]).output_token_ids == solo_tokens(model, tokenizer, bodies[i], 4)
+
+
+def test_followers_wait_once_even_when_the_cache_cannot_keep_the_leaders_prompt(tiny_model, prompts):
+    model, tokenizer = tiny_model
+    system = prompts(SHARED)
+    # A budget far below one entry: every store is refused, so no follower ever hits.
+    scheduler = Scheduler(model, tokenizer, SchedulerConfig(cache_memory_mb=0.01, prefill_batch_size=8))
+    for i in range(4):
+        scheduler.add_request(Request(f"r{i}", system + prompts(20, variant=i + 1), greedy(4)))
+    scheduled = [scheduler.step().scheduled_request_ids for _ in range(6)]
+    admitted = [ids for ids in scheduled if ids]
+    assert admitted[0] == ["r0"]
+    assert sorted(admitted[1]) == ["r1", "r2", "r3"]  # together, not one leader after another
+    outputs = run_scheduler(scheduler)
+    for i in range(1, 4):
+        assert final(outputs[f"r{i}"]).output_token_ids == solo_tokens(
+            model, tokenizer, system + prompts(20, variant=i + 1), 4)
