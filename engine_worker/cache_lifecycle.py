@@ -89,8 +89,8 @@ class CacheLifecycle:
         return False
 
     def admitted(self, request: Request) -> None:
-        """A request entered the batch: track it for mid-prefill saves if its prompt is long, and
-        for a prompt-only snapshot if its prompt wraps the sliding window."""
+        """A request entered the batch: others may follow its prefill; track it for mid-prefill
+        saves if its prompt is long, and for a prompt-only snapshot if it wraps the sliding window."""
         if self._shared is not None:
             self._shared.started(request)
         n = len(request.prompt_token_ids)
@@ -102,8 +102,9 @@ class CacheLifecycle:
     # ---- after a generator step --------------------------------------------------------------
 
     def after_step(self, runner: Any) -> None:
-        """Store the processed prefix of long prompts still prefilling (every ``interval``), and
-        the prompt-only snapshots of flagged requests whose prompt is now processed."""
+        """Store the processed prefix of long prompts still prefilling (every ``interval``), the
+        prompt-only snapshots of flagged requests whose prompt is now processed, and the prompts
+        that others follow."""
         if self._prompt_snapshots:
             self._snapshot_prompts(runner)
         if self._shared is not None and self._shared.leading:
