@@ -9,7 +9,9 @@ prompt, its answer and one more question (lines of the shipped corpus, at most
 one's final arrives (POST /api/v1/jobs, then its WebSocket to the final).
 
 It runs twice on a fresh service (fresh workers, so no prefix cache carries over): with
-``ROUTING_AFFINITY`` on (the default) and off (every job on the model's shared queue). Per run:
+``ROUTING_AFFINITY`` on (the default) and off (every job on the model's shared queue). Each run
+first warms its workers with ``--warmup-conversations`` (4) conversations of the same shape over
+another system prompt, not counted. Per run, over the timed conversations:
 
 * **hit rate**: the prompt tokens the workers' prefix caches supplied over all prompt tokens
   (``usage.cached_tokens`` / ``usage.prompt_tokens`` of every job, from GET /api/v1/jobs/<id>);
@@ -47,15 +49,16 @@ from http_clients import post_job  # noqa: E402
 from service_bench import Service, _read_stream, candidate_prompts  # noqa: E402
 
 
-def system_prompt(model_path: Path, tokens: int) -> str:
-    """Text of about ``tokens`` tokens of the model's tokenizer (lines of the shipped corpus)."""
+def system_prompt(model_path: Path, tokens: int, part: int = 0) -> str:
+    """Text of about ``tokens`` tokens of the model's tokenizer: the ``part``-th run of that many
+    tokens of the shipped corpus (part 1 shares no prefix with part 0)."""
     from transformers import AutoTokenizer
 
     from engine_worker.model.builder import CORPUS_PATH
 
     tokenizer = AutoTokenizer.from_pretrained(str(model_path))
-    ids = tokenizer.encode(CORPUS_PATH.read_text(encoding="utf-8")[: tokens * 16])[:tokens]
-    return tokenizer.decode(ids, skip_special_tokens=True)
+    ids = tokenizer.encode(CORPUS_PATH.read_text(encoding="utf-8")[: tokens * 16 * (part + 1)])
+    return tokenizer.decode(ids[part * tokens:(part + 1) * tokens], skip_special_tokens=True)
 
 
 async def conversation(port: int, key: str, system: str, questions: list[str], max_tokens: int) -> list[dict]:
@@ -100,7 +103,7 @@ def start_workers(service: Service, count: int) -> list[str]:
     return ids
 
 
-def run(args, model_path: Path, system: str, *, affinity: bool) -> dict:
+def run(args, model_path: Path, system: str, warmup_system: str, *, affinity: bool) -> dict:
     log_dir = ROOT / "var" / "log"
     log_dir.mkdir(parents=True, exist_ok=True)
     service = Service(model_path, args.port, log_dir)
@@ -113,13 +116,17 @@ def run(args, model_path: Path, system: str, *, affinity: bool) -> dict:
         workers = start_workers(service, args.workers)
         time.sleep(2.5)  # a heartbeat period: the web tier sees every worker live before the first job
 
-        async def all_conversations() -> list[list[dict]]:
+        async def all_conversations(prompt: str, count: int) -> list[list[dict]]:
             return await asyncio.gather(*(
-                conversation(args.port, key, system, questions[c * args.turns:(c + 1) * args.turns], args.max_tokens)
-                for c in range(args.conversations)))
+                conversation(args.port, key, prompt, questions[c * args.turns:(c + 1) * args.turns], args.max_tokens)
+                for c in range(count)))
 
+        # Warm-up over another system prompt, the same shapes: each mode starts with its workers'
+        # kernels compiled (mlx compiles GPU kernels at first use) and nothing of ``system`` cached.
+        if args.warmup_conversations:
+            asyncio.run(all_conversations(warmup_system, args.warmup_conversations))
         t0 = time.perf_counter()
-        conversations = asyncio.run(all_conversations())
+        conversations = asyncio.run(all_conversations(system, args.conversations))
         wall = time.perf_counter() - t0
         rows = [{**turn, "conversation": c, "turn": t, **_usage(_get(args.port, key, f"/api/v1/jobs/{turn['job_id']}"))}
                 for c, turns in enumerate(conversations) for t, turn in enumerate(turns)]
@@ -183,6 +190,8 @@ def main() -> None:
     parser.add_argument("--question-words", type=int, default=24, help="at most this many words per user turn")
     parser.add_argument("--modes", nargs="+", choices=("affinity", "shared"), default=["affinity", "shared"],
                         help="the runs, in order (one alone: its figures, no ratio)")
+    parser.add_argument("--warmup-conversations", type=int, default=4,
+                        help="conversations over another system prompt before each mode's timed run")
     parser.add_argument("--port", type=int, default=18767)
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
@@ -190,9 +199,10 @@ def main() -> None:
 
     model_path = ensure_default_model(args.model).resolve()
     system = system_prompt(model_path, args.system_tokens)
+    warmup_system = system_prompt(model_path, args.system_tokens, part=1)
     results = {}
     for affinity in [mode == "affinity" for mode in args.modes]:
-        results["affinity" if affinity else "shared"] = run(args, model_path, system, affinity=affinity)
+        results["affinity" if affinity else "shared"] = run(args, model_path, system, warmup_system, affinity=affinity)
         print(json.dumps(results["affinity" if affinity else "shared"]), flush=True)
     affinity, shared = results.get("affinity"), results.get("shared")
     dump_json_line({
