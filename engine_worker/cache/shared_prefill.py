@@ -29,9 +29,9 @@ from engine_worker.cache.index import as_token_array, common_prefix_len
 from engine_worker.cache_protocol import PrefixCacheBackend
 from engine_worker.request import Request
 
-# A follower waits for its leader's prefill only to skip at least this many prompt tokens; below
-# it, prefilling them alongside costs less than the wait. Also the length of the first block by
-# which prefills in progress are grouped.
+# A follower waits for its leader's prefill only to skip at least this many prompt tokens, so
+# short prompts and a conversation's next turn (its history already cached) never wait. Also the
+# length of the first block by which prefills in progress are grouped.
 MIN_GAIN_TOKENS = 256
 
 
