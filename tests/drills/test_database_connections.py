@@ -9,10 +9,23 @@ import asyncio
 import pytest
 
 from tests.drills.checks import assert_all_completed, assert_no_server_errors, assert_streams_match
-from tests.drills.client import DrillClient
+from tests.drills.client import DrillClient, Followed
 from tests.drills.stack import terminate_connections
 
 pytestmark = [pytest.mark.drill, pytest.mark.slow, pytest.mark.timeout(300)]
+
+
+async def follow_retrying(client: DrillClient, job_id: str) -> Followed:
+    """Follow as the README tells a client to: a socket refused with ``service_unavailable``
+    (its connect met a terminated connection, before anything was streamed) is opened again."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 60
+    while True:
+        got = await client.follow(job_id, timeout=max(deadline - loop.time(), 1))
+        refused = got.error is not None and got.error["error"]["code"] == "service_unavailable" and not got.seqs
+        if not refused or loop.time() > deadline:
+            return got
+        await asyncio.sleep(1)
 
 
 def test_terminated_database_connections_cost_no_request_and_no_job(stack, tokens):
@@ -23,7 +36,7 @@ def test_terminated_database_connections_cost_no_request_and_no_job(stack, token
 
     async def scenario():
         ids = await client.submit_many(6, prefix="Connection", max_tokens=300, eos=tokens["eos"])
-        follows = [asyncio.create_task(client.follow(job_id, timeout=60)) for job_id in ids]
+        follows = [asyncio.create_task(follow_retrying(client, job_id)) for job_id in ids]
         await client.until_running(ids)
         ended = 0
         for _ in range(3):  # again while the service reconnects
