@@ -173,6 +173,7 @@ class CacheLifecycle:
             self._prompt_snapshots.pop(request_id, None)
         if self.ssd_wait is not None:
             self.ssd_wait.forget(request_id)
+        if self._shared is not None:
             self._shared.forget(request_id)
 
     # ---- operator view -----------------------------------------------------------------------

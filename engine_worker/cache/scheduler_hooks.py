@@ -63,9 +63,12 @@ def store_prompt_snapshot(
     backend: PrefixCacheBackend,
     prompt_tokens: Sequence[int],
     extracted: tuple[list[Any] | None, Sequence[int]] | None,
+    *,
+    trimmable: bool = False,
 ) -> bool | None:
     """Store a request's cache under its prompt once the prompt is processed, if it cannot be
-    trimmed (otherwise the prompt+output entry stored on finish already serves every prefix).
+    trimmed (otherwise the prompt+output entry stored on finish already serves every prefix), or
+    with ``trimmable`` whatever the cache (others wait for this prompt: the finish is too late).
 
     ``extracted`` is ``extract_cache([uid])[uid]``: ``(cache_layers, tokens)`` with ``tokens``
     the tokens the cache holds. Returns None while the prompt is still prefilling (ask again
@@ -80,7 +83,10 @@ def store_prompt_snapshot(
     if covered < n:
         return None
     if can_trim_prompt_cache(layers):
-        return False
+        if not trimmable:
+            return False
+        backend.store(list(prompt_tokens), layers)  # cut to the prompt
+        return True
     if covered == n:
         key = list(prompt_tokens)
     elif covered == n + 1 and len(tokens) == n + 1:  # the first generated token is already fed

@@ -7,9 +7,9 @@ prefill it: none of them is in the cache yet. Instead, a waiting prompt that sha
 that leader *follows* it: it stays in the waiting queue, not looked up, until the leader's prompt
 is processed. (The cache serves a prompt the longest prefix it shares with any entry, so what it
 gave the leader is what it holds of the shared part.) The leader's cache is then stored under its
-prompt (``extract_cache``, the same snapshot a finished request leaves), and the follower's next
-lookup hits the shared part. So the shared prefix is prefilled once, and the followers prefill
-only what is their own.
+prompt (:func:`~engine_worker.cache.scheduler_hooks.store_prompt_snapshot`), and the follower's
+next lookup hits the shared part. So the shared prefix is prefilled once, and the followers
+prefill only what is their own.
 
 A follower waits at most as long as its leader prefills: an aborted or failed leader releases its
 followers at once. Prompts that share less than :data:`MIN_GAIN_TOKENS` with a prefill in
@@ -20,12 +20,13 @@ Runs on the engine thread (:class:`engine_worker.cache_lifecycle.CacheLifecycle`
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from engine_worker.cache.index import as_token_array, common_prefix_len
+from engine_worker.cache.scheduler_hooks import store_prompt_snapshot
 from engine_worker.cache_protocol import PrefixCacheBackend
 from engine_worker.request import Request
 
@@ -99,7 +100,7 @@ class SharedPrefill:
         """Store the prompts of leaders that someone follows once they are processed; a leader
         whose first token came (or that left the batch) stops leading."""
         for group in list(self._prefilling.values()):
-            for rid, (request, tokens) in list(group.items()):
+            for rid, (request, _tokens) in list(group.items()):
                 uid = request.batch_uid
                 if uid is None or request.is_finished():
                     self._stop_leading(rid)
@@ -111,18 +112,10 @@ class SharedPrefill:
                 if extract_cache is None:
                     self._stop_leading(rid)
                     continue
-                if self._store_prompt(tokens, extract_cache([uid]).get(uid)) or request.output_token_ids:
+                stored = store_prompt_snapshot(self.backend, request.prompt_token_ids,
+                                               extract_cache([uid]).get(uid), trimmable=True)
+                if stored is not None or request.output_token_ids:  # None: still prefilling
                     self._stop_leading(rid)
-
-    def _store_prompt(self, prompt: np.ndarray, extracted: tuple[list[Any], Sequence[int]] | None) -> bool:
-        """Store the leader's cache under its prompt once the prompt is processed."""
-        if extracted is None or not extracted[0]:
-            return False  # still queued in the generator
-        layers = extracted[0]
-        if int(getattr(layers[0], "offset", 0)) < len(prompt):
-            return False  # still prefilling
-        self.backend.store(prompt.tolist(), layers)
-        return True
 
     def forget(self, request_id: str) -> None:
         """``request_id`` finished, failed or was aborted."""
