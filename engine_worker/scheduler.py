@@ -3,7 +3,8 @@
 A state machine with no I/O. ``step()`` is the one step function: apply queued outputs, admit
 waiting requests within the budgets (``max_num_seqs``/generator capacity, the generator's free
 prefill slots, ``max_num_batched_tokens``, the worker's memory budget, policy order; none while
-first tokens are due and holding pays, see :mod:`engine_worker.admission_pacer`), fit the batch
+first tokens are due and holding pays, see :mod:`engine_worker.admission_pacer`; under the
+priority policy a full batch gives way to more urgent requests), fit the batch
 to the memory budget (preempting if it must, see :mod:`engine_worker.memory_guard`), run one
 generator step, turn its responses into :class:`RequestOutput`s. A step that runs out of device
 memory is survived: the batch waits again and runs at most half as large.
@@ -201,6 +202,9 @@ class Scheduler(BatchExits, BatchMemory, SchedulerOps):
         # the policy orders them, an abort is a queue removal, and a burst's later prompts do not
         # make every step an admission step.
         free = self.config.prefill_batch_size - len(self._prefilling)
+        if len(self.running) >= cap and free > 0:
+            self._give_way(free)
+            plan = self._plan() if plan is not None else None
         deferred: list[tuple[tuple, Request]] = []  # waiting for an SSD read or a shared prefill
         while self.waiting and len(self.running) < cap and free > 0:
             request = self.waiting.peek()

@@ -7,6 +7,7 @@ stays readable; it works on the scheduler's own state, named below.
 
 from __future__ import annotations
 
+import itertools
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -92,7 +93,7 @@ class BatchMemory:
             return (request.priority, request.arrival_time)
         return (request.arrival_time,)
 
-    def _preempt(self, requests: list[Request]) -> None:
+    def _preempt(self, requests: list[Request], reason: str = "to stay within the memory budget") -> None:
         """Take running requests out of the batch, in one removal (each removal copies the
         batch's KV), and queue them again at the head."""
         uids = [self.request_id_to_uid[r.request_id] for r in requests if r.request_id in self.request_id_to_uid]
@@ -100,7 +101,25 @@ class BatchMemory:
             self.runner.remove(uids)
         for request in reversed(requests):  # the most urgent ends at the head
             self._requeue(request)
-        logger.info("preempted %d requests to stay within the memory budget", len(requests))
+        logger.info("preempted %d requests %s", len(requests), reason)
+
+    def _give_way(self, slots: int) -> None:
+        """With ``PRIORITY``, a full batch gives way to more urgent waiting requests: each of the
+        first ``slots`` waiting requests whose priority is more urgent (lower) than that of the
+        least urgent decoding request takes its place; those wait again (:meth:`_requeue`), ahead
+        of the less urgent ones still waiting. Equal priorities never preempt each other, and a
+        request still prefilling is not taken out."""
+        if self.config.policy is not SchedulingPolicy.PRIORITY or not self.waiting:
+            return
+        decoding = sorted((r for r in self.running.values() if r.batch_uid not in self._prefilling),
+                          key=self._urgency, reverse=True)  # least urgent first
+        victims: list[Request] = []
+        for request in itertools.islice(self.waiting, slots):
+            if len(victims) == len(decoding) or request.priority >= decoding[len(victims)].priority:
+                break
+            victims.append(decoding[len(victims)])
+        if victims:
+            self._preempt(victims, reason="for more urgent waiting requests")
 
     def _requeue(self, request: Request) -> None:
         """Queue a request taken out of the batch again, at the head: it keeps its output so far,

@@ -30,7 +30,7 @@ class SchedulerCounters:
     num_steps: int = 0
     num_step_errors: int = 0  # generator steps that raised (allocation failures included)
     num_allocation_failures: int = 0  # steps that ran out of device memory and were survived
-    num_preemptions: int = 0  # requests taken out of the batch to wait again (memory)
+    num_preemptions: int = 0  # requests taken out of the batch to wait again (memory, priority)
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
