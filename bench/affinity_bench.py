@@ -131,12 +131,22 @@ def run(args, model_path: Path, system: str, warmup_system: str, *, affinity: bo
         rows = [{**turn, "conversation": c, "turn": t, **_usage(_get(args.port, key, f"/api/v1/jobs/{turn['job_id']}"))}
                 for c, turns in enumerate(conversations) for t, turn in enumerate(turns)]
         stamps = service.job_timestamps([r["job_id"] for r in rows])
+        routed = _routed_workers(service, [r["job_id"] for r in rows])
         for r in rows:
             created, started, first, _finished = stamps[r["job_id"]]
             r["wait_s"], r["prefill_s"] = started - created, first - started
+            r["routed_worker"] = routed.get(r["job_id"])
     finally:
         service.stop()
     return _summary(rows, wall, workers, affinity=affinity)
+
+
+def _routed_workers(service: Service, job_ids: list[str]) -> dict[str, str | None]:
+    """The worker routing chose for each job (None: the model's shared queue)."""
+    script = ("import json; from api.models import Job; "
+              f"print(json.dumps({{str(i): w for i, w in Job.objects.filter(id__in={json.dumps(job_ids)})"
+              ".values_list('id', 'routed_worker')}))")
+    return service.shell_json(script)
 
 
 def _usage(job: dict) -> dict:
@@ -165,7 +175,22 @@ def _summary(rows: list[dict], wall: float, workers: list[str], *, affinity: boo
         "wall_s": round(wall, 2),
         "jobs_per_worker": {w: sum(r["worker_id"] == w for r in rows) for w in workers},
         "later_turns_on_first_turns_worker": round(_kept(rows), 4),
+        # Where routing sent the later turns: to the worker that ran the turn before (a recognised
+        # continuation kept), to another worker (the load check), or to the shared queue.
+        "later_turns_routed": _later_routes(rows),
     }
+
+
+def _later_routes(rows: list[dict]) -> dict[str, int]:
+    previous = {(r["conversation"], r["turn"]): r["worker_id"] for r in rows}
+    counts = {"previous_worker": 0, "other_worker": 0, "shared_queue": 0}
+    for r in rows:
+        if r["turn"] > 0:
+            routed = r["routed_worker"]
+            key = ("shared_queue" if routed is None else
+                   "previous_worker" if routed == previous[(r["conversation"], r["turn"] - 1)] else "other_worker")
+            counts[key] += 1
+    return counts
 
 
 def _kept(rows: list[dict]) -> float:

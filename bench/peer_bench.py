@@ -46,7 +46,7 @@ PROMPTS = ["def fib(n):", "import os", "class Queue:", "Write a haiku about test
 # -- the client ----------------------------------------------------------------------------------
 
 async def _one(client: httpx.AsyncClient, url: str, headers: dict, body: dict) -> dict:
-    rec = {"ok": False, "ttft": None, "tokens": 0, "error": None}
+    rec = {"ok": False, "ttft": None, "stream": None, "tokens": 0, "error": None}
     start = time.perf_counter()
     try:
         async with client.stream("POST", url, json=body, headers=headers) as resp:
@@ -67,6 +67,8 @@ async def _one(client: httpx.AsyncClient, url: str, headers: dict, body: dict) -
                         chunks += 1
                         rec["ttft"] = rec["ttft"] or time.perf_counter() - start
             rec["tokens"] = rec["tokens"] or chunks
+            if rec["ttft"] is not None:
+                rec["stream"] = time.perf_counter() - start - rec["ttft"]
             rec["ok"] = rec["error"] is None and rec["ttft"] is not None
             if rec["ttft"] is None and rec["error"] is None:
                 rec["error"] = "no content"
@@ -100,6 +102,8 @@ async def load(base: str, model: str, key: str, concurrency: int, max_tokens: in
         "tok_s": round(sum(r["tokens"] for r in ok) / wall, 1),
         "ttft_p50_ms": round(1000 * _pct(ttfts, 0.5), 1) if ttfts else None,
         "ttft_p95_ms": round(1000 * _pct(ttfts, 0.95), 1) if ttfts else None,
+        # first content to the end of the stream: the decode as the client sees it
+        "stream_p50_ms": round(1000 * statistics.median(r["stream"] for r in ok), 1) if ok else None,
         "errors": len(records) - len(ok),
         "error_samples": [r["error"] for r in records if not r["ok"]][:2],
     }
@@ -252,14 +256,17 @@ class OurService(Server):
         import sqlite3
 
         with sqlite3.connect(self.env["DATABASE_URL"].removeprefix("sqlite:///")) as db:
-            rows = db.execute("SELECT queued_at, started_at, first_token_at FROM api_job WHERE started_at IS NOT NULL "
-                              "AND first_token_at IS NOT NULL").fetchall()
+            rows = db.execute("SELECT queued_at, started_at, first_token_at, finished_at FROM api_job "
+                              "WHERE started_at IS NOT NULL AND first_token_at IS NOT NULL "
+                              "AND finished_at IS NOT NULL").fetchall()
         stamps = [[dt.datetime.fromisoformat(v).replace(tzinfo=dt.UTC) for v in row] for row in rows]
         stamps = [s for s in stamps if since <= s[0] < until]
         if not stamps:
             return {}
         return {"claim_p50_ms": round(1000 * statistics.median((s[1] - s[0]).total_seconds() for s in stamps), 1),
                 "claim_to_token_p50_ms": round(1000 * statistics.median((s[2] - s[1]).total_seconds()
+                                                                        for s in stamps), 1),
+                "token_to_final_p50_ms": round(1000 * statistics.median((s[3] - s[2]).total_seconds()
                                                                         for s in stamps), 1)}
 
 
@@ -328,9 +335,11 @@ def measure(server: Server, levels: list[int], args: argparse.Namespace) -> list
 
 def _line(label: str, row: dict) -> str:
     line = (f"  {label:>10} C={row['concurrency']:<4} tok/s={row['tok_s']:<8} ttft p50={row['ttft_p50_ms']} "
-            f"p95={row['ttft_p95_ms']} errors={row['errors']} {row['error_samples'] or ''}")
+            f"p95={row['ttft_p95_ms']} stream p50={row['stream_p50_ms']} errors={row['errors']} "
+            f"{row['error_samples'] or ''}")
     if "claim_p50_ms" in row:
-        line += f" (claim p50={row['claim_p50_ms']}, claim to token p50={row['claim_to_token_p50_ms']})"
+        line += (f" (claim p50={row['claim_p50_ms']}, claim to token p50={row['claim_to_token_p50_ms']}, "
+                 f"token to final p50={row['token_to_final_p50_ms']})")
     return line
 
 
@@ -349,7 +358,8 @@ def summarize(samples: dict[tuple[str, int, int], list[dict]]) -> list[dict]:
     for (name, batch, c), runs in sorted(samples.items()):
         med = {k: statistics.median(r[k] for r in runs if r.get(k) is not None)
                if any(r.get(k) is not None for r in runs) else None
-               for k in ("tok_s", "ttft_p50_ms", "ttft_p95_ms", "claim_p50_ms", "claim_to_token_p50_ms")}
+               for k in ("tok_s", "ttft_p50_ms", "ttft_p95_ms", "stream_p50_ms", "claim_p50_ms",
+                         "claim_to_token_p50_ms", "token_to_final_p50_ms")}
         rows.append({"server": name, "batch": batch, "concurrency": c, **med, "runs": len(runs),
                      "errors": sum(r["errors"] for r in runs),
                      "peak_memory_gb": round(max(r["peak_memory_bytes"] for r in runs) / 1e9, 2),

@@ -58,6 +58,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -186,6 +187,10 @@ class Service:
             "print(json.dumps({str(j.id): [ts(j.created_at), ts(j.started_at), ts(j.first_token_at), "
             "ts(j.finished_at)] for j in Job.objects.filter(id__in=ids)}))"
         )
+        return self.shell_json(script)
+
+    def shell_json(self, script: str) -> Any:
+        """What ``script``, run by ``manage.py shell`` on the service's settings, prints last, as JSON."""
         return json.loads(self._manage("shell", "-c", script).strip().splitlines()[-1])
 
     def _manage(self, *args: str) -> str:
