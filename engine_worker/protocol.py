@@ -123,6 +123,8 @@ class WorkerHeartbeat:
     cache_entries: tuple[dict[str, Any], ...] = field(default_factory=tuple)
     # Tokens the engine has generated since it started (a counter: its rate is the engine's speed).
     generated_tokens: int = 0
+    # Requests its batch runs at once (the scheduler's ``max_running``); 0: not reported.
+    capacity: int = 0
 
 
 @dataclass(frozen=True)

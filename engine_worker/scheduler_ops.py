@@ -58,6 +58,9 @@ class SchedulerOps:
         stats: dict[str, Any] = {
             "num_waiting": len(self.waiting),
             "num_running": len(self.running),
+            # Requests the batch may run at once now (the generator's capacity, lowered while the
+            # memory guard caps it): beyond it, admitted work waits.
+            "max_running": self._guard.cap(self.config.max_running),
             "num_requests_processed": c.num_requests_processed,
             "total_prompt_tokens": c.total_prompt_tokens,
             "total_completion_tokens": c.total_completion_tokens,

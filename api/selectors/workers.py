@@ -74,26 +74,32 @@ def worker_load(worker: WorkerHeartbeat) -> int:
 # submission would cost more than the answer is worth.
 LIVE_WORKERS_TTL_S = 1.0
 _live_lock = threading.Lock()
-_live_cache: tuple[float, dict[str, frozenset[str]]] = (0.0, {})
+_live_cache: tuple[float, dict[str, dict[str, int]]] = (0.0, {})
 
 
-def worker_ids_serving(model: str) -> frozenset[str]:
-    """The ids of ``model``'s live workers (their heartbeat has not expired), as the heartbeats
-    said at most LIVE_WORKERS_TTL_S ago (read once per process and interval). A busy worker may
-    beat late (a long prefill holds its stats), so a late beat is not taken for a death. Raises
+def worker_capacities(model: str) -> dict[str, int]:
+    """``model``'s live workers (their heartbeat has not expired), each with the requests its
+    batch runs at once (0: its heartbeat does not say), as the heartbeats said at most
+    LIVE_WORKERS_TTL_S ago (read once per process and interval). A busy worker may beat late (a
+    long prefill holds its stats), so a late beat is not taken for a death. Raises
     redis.RedisError if Redis is unreachable."""
     global _live_cache
     now = time.monotonic()
     with _live_lock:
         expires, by_model = _live_cache
     if expires <= now:
-        grouped: dict[str, set[str]] = {}
+        by_model = {}
         for worker in worker_list():
-            grouped.setdefault(worker.model, set()).add(worker.worker_id)
-        by_model = {name: frozenset(ids) for name, ids in grouped.items()}
+            by_model.setdefault(worker.model, {})[worker.worker_id] = worker.capacity
         with _live_lock:
             _live_cache = (now + LIVE_WORKERS_TTL_S, by_model)
-    return by_model.get(model, frozenset())
+    return dict(by_model.get(model, {}))
+
+
+def worker_ids_serving(model: str) -> frozenset[str]:
+    """The ids of ``model``'s live workers (see :func:`worker_capacities`). Raises
+    redis.RedisError if Redis is unreachable."""
+    return frozenset(worker_capacities(model))
 
 
 def worker_ids_forget() -> None:

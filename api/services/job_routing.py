@@ -12,15 +12,19 @@ than the others; any other job goes to the least-loaded worker.
   prompt ended there (``...:end``: its last whole block), each for ``AFFINITY_TTL_S`` after the
   last job. The deepest block held by a live worker decides.
 * **A continuation** (that block ends an earlier job's prompt on a live worker): that worker,
-  unless it has more than ``MAX_EXTRA_JOBS`` or half the least-loaded worker's load more active
-  jobs than the least-loaded worker; then the least-loaded worker, which recomputes the prefix.
+  unless more of its jobs wait for a place in its batch than the least-loaded worker's, by more
+  than ``MAX_EXTRA_JOBS`` or half of those; then the least-loaded worker, which recomputes the
+  prefix. A job's wait is what affinity can cost it: a worker whose batch has room starts it at
+  once, with its prefix cached, however many jobs it runs.
 * **Anything else** (a new prompt, or a new branch of a prefix other jobs share, such as a system
   prompt): the least-loaded worker, where holding the shared part counts as one job less (ties:
   rendezvous hashing of the prompt's last block). A shared system prompt is then computed once
   per worker and new conversations spread by load, instead of piling onto the worker that saw it
   first.
 * **Load.** A worker's load is its model's active jobs it runs or was routed (the database,
-  counted per submission, so a burst of submissions sees itself; heartbeats lag by seconds).
+  counted per submission, so a burst of submissions sees itself; heartbeats lag by seconds); those
+  beyond its batch's capacity (its heartbeat's ``capacity``, which changes rarely) wait. A worker
+  whose heartbeat has no capacity counts every active job as waiting.
 * **Queues.** The chosen worker's own queue (``engine.<model>.<worker>``). With fewer than two
   live workers, with a prompt shorter than a block, with affinity off (``ROUTING_AFFINITY``) or
   Redis out of reach, the model's shared queue, which every worker of the model consumes.
@@ -43,7 +47,7 @@ from django.conf import settings
 from api.model_catalog import model_queue, worker_queue
 from api.redis_client import get_redis
 from api.selectors.jobs import job_worker_loads
-from api.selectors.workers import worker_ids_serving
+from api.selectors.workers import worker_capacities
 
 logger = logging.getLogger(__name__)
 
@@ -72,13 +76,14 @@ def job_route(*, model: str, prompt_token_ids: list[int]) -> Route:
     if len(prompt_token_ids) < BLOCK_TOKENS:
         return shared
     try:
-        live = worker_ids_serving(model)
+        capacities = worker_capacities(model)
+        live = frozenset(capacities)
         if len(live) < 2:  # one worker (the usual deployment): nothing to choose, nothing to hash
             return shared
         hashes = prefix_hashes(prompt_token_ids)
         client = get_redis()
         names = [_affinity_key(model, h) for h in hashes]
-        target = _choose(model, hashes, live, *_holders(client, names, live))
+        target = _choose(model, hashes, capacities, *_holders(client, names, live))
         pipe = client.pipeline(transaction=False)
         for name in names:
             pipe.sadd(name, target)
@@ -107,18 +112,25 @@ def _holders(client: redis.Redis, names: list[str], live: frozenset[str]) -> tup
     return set(), set()
 
 
-def _choose(model: str, hashes: list[bytes], live: frozenset[str], holders: set[str], ends: set[str]) -> str:
+def _choose(model: str, hashes: list[bytes], capacities: dict[str, int], holders: set[str], ends: set[str]) -> str:
+    live = frozenset(capacities)
     loads = job_worker_loads(model=model, worker_ids=live)
+
+    def waiting(worker: str) -> int:
+        return max(0, loads[worker] - capacities[worker])
 
     # Ties go by rendezvous hashing of the prompt's own last block: prompts that share only a
     # system prompt split evenly, even in a burst that sees the same loads.
     def busy(worker: str) -> tuple[int, int]:
         return loads[worker], -_rendezvous(hashes[-1], worker)
 
-    least = min(live, key=busy)
-    if ends:  # the prompt continues one that a worker ran, whose KV it holds: stay unless much busier
-        target = min(ends, key=busy)
-        return target if loads[target] - loads[least] <= max(MAX_EXTRA_JOBS, loads[least] // 2) else least
+    if ends:  # the prompt continues one that a worker ran, whose KV it holds: stay unless it would wait much longer
+        def soonest(worker: str) -> tuple[int, int, int]:
+            return (waiting(worker), *busy(worker))
+
+        target, quickest = min(ends, key=soonest), min(live, key=soonest)
+        extra = waiting(target) - waiting(quickest)
+        return target if extra <= max(MAX_EXTRA_JOBS, waiting(quickest) // 2) else quickest
     # A new prompt, or a new branch of a shared prefix (a system prompt): the least-loaded worker,
     # where holding the shared part counts as one job less.
     return min(live, key=lambda w: (loads[w] - (w in holders), -_rendezvous(hashes[-1], w)))

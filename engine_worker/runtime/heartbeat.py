@@ -53,6 +53,7 @@ def build_heartbeat(
         context_length=context_length,
         cache_entries=tuple(_jsonable(row) for row in recent_entries(cache_entries or [])),
         generated_tokens=int(counters.get("total_generated_tokens", 0)),
+        capacity=int(stats.get("max_running", 0)),
     )
 
 

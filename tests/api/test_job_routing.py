@@ -116,3 +116,24 @@ def test_a_submitted_conversation_is_routed_to_one_worker_and_sent_to_its_queue(
     assert len(workers) == 1 and workers <= {"w-a", "w-b"}
     (worker,) = workers
     assert [options for _name, _args, options in broker.messages] == [{"queue": f"engine.tiny.{worker}"}] * 3
+
+
+def test_a_continuation_stays_with_a_busier_worker_whose_batch_has_room(redis_client):
+    """Only the jobs a worker's batch cannot hold make it "much busier": one that runs more jobs
+    than the other but still has room starts the turn at once, with its prefix cached."""
+    for worker_id in ("w-a", "w-b"):
+        publish_heartbeat(redis_client, heartbeat(worker_id=worker_id, model="tiny", capacity=8))
+    worker_ids_forget()
+    owner = _route(_turn(2, 0)).worker_id
+    other = ({"w-a", "w-b"} - {owner}).pop()
+    Job.objects.update(status=JobStatus.COMPLETED)
+    for _ in range(MAX_EXTRA_JOBS + 2):  # busier than the other by more than MAX_EXTRA_JOBS, within its batch
+        make_job(model="tiny", status=JobStatus.IN_PROGRESS, worker_id=owner)
+
+    assert _route(_turn(2, 1)).worker_id == owner
+
+    Job.objects.update(status=JobStatus.COMPLETED)
+    for _ in range(8 + MAX_EXTRA_JOBS + 1):  # its batch full, and more than MAX_EXTRA_JOBS waiting
+        make_job(model="tiny", status=JobStatus.IN_PROGRESS, worker_id=owner)
+
+    assert _route(_turn(2, 2)).worker_id == other

@@ -307,6 +307,7 @@ def test_prefix_cache_entries_and_hit_rate_reach_the_heartbeat_and_an_evicted_en
         assert beat.cache["hits"] >= 2 and beat.cache["hit_rate"] > 0.5
         assert len(beat.cache_entries) == beat.cache["entries"] >= 2
         assert beat.generated_tokens >= 24
+        assert beat.capacity == core.scheduler.config.max_running  # what routing counts as room
         victim = beat.cache_entries[0]
         assert {"key_hash", "tokens", "bytes", "tier", "hit_count", "last_used"} <= set(victim)
 
