@@ -107,6 +107,7 @@ class EngineProcess:
         self._held: dict[str, float] = {}
         self._lock = threading.Condition()
         self._send_lock = threading.Lock()
+        self._publishing = threading.RLock()  # held while a batch is filtered and written
         self._closed = False
         self._alive = False
         self._beat: WorkerHeartbeat | None = None
@@ -178,8 +179,9 @@ class EngineProcess:
         return True
 
     def hand_back(self, job_ids: list[str]) -> list[str]:
-        """Abort held jobs without a final (they go back to the queue). Returns those released."""
-        with self._lock:
+        """Abort held jobs without a final (they go back to the queue). Returns those released;
+        once it returns, nothing more of theirs reaches the sink."""
+        with self._publishing, self._lock:  # a batch being written finishes first; later ones skip these jobs
             released = [job_id for job_id in job_ids if self._held.pop(job_id, None) is not None]
             self._lock.notify_all()
         if released:
@@ -244,11 +246,25 @@ class EngineProcess:
         return False
 
     def _publish(self, batch: StepBatch) -> None:
-        try:
-            self._sink.publish(batch)
-        except Exception:  # a sink failure must not kill the worker's output path
-            logger.exception("output sink failed for a batch of %s chunks, %s finals",
-                             len(batch.chunks), len(batch.finals))
+        """Hand the batch to the sink, less the outputs of jobs this host no longer holds: a job
+        handed back may still have outputs in the connection, sent before the child read the
+        HandBack, and its next attempt (on any worker) must not see them."""
+        named = ({c.job_id for c in batch.chunks} | {f.job_id for f in batch.finals}
+                 | {t.job_id for t in batch.first_tokens})
+        with self._publishing:
+            with self._lock:
+                held = named & self._held.keys()
+            if held != named:
+                batch = StepBatch(chunks=tuple(c for c in batch.chunks if c.job_id in held),
+                                  finals=tuple(f for f in batch.finals if f.job_id in held),
+                                  first_tokens=tuple(t for t in batch.first_tokens if t.job_id in held))
+                if not batch:
+                    return
+            try:
+                self._sink.publish(batch)
+            except Exception:  # a sink failure must not kill the worker's output path
+                logger.exception("output sink failed for a batch of %s chunks, %s finals",
+                                 len(batch.chunks), len(batch.finals))
         for final in batch.finals:
             self._release(final.job_id)
 

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from engine_worker.errors import EngineClosed, InvalidRequest, RequestError
-from engine_worker.protocol import JobSpec
+from engine_worker.protocol import FinalResult, FirstToken, JobSpec, OutputChunk, StepBatch
 from engine_worker.runtime import ChildSpec, EngineProcess, MemorySink
 from engine_worker.runtime.engine_process import Evict, Refused, Submit, _obey
 
@@ -103,6 +103,21 @@ def test_a_refusal_releases_the_job_and_reaches_the_worker():
     host._held["x"] = 0.0
     host._handle(Refused("x", "no", job_fault=False))
     assert refused == [("x", "no", False)] and host.held_jobs() == []
+
+
+def test_outputs_of_a_job_handed_back_still_in_the_connection_are_not_written():
+    """The child sent them before it read the HandBack; the job's next attempt, perhaps on another
+    worker, has restarted its stream by the time they arrive, and must not see them."""
+    sink = MemorySink()
+    host = EngineProcess(ChildSpec(worker_id="w", model_path="-", stream_interval_s=0, heartbeat_s=1), sink)
+    host._held["kept"] = 0.0  # "back" was handed back
+    host._handle(StepBatch(chunks=(OutputChunk("kept", 3, "a", 3), OutputChunk("back", 7, "b", 7)),
+                           finals=(FinalResult("back", "xyb", "length", 4, 7),),
+                           first_tokens=(FirstToken("back", 1.0),)))
+    host._handle(StepBatch(chunks=(OutputChunk("back", 8, "c", 8),)))
+
+    assert [c.text for c in sink.chunks("kept")] == ["a"]
+    assert sink.chunks("back") == [] and sink.final("back") is None
 
 
 class EvictingHost:
