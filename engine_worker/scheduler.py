@@ -202,9 +202,8 @@ class Scheduler(BatchExits, BatchMemory, SchedulerOps):
         # the policy orders them, an abort is a queue removal, and a burst's later prompts do not
         # make every step an admission step.
         free = self.config.prefill_batch_size - len(self._prefilling)
-        if len(self.running) >= cap and free > 0:
-            self._give_way(free)
-            plan = self._plan() if plan is not None else None
+        if len(self.running) >= cap and free > 0 and self._give_way(free) and plan is not None:
+            plan = self._plan()
         deferred: list[tuple[tuple, Request]] = []  # waiting for an SSD read or a shared prefill
         while self.waiting and len(self.running) < cap and free > 0:
             request = self.waiting.peek()

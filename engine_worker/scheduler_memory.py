@@ -103,23 +103,26 @@ class BatchMemory:
             self._requeue(request)
         logger.info("preempted %d requests %s", len(requests), reason)
 
-    def _give_way(self, slots: int) -> None:
+    def _give_way(self, slots: int) -> bool:
         """With ``PRIORITY``, a full batch gives way to more urgent waiting requests: each of the
         first ``slots`` waiting requests whose priority is more urgent (lower) than that of the
         least urgent decoding request takes its place; those wait again (:meth:`_requeue`), ahead
         of the less urgent ones still waiting. Equal priorities never preempt each other, and a
-        request still prefilling is not taken out."""
+        request still prefilling is not taken out. Returns whether any request was taken out."""
         if self.config.policy is not SchedulingPolicy.PRIORITY or not self.waiting:
-            return
-        decoding = sorted((r for r in self.running.values() if r.batch_uid not in self._prefilling),
-                          key=self._urgency, reverse=True)  # least urgent first
+            return False
+        decoding = [r for r in self.running.values() if r.batch_uid not in self._prefilling]
+        # The usual full batch: nothing waiting is more urgent than everything running.
+        if not decoding or self.waiting.peek().priority >= max(r.priority for r in decoding):
+            return False
+        decoding.sort(key=self._urgency, reverse=True)  # least urgent first
         victims: list[Request] = []
         for request in itertools.islice(self.waiting, slots):
             if len(victims) == len(decoding) or request.priority >= decoding[len(victims)].priority:
                 break
             victims.append(decoding[len(victims)])
-        if victims:
-            self._preempt(victims, reason="for more urgent waiting requests")
+        self._preempt(victims, reason="for more urgent waiting requests")
+        return True
 
     def _requeue(self, request: Request) -> None:
         """Queue a request taken out of the batch again, at the head: it keeps its output so far,
