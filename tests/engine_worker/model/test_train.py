@@ -8,6 +8,7 @@ import math
 import time
 
 import mlx.core as mx
+import mlx_lm
 import numpy as np
 import pytest
 from mlx.utils import tree_flatten
@@ -18,7 +19,7 @@ from engine_worker.model.train import DEMO_SPEC, TrainConfig, Trainer, learning_
 
 TOY = ModelSpec(hidden=32, layers=1, heads=1, kv_heads=1, intermediate=64, vocab=3000, context=256, dtype="float16")
 QUICK = TrainConfig(batch=4, seq=64, lr=1e-2, warmup_steps=5, eval_every_s=1e9, val_tokens=1024,
-                    log_every_s=1e9, corpus_only=True, time_budget_s=600, final_reserve_s=0)
+                    log_every_s=1e9, corpus_only=True, time_budget_s=600, final_reserve_s=0, quantize_bits=0)
 
 
 def test_the_demo_spec_fits_the_repository_budget():
@@ -26,7 +27,8 @@ def test_the_demo_spec_fits_the_repository_budget():
               + DEMO_SPEC.layers * (2 * DEMO_SPEC.hidden ** 2  # q, o
                                     + 2 * DEMO_SPEC.hidden * DEMO_SPEC.hidden // DEMO_SPEC.heads * DEMO_SPEC.kv_heads
                                     + 3 * DEMO_SPEC.hidden * DEMO_SPEC.intermediate))
-    assert DEMO_SPEC.dtype == "float16" and params * 2 < 9.5e6
+    group = TrainConfig().quantize_group_size
+    assert TrainConfig().quantize_bits == 8 and params * (1 + 4 / group) < 9.5e6  # a byte, and fp16 scale and bias per group
 
 
 def test_learning_rate_warms_up_then_follows_a_cosine_to_its_floor():
@@ -80,3 +82,21 @@ def test_a_time_budget_ends_the_run_with_weights_saved(tmp_path):
     assert log["training"]["steps"] > 0 and (out / "model.safetensors").exists()
     assert sorted(f.name for f in out.iterdir()) == [
         "chat_template.jinja", "config.json", "eval.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"]
+
+
+def test_quantize_bits_ships_quantized_weights_the_service_loads(tmp_path):
+    out = tmp_path / "m"
+    spec = ModelSpec(hidden=64, layers=1, heads=1, kv_heads=1, intermediate=128, vocab=3000, context=256,
+                     dtype="float16")
+    cfg = TrainConfig(**{**QUICK.__dict__, "max_steps": 3, "quantize_bits": 8})
+    train(out, spec, cfg, evaluate_after=False)
+    config = json.loads((out / "config.json").read_text())
+    assert config["quantization"] == {"group_size": 64, "bits": 8, "mode": "affine"}
+    saved = mx.load(str(out / "model.safetensors"))
+    assert saved["model.layers.0.mlp.down_proj.weight"].dtype == mx.uint32
+    assert saved["model.embed_tokens.scales"].dtype == mx.float16
+    packed, _ = mlx_lm.load(str(out))
+    assert type(packed.model.layers[0].mlp.down_proj).__name__ == "QuantizedLinear"
+    model, tokenizer = load_model(out)  # dequantized to fp32 on the CPU
+    ids = mx.array([tokenizer.encode("def f():")])
+    assert mx.allclose(model(ids), packed(ids), atol=1e-2).item()
