@@ -58,6 +58,8 @@ class BatchService(Service):
                               "-n", f"light-{os.getpid()}@%h"])
         self._spawn("beat", [*celery, "beat", "--loglevel", "WARNING", "-s", str(self.log_dir / "celerybeat-schedule")])
         time.sleep(5)  # the light worker's start (it consumes once up)
+        if any(p.poll() is not None for p in self.procs):  # a batch would wait for them forever
+            raise RuntimeError(f"the light Celery worker or beat did not start; see {self.log_dir}")
         return secrets
 
 

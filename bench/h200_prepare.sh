@@ -9,7 +9,7 @@
 #   * mlx, mlx-lm and mlx-cuda-13 (slimmed to sm_90 by ../shared/tools/slim_cuda_wheel.py) and gpu-env.sh;
 #   * svc/: the service's wheels with their dependencies, less those the machine's image already has,
 #     Django's and DRF's translations, Django's GIS package, Twisted's and autobahn's tests, autobahn's bundled
-#     flatc binary, and click-repl's prompt_toolkit and wcwidth (no process of the benchmark imports them);
+#     flatc binary (no process of the benchmark imports them);
 #   * bin/: this machine's redis-server with the two libraries the machine's image lacks;
 #   * pg.tar.xz: PostgreSQL 16 out of the pgserver wheel (server, initdb, pg_ctl, its libraries);
 #   * with PEER=1, peer/: vllm-mlx 0.6.0 without its dependencies (they would pull gigabytes and
@@ -41,7 +41,7 @@ download -d .whl/svc django==5.2.19 djangorestframework==3.18.3 drf-spectacular=
     'psycopg[binary]==3.3.9' psycopg-pool==3.3.3 prometheus-client==0.26.0 standardwebhooks==1.1.0 \
     httpx==0.29.0 websockets==17.4
 (cd .whl/svc && rm -f attrs-* click-8* idna-* msgpack-* packaging-* python_dateutil-* pyyaml-* six-* \
-    typing_extensions-* prompt_toolkit-* wcwidth-*)
+    typing_extensions-*)
 python3 - <<'PY'
 import glob, os, re, zipfile
 
