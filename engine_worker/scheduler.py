@@ -33,7 +33,7 @@ from engine_worker.cache_protocol import PrefixCacheBackend
 from engine_worker.config import DEFAULT_GPU_MEMORY_UTILIZATION, SchedulerConfig, SchedulingPolicy
 from engine_worker.detokenizer import detokenizer_factory
 from engine_worker.errors import DuplicateRequest, RequestError
-from engine_worker.generator import BatchRunner, MlxBatchRunner
+from engine_worker.generator import BatchRunner
 from engine_worker.loader import context_length, vocab_size
 from engine_worker.logprobs import token_logprobs
 from engine_worker.memory_budget import MemoryBudget
@@ -46,6 +46,7 @@ from engine_worker.scheduler_memory import BatchMemory, sequence_tokens
 from engine_worker.scheduler_ops import SchedulerOps
 from engine_worker.stats import SchedulerCounters, mtp_status
 from engine_worker.text_stream import TextStream
+from engine_worker.urgent_lane import LanedRunner, in_lane
 from engine_worker.waiting_queue import WaitingQueue
 
 logger = logging.getLogger(__name__)
@@ -102,7 +103,7 @@ class Scheduler(BatchExits, BatchMemory, SchedulerOps):
         self._cache = PrefixSeam(self.prefix_cache)
         self._lifecycle = CacheLifecycle(self._cache, self.config.mid_prefill_save_interval,
                                          self.config.max_kv_size)
-        self._runner_factory = runner_factory or MlxBatchRunner
+        self._runner_factory = runner_factory or LanedRunner
         self.runner: BatchRunner | None = None
         self.max_model_len = max_model_len or context_length(model)
         self._validator = RequestValidator(tokenizer, self.max_model_len, vocab_size(model))
@@ -241,8 +242,9 @@ class Scheduler(BatchExits, BatchMemory, SchedulerOps):
         # A preempted request resumes: its prompt and output so far are its new prompt.
         resumed = request.status == RequestStatus.PREEMPTED
         runner = self._ensure_runner()
+        insert = runner.insert_urgent if self._urgent(request) else runner.insert
         try:
-            uid = runner.insert(
+            uid = insert(
                 request.remaining_tokens,
                 max_tokens=sp.max_tokens - request.num_output_tokens,
                 cache=cache,
@@ -277,6 +279,15 @@ class Scheduler(BatchExits, BatchMemory, SchedulerOps):
             c.total_cached_tokens += request.cached_tokens
             self._lifecycle.admitted(request)
         return True
+
+    def _urgent(self, request: Request) -> bool:
+        """Under ``PRIORITY``, a request more urgent than every request in the batch starts in the
+        urgent lane, where its first token does not wait for the batch's steps
+        (:mod:`engine_worker.urgent_lane`)."""
+        if self.config.policy is not SchedulingPolicy.PRIORITY or not hasattr(self.runner, "insert_urgent"):
+            return False
+        batch = [r.priority for r in self.running.values() if not in_lane(r.batch_uid)]
+        return bool(batch) and request.priority < min(batch)
 
     # ----------------------------------------------------------------- the step
 

@@ -11,8 +11,8 @@ import pytest
 from engine_worker.config import EngineConfig
 from engine_worker.engine_core import AsyncEngineCore, EngineCore
 from engine_worker.errors import DuplicateRequest, EngineClosed
-from engine_worker.generator import MlxBatchRunner
 from engine_worker.request import Request
+from engine_worker.urgent_lane import LanedRunner
 from tests.engine_worker.engine_helpers import greedy, prompt_ids, solo_tokens
 
 
@@ -169,7 +169,7 @@ def test_sync_host_api_submit_abort_and_listener_on_the_engine_thread(engine, ti
     assert finished.wait(30)
     assert seen[-1].request_id == "job" and seen[-1].finish_reason == "abort"
     assert threads == {engine._thread.name} and created_on == [engine._thread]
-    assert factory is MlxBatchRunner
+    assert factory is LanedRunner
     assert engine.abort("job") is False
 
 
