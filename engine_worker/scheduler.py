@@ -281,13 +281,13 @@ class Scheduler(BatchExits, BatchMemory, SchedulerOps):
         return True
 
     def _urgent(self, request: Request) -> bool:
-        """Under ``PRIORITY``, a request more urgent than every request in the batch starts in the
-        urgent lane, where its first token does not wait for the batch's steps
-        (:mod:`engine_worker.urgent_lane`)."""
+        """Under ``PRIORITY``, a request more urgent than the least urgent request in the batch (the
+        one a full batch would give way to it) starts in the urgent lane, where its first token does
+        not wait for the batch's steps (:mod:`engine_worker.urgent_lane`)."""
         if self.config.policy is not SchedulingPolicy.PRIORITY or not hasattr(self.runner, "insert_urgent"):
             return False
         batch = [r.priority for r in self.running.values() if not in_lane(r.batch_uid)]
-        return bool(batch) and request.priority < min(batch)
+        return bool(batch) and request.priority < max(batch)
 
     # ----------------------------------------------------------------- the step
 

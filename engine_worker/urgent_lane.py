@@ -1,5 +1,5 @@
-"""An urgent lane beside the batch: a second generator for requests more urgent than all the
-batch holds, stepped alone until their first tokens are out.
+"""An urgent lane beside the batch: a second generator for requests more urgent than the least
+urgent request of the batch, stepped alone until their first tokens are out.
 
 mlx-lm's generator returns a prompt's first token from the third ``next()`` after its insert
 (prefill, last token, the asynchronous result), and each ``next()`` decodes its whole batch

@@ -1,4 +1,4 @@
-"""Under the PRIORITY policy a request more urgent than all the batch holds starts in the urgent
+"""Under the PRIORITY policy a request more urgent than the batch's least urgent starts in the urgent
 lane: its first token comes out while the batch waits, and every request keeps its greedy tokens
 (the real tiny model)."""
 
@@ -82,6 +82,20 @@ def test_an_urgent_request_gets_its_first_token_while_the_batch_waits(tiny_model
     assert {"low0", "low1", "urgent"} <= tokens_in[first + 1]  # then both generators step
     assert scheduler.counters.num_preemptions == 0
     _assert_solo_tokens(model, tokenizer, outputs, [*low, urgent])
+
+
+def test_the_lane_takes_a_request_more_urgent_than_the_batchs_least_urgent(tiny_model):
+    model, tokenizer = tiny_model
+    scheduler = _scheduler(model, tokenizer)
+    peer, urgent = _urgent(tokenizer, "peer", max_tokens=30), _urgent(tokenizer)
+    peer.priority = urgent.priority = 10  # the batch holds one as urgent as the newcomer, and a low one
+    low = _low(tokenizer, n=1)
+    starts = _record_inserts(scheduler)
+
+    outputs, _ = _run(scheduler, {0: [peer, *low], ARRIVAL: [urgent]})
+
+    assert starts["peer"] == (0, False) and starts["urgent"][1]
+    _assert_solo_tokens(model, tokenizer, outputs, [peer, *low, urgent])
 
 
 def test_under_fcfs_or_at_equal_priority_nothing_goes_to_the_lane(tiny_model):
