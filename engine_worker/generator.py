@@ -63,6 +63,7 @@ class BatchRunner(Protocol):
     # Optional (the scheduler checks for them): ``extract_cache(uids)`` -> ``{uid: (cache_layers,
     # tokens)}`` for sequences still in the batch, in any stage; used for mid-prefill saves.
     # ``kv_bytes()`` -> bytes of the batch's KV buffers now; used by the memory budget.
+    # ``insert_urgent(...)``, as ``insert``, into the urgent lane (:mod:`engine_worker.urgent_lane`).
 
 
 class MlxBatchRunner:
