@@ -61,6 +61,9 @@ class LanedRunner:
         return uid
 
     def step(self) -> StepResult:
+        if not self._lane_uids:  # the usual step: the batch's result as it is
+            self._steps_alone = 0
+            return self.main.step()
         alone = bool(self._awaiting_first) and self._steps_alone < MAX_STEPS_ALONE
         self._steps_alone = self._steps_alone + 1 if alone else 0
         generated: list[Any] = []
@@ -69,15 +72,14 @@ class LanedRunner:
             result = self.main.step()
             generated.extend(result.generated)
             prompts_done.extend(result.prompts_done)
-        if self._lane_uids:
-            result = self.lane.step()
-            for response in result.generated:
-                response.uid += LANE_UID_BASE
-                self._awaiting_first.discard(response.uid)
-                if response.finish_reason is not None:
-                    self._lane_uids.discard(response.uid)
-            generated.extend(result.generated)
-            prompts_done.extend(uid + LANE_UID_BASE for uid in result.prompts_done)
+        result = self.lane.step()
+        for response in result.generated:
+            response.uid += LANE_UID_BASE
+            self._awaiting_first.discard(response.uid)
+            if response.finish_reason is not None:
+                self._lane_uids.discard(response.uid)
+        generated.extend(result.generated)
+        prompts_done.extend(uid + LANE_UID_BASE for uid in result.prompts_done)
         return StepResult(generated, prompts_done)
 
     def remove(self, uids: list[int], return_caches: bool = False) -> dict[int, tuple[list[Any], list[int]]]:
@@ -108,8 +110,6 @@ class LanedRunner:
             if self.lane is not None:
                 self.lane.close()
 
-    def _split(self, uids: list[int]) -> tuple[list[int], list[int]]:
-        lane = [u for u in uids if in_lane(u)]
-        if lane and self.lane is None:
-            raise KeyError(f"no lane holds {lane}")
-        return [u for u in uids if not in_lane(u)], lane
+    @staticmethod
+    def _split(uids: list[int]) -> tuple[list[int], list[int]]:
+        return [u for u in uids if not in_lane(u)], [u for u in uids if in_lane(u)]
