@@ -13,7 +13,9 @@ step is compiled (``mx.compile``). Every ``--eval-every-s`` the val loss is meas
 the best so far, the weights are written to ``OUT/model.safetensors`` (fp16, atomically): OUT is a
 loadable model folder from the first checkpoint on, so a run killed at a time limit leaves the best
 weights so far. The budget covers the whole run, including the final evaluation on the test split
-(:mod:`engine_worker.model.evaluate`), which writes ``OUT/eval.json``.
+(:mod:`engine_worker.model.evaluate`), which writes ``OUT/eval.json``. ``--init-from DIR``
+continues from the weights of an earlier run's folder (a new schedule and optimizer state), so a
+longer training can be run as several time-limited ones.
 """
 
 from __future__ import annotations
@@ -71,6 +73,7 @@ class TrainConfig:
     eval_max_tokens: int = 0  # held-out tokens per source in the final evaluation; 0: all
     quantize_bits: int = 8  # mlx-lm's affine quantization of the shipped weights; 0: the spec's dtype
     quantize_group_size: int = 64
+    init_from: str = ""  # a model folder of the same spec to continue from (quantized weights are dequantized)
 
 
 def learning_rate(cfg: TrainConfig, step: int, progress: float) -> float:
@@ -98,6 +101,19 @@ def init_model(spec: ModelSpec, config: dict) -> Any:
     return model
 
 
+def _weights_of(model_dir: Path, like: Any) -> list[tuple[str, Any]]:
+    """The weights of the model folder ``model_dir`` (dequantized when quantized) in fp32, as
+    ``like``'s parameters; :class:`ValueError` when a name or shape differs."""
+    from mlx_lm.utils import dequantize_model, load_model
+
+    loaded, _ = load_model(model_dir)
+    found = dict(tree_flatten(dequantize_model(loaded).parameters()))
+    expected = dict(tree_flatten(like.parameters()))
+    if {k: v.shape for k, v in found.items()} != {k: v.shape for k, v in expected.items()}:
+        raise ValueError(f"{model_dir} does not hold a model of this spec")
+    return [(k, v.astype(mx.float32)) for k, v in found.items()]
+
+
 def _batch(stream: np.ndarray, batch: int, seq: int, rng: np.random.Generator) -> Any:
     starts = rng.integers(0, len(stream) - seq - 1, size=batch)
     rows = stream[starts[:, None] + np.arange(seq + 1)].astype(np.int32)
@@ -108,6 +124,8 @@ class Trainer:
     """One training run: data, model, optimizer and the compiled step."""
 
     def __init__(self, out: Path, spec: ModelSpec, cfg: TrainConfig) -> None:
+        if cfg.init_from and Path(cfg.init_from).resolve() == out.resolve():
+            raise ValueError("init_from must be another folder than OUT (OUT's files are rewritten first)")
         self.out, self.spec, self.cfg = out, spec, cfg
         self.t0 = time.monotonic()
         self.deadline = self.t0 + cfg.time_budget_s - cfg.final_reserve_s
@@ -143,6 +161,9 @@ class Trainer:
     def build(self) -> None:
         """The model, its optimizer (AdamW, no weight decay on norms) and the compiled step."""
         self.model = init_model(self.spec, self.config)
+        if self.cfg.init_from:
+            self.model.update(tree_unflatten(_weights_of(Path(self.cfg.init_from), self.model)))
+            mx.eval(self.model.parameters())
         n_params = sum(p.size for _, p in tree_flatten(self.model.parameters()))
         self.log["parameters"] = n_params
         decayed = optim.AdamW(self.cfg.lr, betas=[0.9, 0.95], weight_decay=self.cfg.weight_decay)

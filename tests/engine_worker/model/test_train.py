@@ -8,6 +8,7 @@ import math
 import time
 
 import mlx.core as mx
+import mlx.nn as nn
 import mlx_lm
 import numpy as np
 import pytest
@@ -100,3 +101,44 @@ def test_quantize_bits_ships_quantized_weights_the_service_loads(tmp_path):
     model, tokenizer = load_model(out)  # dequantized to fp32 on the CPU
     ids = mx.array([tokenizer.encode("def f():")])
     assert mx.allclose(model(ids), packed(ids), atol=1e-2).item()
+
+
+def test_a_run_continues_from_another_runs_quantized_folder(tmp_path):
+    first, second = tmp_path / "first", tmp_path / "second"
+    base = {**QUICK.__dict__, "quantize_bits": 8, "quantize_group_size": 32}
+    train(first, TOY, TrainConfig(**{**base, "max_steps": 40}), evaluate_after=False)
+    assert "model.layers.0.mlp.up_proj.scales" in mx.load(str(first / "model.safetensors"))  # quantized
+    trained = load_model(first)[0]
+
+    continued = Trainer(second, TOY, TrainConfig(**{**base, "init_from": str(first)}))
+    continued.prepare()
+    continued.build()
+    fresh = Trainer(tmp_path / "fresh", TOY, TrainConfig(**base))
+    fresh.prepare()
+    fresh.build()
+    rng = np.random.default_rng(1)
+    x, y = (mx.array(a) for a in _batch_for(continued, rng))
+
+    def loss(model: nn.Module) -> float:
+        return nn.losses.cross_entropy(model(x).astype(mx.float32), y, reduction="mean").item()
+
+    assert loss(continued.model) == pytest.approx(loss(trained), abs=0.02)
+    assert loss(continued.model) < loss(fresh.model) - 0.5
+
+
+def test_a_run_refuses_to_continue_from_its_own_folder_or_another_spec(tmp_path):
+    out = tmp_path / "m"
+    train(out, TOY, TrainConfig(**{**QUICK.__dict__, "max_steps": 2}), evaluate_after=False)
+    with pytest.raises(ValueError, match="another folder"):
+        Trainer(out, TOY, TrainConfig(**{**QUICK.__dict__, "init_from": str(out)}))
+    other = Trainer(tmp_path / "wider", ModelSpec(**{**TOY.__dict__, "hidden": 64}),
+                    TrainConfig(**{**QUICK.__dict__, "init_from": str(out)}))
+    other.prepare()
+    with pytest.raises(ValueError, match="not hold a model of this spec"):
+        other.build()
+
+
+def _batch_for(trainer: Trainer, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    from engine_worker.model.train import _batch
+
+    return _batch(trainer.train_stream, trainer.cfg.batch, trainer.cfg.seq, rng)
