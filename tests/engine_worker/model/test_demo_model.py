@@ -13,11 +13,6 @@ import pytest
 from engine_worker.model import DEMO_MODEL_DIR
 from engine_worker.model.evaluate import MAX_HELDOUT_LOSS, evaluate
 
-# The shipped weights (8.8M parameters, 480 s on one H200) meet the loss goal, but greedy decoding
-# loops on one of the three prompts ("def fibonacci(n):" repeats "fibonacci" in 47% of its tokens).
-# Strict: weights that meet the goal make this test fail until the mark is removed.
-GREEDY_LOOPS = "the shipped demo model's greedy sample loops on 1 of 3 prompts (issue 30, item 1)"
-
 pytestmark = [
     pytest.mark.skipif(not (DEMO_MODEL_DIR / "model.safetensors").exists(),
                        reason="no trained weights in engine_worker/model/demo yet: train them with "
@@ -50,7 +45,6 @@ def test_every_greedy_sample_of_the_demo_model_holds_identifiers_and_no_bad_char
         assert sample["distinct_identifiers"] >= 1 and not sample["bad_characters"], sample
 
 
-@pytest.mark.xfail(strict=True, reason=GREEDY_LOOPS)
 def test_no_greedy_sample_of_the_demo_model_repeats_one_identifier_too_often(summary):
     for sample in summary["samples"]:
         assert sample["passed"], sample
