@@ -16,7 +16,7 @@ from mlx.utils import tree_flatten
 
 from engine_worker.loader import load_model
 from engine_worker.model.builder import ModelSpec
-from engine_worker.model.train import DEMO_SPEC, TrainConfig, Trainer, learning_rate, train
+from engine_worker.model.train import DEMO_SPEC, TrainConfig, Trainer, _batch, learning_rate, train
 
 TOY = ModelSpec(hidden=32, layers=1, heads=1, kv_heads=1, intermediate=64, vocab=3000, context=256, dtype="float16")
 QUICK = TrainConfig(batch=4, seq=64, lr=1e-2, warmup_steps=5, eval_every_s=1e9, val_tokens=1024,
@@ -117,7 +117,7 @@ def test_a_run_continues_from_another_runs_quantized_folder(tmp_path):
     fresh.prepare()
     fresh.build()
     rng = np.random.default_rng(1)
-    x, y = (mx.array(a) for a in _batch_for(continued, rng))
+    x, y = (mx.array(a) for a in _batch(continued.train_stream, base["batch"], base["seq"], rng))
 
     def loss(model: nn.Module) -> float:
         return nn.losses.cross_entropy(model(x).astype(mx.float32), y, reduction="mean").item()
@@ -137,8 +137,3 @@ def test_a_run_refuses_to_continue_from_its_own_folder_or_another_spec(tmp_path)
     with pytest.raises(ValueError, match="not hold a model of this spec"):
         other.build()
 
-
-def _batch_for(trainer: Trainer, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    from engine_worker.model.train import _batch
-
-    return _batch(trainer.train_stream, trainer.cfg.batch, trainer.cfg.seq, rng)
