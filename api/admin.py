@@ -15,7 +15,7 @@ from django.http import HttpRequest
 from django.utils import timezone
 
 from api import batch_admin, webhook_admin  # noqa: F401  (register the files', batches' and webhook deliveries' admin)
-from api.errors import ServiceError
+from api.common.errors import ServiceError
 from api.model_catalog import configured_models
 from api.models import ApiKey, Job, UsageRecord
 from api.services.api_keys import (

@@ -8,7 +8,7 @@ from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework.authentication import BaseAuthentication, get_authorization_header
 from rest_framework.request import Request
 
-from api.errors import ApiKeyRevoked, AuthenticationFailed
+from api.common.errors import ApiKeyRevoked, AuthenticationFailed
 from api.models import ApiKey
 from api.selectors.api_keys import api_key_with_owner, api_key_with_owner_and_job
 from api.services.api_keys import api_key_touch, hash_secret

@@ -14,9 +14,10 @@ from dataclasses import dataclass
 
 from rest_framework import exceptions as drf_exceptions
 
-from api.errors import ServiceError, validation_summary
+from api.common.errors import ServiceError
+from api.common.exception_handler import validation_summary
+from api.common.parsers import parse_json
 from api.openai_api.requests import Kind, OpenAIRequest, openai_request
-from api.parsers import parse_json
 
 # The endpoints a batch line may name, and the kind of completion each serves.
 BATCH_ENDPOINTS = {"/v1/chat/completions": Kind.CHAT, "/v1/completions": Kind.TEXT}

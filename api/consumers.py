@@ -33,7 +33,7 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from rest_framework.exceptions import ParseError
 
 from api.authentication import authenticate_api_key, authenticate_api_key_for_job, bearer_token
-from api.errors import (
+from api.common.errors import (
     DATABASE_UNAVAILABLE_ERRORS,
     ApiKeyRevoked,
     AuthenticationFailed,
@@ -42,11 +42,11 @@ from api.errors import (
     ServiceUnavailable,
     database_unavailable,
     error_body,
-    exception_handler,
 )
+from api.common.exception_handler import exception_handler
+from api.common.parsers import parse_json
 from api.key_revocation import KeyRevocationEvents
 from api.models import ApiKey, Job
-from api.parsers import parse_json
 from api.serializers import JobCreateSerializer
 from api.services.jobs import JobRequest, job_cancel, job_create
 from api.streaming.follow import FollowsJob

@@ -10,7 +10,7 @@ from typing import Any
 
 from django.conf import settings
 
-from api.errors import ServiceError, error_body
+from api.common.errors import ServiceError, error_body
 
 
 class HttpStreamMixin:

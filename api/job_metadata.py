@@ -10,7 +10,7 @@ from typing import Any
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from api.errors import InvalidRequest
+from api.common.errors import InvalidRequest
 
 MAX_PAIRS = 16
 MAX_KEY_LENGTH = 64

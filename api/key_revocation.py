@@ -2,7 +2,7 @@
 
 A job's WebSocket or event stream (SSE) outlives the request that authenticated it, and can follow
 any of the owner's jobs. So each joins its key's channel-layer group (``apikey.<hash>``, see
-api/keys.py) *before* its key is read: a revocation committed after that read is announced to a
+api/common/redis_keys.py) *before* its key is read: a revocation committed after that read is announced to a
 group it is already in. The announcement
 (:func:`api.services.api_keys.api_key_revocation_announce`, sent once the revocation commits)
 reaches every such connection, in every web process; each ends with the ``revoked_api_key`` error
@@ -17,7 +17,7 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
-from api.keys import api_key_group_name
+from api.common.redis_keys import api_key_group_name
 from api.services.api_keys import hash_secret
 
 logger = logging.getLogger(__name__)

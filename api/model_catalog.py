@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from django.conf import settings
 
-from api.errors import ModelNotFound, ModelRequired
+from api.common.errors import ModelNotFound, ModelRequired
 from inference_service.env import model_name_of
 
 LEGACY_QUEUE = "engine"

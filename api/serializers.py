@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from django.conf import settings
-from drf_spectacular.utils import OpenApiResponse, extend_schema_field, inline_serializer
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from api.common.serializers import (
+    RejectUnknownFieldsMixin,
+    StrictCharField,
+    StrictFloatField,
+    StrictIntegerField,
+    check_text,
+)
 from api.job_metadata import MetadataField
 from api.models import JobStatus
 from api.webhook_urls import MAX_WEBHOOK_URL_LENGTH
@@ -20,48 +26,6 @@ MAX_LOGIT_BIAS_ENTRIES = 300
 LOGIT_BIAS_LIMIT = 100.0
 PENALTY_LIMIT = 2.0
 MAX_TOP_LOGPROBS = 20  # engine_worker.logprobs.MAX_TOP_LOGPROBS (the web side does not import mlx)
-
-
-def _check_text(value: str) -> str:
-    if "\x00" in value:
-        raise serializers.ValidationError("Null characters are not allowed.", code="null_characters")
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        raise serializers.ValidationError("Text is not valid Unicode (lone surrogate).", code="invalid_text") from None
-    return value
-
-
-class StrictCharField(serializers.CharField):
-    """A string, and only a string (DRF's CharField would turn 123 into "123")."""
-
-    def to_internal_value(self, data: Any) -> str:
-        if not isinstance(data, str):
-            self.fail("invalid")
-        return _check_text(super().to_internal_value(data))
-
-
-class StrictIntegerField(serializers.IntegerField):
-    """An integer, not a bool, a string or a float."""
-
-    def to_internal_value(self, data: Any) -> int:
-        if isinstance(data, bool) or not isinstance(data, int):
-            self.fail("invalid")
-        return super().to_internal_value(data)
-
-
-class StrictFloatField(serializers.FloatField):
-    """A finite JSON number (int or float), not a bool or a string."""
-
-    def to_internal_value(self, data: Any) -> float:
-        if isinstance(data, bool) or not isinstance(data, int | float):
-            self.fail("invalid")
-        if isinstance(data, float) and not math.isfinite(data):
-            self.fail("invalid")
-        try:
-            return super().to_internal_value(data)
-        except OverflowError:  # a huge int cannot become a float
-            self.fail("invalid")
 
 
 @extend_schema_field(
@@ -81,7 +45,7 @@ class StopField(serializers.Field):
         for item in items:
             if not item or len(item) > MAX_STOP_LENGTH:
                 raise serializers.ValidationError(f"Stop sequences must have 1 to {MAX_STOP_LENGTH} characters.")
-            _check_text(item)
+            check_text(item)
         return list(items)
 
     def to_representation(self, value: list[str]) -> list[str]:
@@ -117,19 +81,6 @@ class LogitBiasField(serializers.Field):
 
     def to_representation(self, value: dict[str, float]) -> dict[str, float]:
         return dict(value)
-
-
-class RejectUnknownFieldsMixin:
-    """Unknown keys are an error (a typo like ``max_token`` must not be silently ignored)."""
-
-    def to_internal_value(self, data: Any) -> Any:
-        if isinstance(data, dict):
-            unknown = sorted(set(data) - set(self.fields))  # type: ignore[attr-defined]
-            if unknown:
-                raise serializers.ValidationError(
-                    {str(unknown[0]): [serializers.ErrorDetail("Unknown field.", code="unknown_field")]}
-                )
-        return super().to_internal_value(data)  # type: ignore[misc]
 
 
 class MessageSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
@@ -277,31 +228,3 @@ class JobDeletedSerializer(serializers.Serializer):
     deleted = serializers.BooleanField(default=True)
 
 
-class ErrorDetailSerializer(serializers.Serializer):
-    message = serializers.CharField()
-    type = serializers.CharField()
-    code = serializers.CharField(allow_null=True)
-    param = serializers.CharField(allow_null=True)
-
-
-class ErrorSerializer(serializers.Serializer):
-    error = ErrorDetailSerializer()
-
-
-# The answers every authenticated endpoint can give, for its OpenAPI responses.
-REQUEST_ERRORS = {
-    400: OpenApiResponse(ErrorSerializer, description="Invalid request"),
-    401: OpenApiResponse(ErrorSerializer, description="Missing, invalid or revoked API key"),
-}
-PAGE_NOT_FOUND = OpenApiResponse(ErrorSerializer, description="No such page (past the last one)")
-
-
-def paginated_list(name: str, item: serializers.Serializer) -> serializers.Serializer:
-    """A list endpoint's 200 for the OpenAPI schema: the page envelope that DRF's
-    PageNumberPagination answers around ``item``s (``item`` is a serializer with ``many=True``)."""
-    return inline_serializer(name, {
-        "count": serializers.IntegerField(help_text="Items in all pages"),
-        "next": serializers.URLField(allow_null=True, help_text="The next page, if any"),
-        "previous": serializers.URLField(allow_null=True, help_text="The previous page, if any"),
-        "results": item,
-    })

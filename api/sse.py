@@ -34,8 +34,8 @@ from urllib.parse import parse_qs
 from channels.exceptions import StopConsumer
 from channels.generic.http import AsyncHttpConsumer
 
+from api.common.errors import ApiKeyRevoked, JobNotFound, ServiceError, ServiceUnavailable, error_body
 from api.consumers import authorize_job, scope_api_key
-from api.errors import ApiKeyRevoked, JobNotFound, ServiceError, ServiceUnavailable, error_body
 from api.http_stream import HttpStreamMixin
 from api.key_revocation import KeyRevocationEvents
 from api.streaming.follow import FollowsJob

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import httpx
 from django.conf import settings
 
-from api.errors import ServiceError
+from api.common.errors import ServiceError
 
 MAX_WEBHOOK_URL_LENGTH = 2048
 SCHEMES = ("http", "https")

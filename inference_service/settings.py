@@ -111,7 +111,7 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql" and env_boo
     # Django's health checks would make the pool check each connection it lends, and psycopg's
     # pool waits 1, 2, 4 s... between failed checks: after pg_terminate_backend on its idle
     # connections, a request would wait many seconds for its 503. Instead a request
-    # that meets a dead connection is a 503 at once (api/errors.py), which also has the pool's
+    # that meets a dead connection is a 503 at once (api/common/errors.py), which also has the pool's
     # idle connections checked, so their loss fails no other request.
     DATABASES["default"]["CONN_HEALTH_CHECKS"] = False
     DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
@@ -163,8 +163,8 @@ REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": ["api.authentication.ApiKeyAuthentication"],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
-    "DEFAULT_PARSER_CLASSES": ["api.parsers.StrictJSONParser"],
-    "EXCEPTION_HANDLER": "api.errors.exception_handler",
+    "DEFAULT_PARSER_CLASSES": ["api.common.parsers.StrictJSONParser"],
+    "EXCEPTION_HANDLER": "api.common.exception_handler.exception_handler",
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "UNAUTHENTICATED_USER": None,
 }

@@ -17,5 +17,5 @@ urlpatterns = [
     path("metrics", metrics, name="metrics"),  # Prometheus  # OpenAI-compatible (completions: api.routing)
 ]
 
-handler404 = "api.errors.json_not_found"
-handler500 = "api.errors.json_server_error"
+handler404 = "api.common.exception_handler.json_not_found"
+handler500 = "api.common.exception_handler.json_server_error"

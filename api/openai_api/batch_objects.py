@@ -11,7 +11,7 @@ from django.http import QueryDict
 from drf_spectacular.utils import OpenApiParameter
 
 from api.batch_models import Batch, File
-from api.errors import InvalidRequest
+from api.common.errors import InvalidRequest
 from api.selectors.batches import Page, batch_request_counts
 
 T = TypeVar("T")

@@ -12,10 +12,10 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from api.batch_lines import BATCH_ENDPOINTS
+from api.common.serializers import REQUEST_ERRORS, ErrorSerializer, RejectUnknownFieldsMixin, StrictCharField
 from api.job_metadata import MetadataField
 from api.openai_api.batch_objects import batch_object, list_object, paging_parameters, query_limit
 from api.selectors.batches import batch_get, batch_list
-from api.serializers import REQUEST_ERRORS, ErrorSerializer, RejectUnknownFieldsMixin, StrictCharField
 from api.services.batches import COMPLETION_WINDOWS, batch_cancel, batch_create
 
 BATCHES_PAGE_MAX = 100  # OpenAI's limit for GET /v1/batches

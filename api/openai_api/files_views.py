@@ -21,7 +21,8 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from api.batch_lines import FileTooLarge
-from api.errors import InvalidRequest
+from api.common.errors import InvalidRequest
+from api.common.serializers import REQUEST_ERRORS, ErrorSerializer
 from api.openai_api.batch_objects import (
     file_object,
     list_object,
@@ -31,7 +32,6 @@ from api.openai_api.batch_objects import (
 )
 from api.selectors.batches import page_after
 from api.selectors.files import FileNotFound, file_chunks, file_get, file_list, file_open
-from api.serializers import REQUEST_ERRORS, ErrorSerializer
 from api.services.files import file_create, file_delete
 
 FILES_PAGE_MAX = 10_000  # OpenAI's limit for GET /v1/files

@@ -25,18 +25,16 @@ from typing import Any
 
 from rest_framework import serializers
 
-from api.errors import ServiceError
-from api.job_metadata import MetadataField
-from api.model_catalog import model_resolve
-from api.serializers import (
-    JobCreateSerializer,
-    LogitBiasField,
+from api.common.errors import ServiceError
+from api.common.serializers import (
     RejectUnknownFieldsMixin,
-    StopField,
     StrictCharField,
     StrictFloatField,
     StrictIntegerField,
 )
+from api.job_metadata import MetadataField
+from api.model_catalog import model_resolve
+from api.serializers import JobCreateSerializer, LogitBiasField, StopField
 from api.services.jobs import JobRequest
 
 # OpenAI's default for /v1/completions; chat leaves it to the service's DEFAULT_MAX_TOKENS.
@@ -214,7 +212,7 @@ _PASSED_THROUGH = ("temperature", "top_p", "stop", "seed", "presence_penalty", "
 
 def openai_request(kind: Kind, body: Any) -> OpenAIRequest:
     """The validated request of ``body`` (parsed JSON). Raises DRF's ValidationError or a
-    ServiceError, which api.errors maps to the one error envelope."""
+    ServiceError, which api.common.errors maps to the one error envelope."""
     if not isinstance(body, dict):
         raise ServiceError("The request body must be a JSON object.", code="invalid_request")
     shape = ChatCompletionSerializer if kind is Kind.CHAT else CompletionSerializer

@@ -14,10 +14,10 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from api.errors import ModelNotFound, ServiceUnavailable
+from api.common.errors import ModelNotFound, ServiceUnavailable
+from api.common.serializers import REQUEST_ERRORS, ErrorSerializer
 from api.model_catalog import configured_models
 from api.selectors.models import model_list
-from api.serializers import REQUEST_ERRORS, ErrorSerializer
 
 OWNED_BY = "mlx-inference-service"
 

@@ -10,7 +10,7 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db.models import Count, Model, Q, QuerySet
 
 from api.batch_models import BATCH_RUNNING_STATUSES, Batch, BatchStatus
-from api.errors import ServiceError
+from api.common.errors import ServiceError
 from api.models import JobStatus
 
 T = TypeVar("T", bound=Model)

@@ -9,7 +9,7 @@ from typing import Any
 
 import redis
 
-from api.keys import WORKER_HISTORY_S
+from api.common.redis_keys import WORKER_HISTORY_S
 from api.selectors.jobs import job_status_counts, job_throughput
 from api.selectors.worker_history import recent_rate, worker_history
 from api.selectors.workers import worker_list

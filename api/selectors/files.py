@@ -11,7 +11,7 @@ from django.core.files.storage import storages
 from django.db.models import QuerySet
 
 from api.batch_models import File
-from api.errors import ServiceError
+from api.common.errors import ServiceError
 
 CHUNK_BYTES = 64 * 1024
 

@@ -17,11 +17,11 @@ from django.db.models.expressions import RawSQL
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from api import keys
-from api.errors import JobNotFound
+from api.common import redis_keys
+from api.common.errors import JobNotFound
+from api.common.redis_client import get_redis
 from api.job_logprobs import job_logprobs
 from api.models import Job, JobStatus
-from api.redis_client import get_redis
 from api.selectors.workers import model_served
 
 logger = logging.getLogger(__name__)
@@ -87,7 +87,7 @@ def job_worker_loads(*, model: str, worker_ids: Iterable[str]) -> dict[str, int]
 def job_streamed_text(*, job_id: str) -> str | None:
     """The text of a job's chunks in its Redis stream, in seq order; None if Redis is down."""
     try:
-        entries = get_redis().xrange(keys.job_stream_key(job_id))
+        entries = get_redis().xrange(redis_keys.job_stream_key(job_id))
     except redis.RedisError:
         logger.warning("Could not read the stream of job %s", job_id, exc_info=True)
         return None
@@ -96,7 +96,7 @@ def job_streamed_text(*, job_id: str) -> str | None:
         if fields.get("type", "delta") != "delta":
             continue  # the final entry repeats the last seq with no text
         try:
-            chunks[int(fields[keys.JOB_STREAM_FIELD_SEQ])] = fields.get(keys.JOB_STREAM_FIELD_TEXT, "")
+            chunks[int(fields[redis_keys.JOB_STREAM_FIELD_SEQ])] = fields.get(redis_keys.JOB_STREAM_FIELD_TEXT, "")
         except (KeyError, ValueError):
             continue
     return "".join(chunks[seq] for seq in sorted(chunks))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from api.errors import ServiceUnavailable
+from api.common.errors import ServiceUnavailable
 from api.model_catalog import configured_models
 from api.selectors.workers import worker_list, worker_load
 from api.tokenization import get_tokenizer

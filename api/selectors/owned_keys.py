@@ -6,7 +6,7 @@ from __future__ import annotations
 from django.contrib.auth.models import AbstractBaseUser
 from django.db.models import QuerySet
 
-from api.errors import ApiKeyNotFound
+from api.common.errors import ApiKeyNotFound
 from api.models import ApiKey
 
 

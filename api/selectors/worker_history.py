@@ -7,8 +7,8 @@ import json
 import logging
 from typing import Any
 
-from api.keys import WORKER_HISTORY_S, worker_history_key
-from api.redis_client import get_redis
+from api.common.redis_client import get_redis
+from api.common.redis_keys import WORKER_HISTORY_S, worker_history_key
 from api.worker.history import HistorySample
 from engine_worker.protocol import from_dict
 

@@ -10,8 +10,8 @@ import time
 
 import redis
 
-from api import keys
-from api.redis_client import get_redis
+from api.common import redis_keys
+from api.common.redis_client import get_redis
 from engine_worker.protocol import MemoryStats, WorkerHeartbeat, from_dict
 
 logger = logging.getLogger(__name__)
@@ -32,7 +32,7 @@ def worker_list() -> list[WorkerHeartbeat]:
     """The live workers (those whose heartbeat has not expired), sorted by id. Raises
     redis.RedisError if Redis is unreachable (callers decide how to degrade)."""
     client = get_redis()
-    names = sorted(client.scan_iter(match=f"{keys.WORKER_HEARTBEAT_PREFIX}*", count=100))
+    names = sorted(client.scan_iter(match=f"{redis_keys.WORKER_HEARTBEAT_PREFIX}*", count=100))
     if not names:
         return []
     workers = []
@@ -48,7 +48,7 @@ def worker_list() -> list[WorkerHeartbeat]:
 
 def worker_is_live(worker_id: str) -> bool:
     """Whether ``worker_id``'s heartbeat is there. Raises redis.RedisError."""
-    return bool(get_redis().exists(keys.worker_heartbeat_key(worker_id)))
+    return bool(get_redis().exists(redis_keys.worker_heartbeat_key(worker_id)))
 
 
 _GLOB_SPECIAL = re.compile(r"([*?\[\]\\])")
@@ -60,8 +60,8 @@ def worker_ids_alive(*, worker_id: str | None = None, id_prefix: str = "") -> li
     Raises redis.RedisError if Redis is unreachable."""
     if worker_id is not None:
         return [worker_id] if worker_is_live(worker_id) else []
-    pattern = keys.worker_heartbeat_key(_GLOB_SPECIAL.sub(r"\\\1", id_prefix)) + "*"
-    prefix = len(keys.WORKER_HEARTBEAT_PREFIX)
+    pattern = redis_keys.worker_heartbeat_key(_GLOB_SPECIAL.sub(r"\\\1", id_prefix)) + "*"
+    prefix = len(redis_keys.WORKER_HEARTBEAT_PREFIX)
     return sorted(name[prefix:] for name in get_redis().scan_iter(match=pattern, count=100))
 
 

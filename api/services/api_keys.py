@@ -16,7 +16,7 @@ from django.db import transaction
 from django.utils import timezone
 from redis.exceptions import RedisError
 
-from api.keys import api_key_group_name
+from api.common.redis_keys import api_key_group_name
 from api.models import ApiKey, new_webhook_secret
 from api.selectors.owned_keys import api_key_get
 

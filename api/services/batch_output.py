@@ -19,7 +19,7 @@ from typing import IO, Any
 
 from api.batch_lines import BATCH_ENDPOINTS
 from api.batch_models import Batch, BatchStatus
-from api.errors import error_body
+from api.common.errors import error_body
 from api.job_logprobs import chat_logprobs, job_logprobs, text_logprobs
 from api.models import Job, JobStatus
 from api.openai_api.requests import Kind

@@ -25,7 +25,7 @@ from kombu.exceptions import KombuError
 
 from api.batch_lines import BatchLine, LineError, read_lines
 from api.batch_models import Batch, BatchStatus, FilePurpose
-from api.errors import InvalidRequest, JobNotCancellable, ServiceError
+from api.common.errors import InvalidRequest, JobNotCancellable, ServiceError
 from api.models import ACTIVE_STATUSES, ApiKey, Job, JobStatus
 from api.openai_api.batch_objects import batch_object
 from api.selectors.batches import batch_get

@@ -7,9 +7,9 @@ import logging
 
 import redis
 
-from api.errors import ServiceUnavailable, WorkerNotFound
-from api.keys import worker_evict_channel
-from api.redis_client import get_redis
+from api.common.errors import ServiceUnavailable, WorkerNotFound
+from api.common.redis_client import get_redis
+from api.common.redis_keys import worker_evict_channel
 from api.selectors.workers import worker_is_live
 
 logger = logging.getLogger(__name__)

@@ -19,7 +19,7 @@ from django.db import transaction
 
 from api.batch_lines import FileTooLarge, validate_file
 from api.batch_models import BATCH_TERMINAL_STATUSES, Batch, File, FilePurpose
-from api.errors import InvalidRequest, ServiceError
+from api.common.errors import InvalidRequest, ServiceError
 from api.selectors.files import file_get
 
 logger = logging.getLogger(__name__)

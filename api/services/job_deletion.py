@@ -31,10 +31,10 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 from django.utils import timezone
 
-from api import keys
-from api.errors import JobNotDeletable, JobNotFound
+from api.common import redis_keys
+from api.common.errors import JobNotDeletable, JobNotFound
+from api.common.redis_client import get_redis
 from api.models import TERMINAL_STATUSES, Job
-from api.redis_client import get_redis
 from inference_service.celery import app as celery_app
 
 logger = logging.getLogger(__name__)
@@ -95,7 +95,7 @@ def drop_stream(job_id: str) -> None:
     last write) if Redis cannot be reached now. For a deleted job no reader can reach it meanwhile
     (every stream read first checks the job, which is not found once deleted)."""
     try:
-        get_redis().delete(keys.job_stream_key(job_id))
+        get_redis().delete(redis_keys.job_stream_key(job_id))
     except redis.RedisError:
         logger.warning("Could not delete the stream of job %s", job_id, exc_info=True)
 

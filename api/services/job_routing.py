@@ -44,8 +44,8 @@ from dataclasses import dataclass
 import redis
 from django.conf import settings
 
+from api.common.redis_client import get_redis
 from api.model_catalog import model_queue, worker_queue
-from api.redis_client import get_redis
 from api.selectors.jobs import job_worker_loads
 from api.selectors.workers import worker_capacities
 

@@ -26,8 +26,8 @@ from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from api import keys
-from api.errors import (
+from api.common import redis_keys
+from api.common.errors import (
     AuthenticationFailed,
     IdempotencyKeyReused,
     InvalidRequest,
@@ -39,9 +39,9 @@ from api.errors import (
     PromptTooLong,
     TokenIdOutOfRange,
 )
+from api.common.redis_client import get_redis
 from api.model_catalog import ConfiguredModel, default_model_name, model_queue, model_resolve
 from api.models import SAMPLING_DEFAULTS, ApiKey, Job, JobStatus
-from api.redis_client import get_redis
 from api.selectors.jobs import job_queue_position
 from api.services.job_deletion import drop_stream
 from api.services.job_routing import job_route
@@ -318,7 +318,7 @@ def job_cancel(*, job_id: uuid.UUID | str, owner: AbstractBaseUser | None = None
 
 def _publish_cancel(job_id: str) -> None:
     try:
-        get_redis().publish(keys.CANCEL_CHANNEL, json.dumps({"job_id": job_id}))
+        get_redis().publish(redis_keys.CANCEL_CHANNEL, json.dumps({"job_id": job_id}))
     except redis.RedisError:
         # The worker also sees cancel_requested on the row when it next checks its jobs.
         logger.warning("Could not publish the cancel of job %s", job_id, exc_info=True)

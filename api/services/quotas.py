@@ -28,10 +28,10 @@ import redis
 from django.db import connection
 from django.db.models import Count, Q, Sum
 
-from api import keys
-from api.errors import QuotaExceeded, rate_limit_headers
+from api.common import redis_keys
+from api.common.errors import QuotaExceeded, rate_limit_headers
+from api.common.redis_client import get_redis
 from api.models import ACTIVE_STATUSES, ApiKey, Job, JobStatus, UsageRecord
-from api.redis_client import get_redis
 
 logger = logging.getLogger(__name__)
 
@@ -59,8 +59,8 @@ def quota_consume_request(*, api_key: ApiKey, now: float | None = None) -> RateL
     limit = api_key.requests_per_minute
     try:
         pipe = get_redis().pipeline()
-        pipe.incr(keys.rate_limit_key(api_key.id, window))
-        pipe.expire(keys.rate_limit_key(api_key.id, window), RATE_WINDOW_S + 5)
+        pipe.incr(redis_keys.rate_limit_key(api_key.id, window))
+        pipe.expire(redis_keys.rate_limit_key(api_key.id, window), RATE_WINDOW_S + 5)
         count = int(pipe.execute()[0])
     except redis.RedisError as exc:
         logger.warning("Rate limit not enforced for key %s: Redis error %s", api_key.id, exc)
@@ -82,7 +82,7 @@ def quota_request_rate_state(*, api_key: ApiKey, now: float | None = None) -> Ra
     now = time.time() if now is None else now
     window = int(now // RATE_WINDOW_S)
     try:
-        count = int(get_redis().get(keys.rate_limit_key(api_key.id, window)) or 0)
+        count = int(get_redis().get(redis_keys.rate_limit_key(api_key.id, window)) or 0)
     except redis.RedisError:
         return None
     limit = api_key.requests_per_minute

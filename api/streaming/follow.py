@@ -12,8 +12,8 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from api.errors import JobNotFound
-from api.redis_client import get_async_redis
+from api.common.errors import JobNotFound
+from api.common.redis_client import get_async_redis
 from api.streaming.relay import JobStreamRelay, Send
 
 logger = logging.getLogger(__name__)

@@ -12,9 +12,9 @@ import logging
 
 import redis
 
-from api.keys import job_stream_key
+from api.common.redis_client import get_redis
+from api.common.redis_keys import job_stream_key
 from api.models import Job
-from api.redis_client import get_redis
 from api.streaming import messages
 
 logger = logging.getLogger(__name__)

@@ -13,7 +13,7 @@ from typing import Any
 
 from django.conf import settings
 
-from api.keys import JOB_STREAM_FIELD_SEQ, JOB_STREAM_FIELD_TEXT
+from api.common.redis_keys import JOB_STREAM_FIELD_SEQ, JOB_STREAM_FIELD_TEXT
 from api.models import JobStatus
 from engine_worker.protocol import FinalResult, OutputChunk
 

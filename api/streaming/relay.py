@@ -26,8 +26,8 @@ from typing import Any
 import redis.asyncio as aioredis
 from channels.db import database_sync_to_async
 
-from api.errors import JobNotFound, ServiceUnavailable
-from api.keys import job_stream_key
+from api.common.errors import JobNotFound, ServiceUnavailable
+from api.common.redis_keys import job_stream_key
 from api.models import Job
 from api.streaming import messages
 

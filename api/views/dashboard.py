@@ -16,7 +16,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from api.errors import error_body
+from api.common.errors import error_body
 from api.selectors.dashboard import engine_overview
 from api.services.cache_entries import cache_entry_evict
 

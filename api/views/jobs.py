@@ -10,21 +10,18 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from api.common.serializers import PAGE_NOT_FOUND, REQUEST_ERRORS, ErrorSerializer, paginated_list
 from api.job_metadata import metadata_filters
 from api.schema_hooks import IDEMPOTENCY_KEY_SCHEMA
 from api.selectors.jobs import job_detail, job_get, job_list, job_queue_position
 from api.selectors.workers import model_served
 from api.serializers import (
     JOBS_MAX_PAGE_SIZE,
-    PAGE_NOT_FOUND,
-    REQUEST_ERRORS,
-    ErrorSerializer,
     JobCreatedSerializer,
     JobCreateSerializer,
     JobDeletedSerializer,
     JobListQuerySerializer,
     JobSerializer,
-    paginated_list,
 )
 from api.services.job_deletion import job_delete
 from api.services.jobs import JobRequest, job_cancel, job_create

@@ -12,16 +12,10 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from api.common.serializers import PAGE_NOT_FOUND, REQUEST_ERRORS, ErrorSerializer, paginated_list
 from api.key_serializers import ApiKeySerializer, WebhookSecretSerializer, api_key_body
 from api.selectors.owned_keys import api_key_list
-from api.serializers import (
-    KEYS_MAX_PAGE_SIZE,
-    PAGE_NOT_FOUND,
-    REQUEST_ERRORS,
-    ErrorSerializer,
-    KeyListQuerySerializer,
-    paginated_list,
-)
+from api.serializers import KEYS_MAX_PAGE_SIZE, KeyListQuerySerializer
 from api.services.api_keys import api_key_revoke_owned, api_key_rotate_webhook_secret_owned
 
 

@@ -15,7 +15,7 @@ from django.views.decorators.http import require_GET
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from api.authentication import bearer_token
-from api.errors import error_body
+from api.common.errors import error_body
 from api.metrics import registry
 
 

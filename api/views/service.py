@@ -16,10 +16,10 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from api.errors import ServiceUnavailable
-from api.redis_client import get_redis
+from api.common.errors import ServiceUnavailable
+from api.common.redis_client import get_redis
+from api.common.serializers import REQUEST_ERRORS, ErrorSerializer
 from api.selectors.models import model_list, model_live_workers
-from api.serializers import REQUEST_ERRORS, ErrorSerializer
 
 
 class ModelListView(APIView):

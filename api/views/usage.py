@@ -8,8 +8,8 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from api.common.serializers import REQUEST_ERRORS
 from api.selectors.usage import api_key_usage_report
-from api.serializers import REQUEST_ERRORS
 from api.usage_serializers import KeyUsageSerializer, UsageQuerySerializer, usage_body
 
 

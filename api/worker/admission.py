@@ -12,7 +12,7 @@ import logging
 
 import redis
 
-from api.keys import job_stream_key
+from api.common.redis_keys import job_stream_key
 from api.models import Job
 from api.streaming import messages
 

@@ -23,7 +23,12 @@ from typing import Any
 import redis
 from django.db import DatabaseError, close_old_connections
 
-from api.keys import CANCEL_CHANNEL, WORKER_HEARTBEAT_TTL_S, worker_evict_channel, worker_heartbeat_key
+from api.common.redis_keys import (
+    CANCEL_CHANNEL,
+    WORKER_HEARTBEAT_TTL_S,
+    worker_evict_channel,
+    worker_heartbeat_key,
+)
 from api.selectors.jobs import job_queued_count
 from api.services import job_lifecycle
 from api.worker.history import history_record, history_sample

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import redis
 
-from api.keys import WORKER_HISTORY_S, worker_history_key
+from api.common.redis_keys import WORKER_HISTORY_S, worker_history_key
 from engine_worker.protocol import WorkerHeartbeat
 
 # A list of at most this many samples, whatever the heartbeat period: with beats faster than one

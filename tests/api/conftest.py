@@ -11,7 +11,7 @@ import pytest
 from django.conf import settings
 from rest_framework.test import APIClient
 
-from api.redis_client import get_redis
+from api.common.redis_client import get_redis
 from api.services.jobs import RUN_JOB_TASK
 from inference_service.celery import app as celery_app
 from tests.api.factories import make_api_key, make_user

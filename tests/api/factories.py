@@ -65,8 +65,8 @@ def heartbeat(*, worker_id: str = "w-1", model: str = "tiny", requests: tuple = 
 def publish_heartbeat(redis_client, hb, *, ttl: int | None = None) -> None:
     import json
 
-    from api import keys
+    from api.common import redis_keys
     from engine_worker.protocol import to_dict
 
-    redis_client.set(keys.worker_heartbeat_key(hb.worker_id), json.dumps(to_dict(hb)),
-                     ex=ttl or keys.WORKER_HEARTBEAT_TTL_S)
+    redis_client.set(redis_keys.worker_heartbeat_key(hb.worker_id), json.dumps(to_dict(hb)),
+                     ex=ttl or redis_keys.WORKER_HEARTBEAT_TTL_S)

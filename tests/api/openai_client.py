@@ -119,6 +119,6 @@ def run_job(job_id: str, texts: list[str], *, finish_reason: str = "stop", error
 
 
 def _redis():
-    from api.redis_client import get_redis
+    from api.common.redis_client import get_redis
 
     return get_redis()

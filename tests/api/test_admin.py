@@ -5,8 +5,8 @@ import time
 import pytest
 from django.test import Client
 
-from api import keys
 from api.authentication import authenticate_api_key
+from api.common import redis_keys
 from api.models import ApiKey, Job, JobStatus
 from api.worker.history import HistorySample, history_record
 from tests.api.factories import heartbeat, make_api_key, make_job, make_user, publish_heartbeat
@@ -149,7 +149,7 @@ def test_requeue_action_resets_a_failed_job_and_dispatches_it_after_commit(
 ):
     job = make_job(status=JobStatus.FAILED, error="boom", output_text="par", completion_tokens=3, worker_id="w",
                    prompt_tokens=0)  # the engine failed it before counting its prompt
-    redis_client.xadd(keys.job_stream_key(str(job.id)), {"seq": 1, "text": "par"})
+    redis_client.xadd(redis_keys.job_stream_key(str(job.id)), {"seq": 1, "text": "par"})
 
     with django_capture_on_commit_callbacks(execute=True):
         staff.post("/admin/api/job/", {"action": "requeue_jobs", "_selected_action": [job.id]})
@@ -158,7 +158,7 @@ def test_requeue_action_resets_a_failed_job_and_dispatches_it_after_commit(
     assert (job.status, job.error, job.output_text, job.completion_tokens, job.worker_id) == ("queued", None, "", 0, None)
     assert job.prompt_tokens == len(job.prompt_token_ids)  # queued again with its prompt counted
     assert dispatched == [str(job.id)]
-    assert redis_client.exists(keys.job_stream_key(str(job.id))) == 0
+    assert redis_client.exists(redis_keys.job_stream_key(str(job.id))) == 0
 
 
 def test_requeue_action_leaves_running_jobs_alone(staff, dispatched):

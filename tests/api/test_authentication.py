@@ -10,7 +10,7 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from api.authentication import authenticate_api_key
-from api.errors import AuthenticationFailed
+from api.common.errors import AuthenticationFailed
 from api.models import ApiKey
 from api.services.api_keys import api_key_revoke
 from tests.api.factories import make_api_key, make_user

@@ -10,7 +10,7 @@ import time
 import pytest
 from django.test import Client
 
-from api.keys import worker_evict_channel
+from api.common.redis_keys import worker_evict_channel
 from api.selectors.workers import worker_list
 from tests.api.factories import heartbeat, make_user, publish_heartbeat
 from tests.api.live_worker import live_worker, wait_until

@@ -13,7 +13,7 @@ from django.db.migrations.executor import MigrationExecutor
 from django.utils import timezone
 
 from api import tasks
-from api.keys import job_stream_key
+from api.common.redis_keys import job_stream_key
 from api.models import Job, JobStatus
 from api.services import job_lifecycle as lc
 from api.services.jobs import job_cancel

@@ -7,12 +7,12 @@ import time
 import pytest
 from django.core.management import CommandError, call_command
 
-from api import keys
+from api.common import redis_keys
 from api.worker.config import host_worker_id_prefix
 
 
 def _heartbeat(client, worker_id: str, ttl_ms: int = 30_000) -> None:
-    client.set(keys.worker_heartbeat_key(worker_id), "{}", px=ttl_ms)
+    client.set(redis_keys.worker_heartbeat_key(worker_id), "{}", px=ttl_ms)
 
 
 def test_a_live_worker_of_this_host_passes(redis_client, capsys, settings):
@@ -47,7 +47,7 @@ def test_a_heartbeat_that_expired_fails(redis_client, settings):
 
 
 def test_redis_out_of_reach_fails_with_the_reason(settings):
-    from api.redis_client import get_redis
+    from api.common.redis_client import get_redis
 
     settings.WORKER_ID = ""
     settings.REDIS_URL = "redis://127.0.0.1:1/9"

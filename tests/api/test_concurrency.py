@@ -8,7 +8,7 @@ from unittest import mock
 import pytest
 from django.db import connection
 
-from api.errors import QuotaExceeded
+from api.common.errors import QuotaExceeded
 from api.models import Job
 from api.services import quotas
 from api.services.jobs import JobRequest, job_create

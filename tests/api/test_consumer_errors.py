@@ -14,7 +14,7 @@ from channels.testing import ApplicationCommunicator, WebsocketCommunicator
 from django.db import InterfaceError, OperationalError
 from rest_framework.test import APIClient
 
-from api.keys import job_stream_key
+from api.common.redis_keys import job_stream_key
 from api.models import Job, JobStatus
 from api.streaming import messages
 from engine_worker.protocol import OutputChunk

@@ -9,9 +9,9 @@ import asyncio
 import pytest
 from channels.testing import WebsocketCommunicator
 
-from api.keys import job_stream_key
+from api.common.redis_client import get_async_redis
+from api.common.redis_keys import job_stream_key
 from api.models import JobStatus
-from api.redis_client import get_async_redis
 from api.streaming import messages
 from engine_worker.protocol import FinalResult, OutputChunk
 from inference_service.asgi import application

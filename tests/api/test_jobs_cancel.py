@@ -7,7 +7,7 @@ from unittest import mock
 import pytest
 import redis
 
-from api import keys
+from api.common import redis_keys
 from api.models import Job, JobStatus
 from api.services.jobs import job_cancel
 from tests.api.factories import make_api_key, make_job
@@ -42,12 +42,12 @@ def test_cancel_of_a_queued_job_puts_its_final_on_the_jobs_stream(
     with django_capture_on_commit_callbacks(execute=True):
         assert api_client.post(f"/api/v1/jobs/{job.id}/cancel").status_code == 200
 
-    entries = redis_client.xrange(keys.job_stream_key(str(job.id)))
+    entries = redis_client.xrange(redis_keys.job_stream_key(str(job.id)))
     assert len(entries) == 1 and entries[0][1]["type"] == "final"
     final = json.loads(entries[0][1]["data"])
     assert final["type"] == "final" and final["job_id"] == str(job.id)
     assert final["status"] == "cancelled" and final["seq"] == 0 and final["usage"]["completion_tokens"] == 0
-    assert 0 < redis_client.ttl(keys.job_stream_key(str(job.id)))
+    assert 0 < redis_client.ttl(redis_keys.job_stream_key(str(job.id)))
 
 
 def test_cancel_of_a_running_job_leaves_its_final_to_the_worker(
@@ -58,7 +58,7 @@ def test_cancel_of_a_running_job_leaves_its_final_to_the_worker(
     with django_capture_on_commit_callbacks(execute=True):
         assert api_client.post(f"/api/v1/jobs/{job.id}/cancel").status_code == 200
 
-    assert redis_client.exists(keys.job_stream_key(str(job.id))) == 0
+    assert redis_client.exists(redis_keys.job_stream_key(str(job.id))) == 0
 
 
 def test_cancel_of_a_queued_job_with_redis_down_still_cancels_it(api_client, api_key, django_capture_on_commit_callbacks):
@@ -75,7 +75,7 @@ def test_cancel_of_running_job_flags_it_and_tells_the_workers_on_the_cancel_chan
 ):
     job = make_job(api_key=api_key, status=JobStatus.IN_PROGRESS, worker_id="w-1")
     pubsub = redis_client.pubsub(ignore_subscribe_messages=True)
-    pubsub.subscribe(keys.CANCEL_CHANNEL)
+    pubsub.subscribe(redis_keys.CANCEL_CHANNEL)
     pubsub.get_message(timeout=1)
 
     with django_capture_on_commit_callbacks(execute=True):

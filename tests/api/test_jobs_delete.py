@@ -8,8 +8,8 @@ import pytest
 from channels.testing import WebsocketCommunicator
 from django.utils import timezone
 
-from api import keys
-from api.errors import JobNotRequeueable
+from api.common import redis_keys
+from api.common.errors import JobNotRequeueable
 from api.models import Job, JobStatus
 from api.services.job_deletion import DROP_JOB_STREAM_TASK
 from api.services.jobs import job_requeue
@@ -37,7 +37,7 @@ def test_deleting_a_finished_job_clears_its_content_and_the_job_is_not_found_aft
 ):
     job = _finished(api_key)
     other = _finished(api_key, idempotency_key=None)
-    redis_client.xadd(keys.job_stream_key(str(job.id)), {"seq": "1", "text": "my private answer"})
+    redis_client.xadd(redis_keys.job_stream_key(str(job.id)), {"seq": "1", "text": "my private answer"})
 
     with django_capture_on_commit_callbacks(execute=True):
         response = api_client.delete(f"/api/v1/jobs/{job.id}")
@@ -51,7 +51,7 @@ def test_deleting_a_finished_job_clears_its_content_and_the_job_is_not_found_aft
     # What the quotas and the usage count stays, as does what happened.
     assert (row.status, row.prompt_tokens, row.cached_tokens, row.completion_tokens) == ("completed", 10, 4, 16)
     assert row.finished_at == job.finished_at
-    assert redis_client.exists(keys.job_stream_key(str(job.id))) == 0  # the stream held the same text
+    assert redis_client.exists(redis_keys.job_stream_key(str(job.id))) == 0  # the stream held the same text
     # And once more later, after an output batch that may have been on its way.
     assert broker.messages == [(DROP_JOB_STREAM_TASK, [str(job.id)], {"countdown": 10})]
 
@@ -66,11 +66,11 @@ def test_the_later_drop_deletes_a_stream_that_a_late_output_batch_made_again(red
     from api.tasks import drop_job_stream
 
     assert drop_job_stream.name == DROP_JOB_STREAM_TASK in celery_app.tasks  # the name the delete sends
-    redis_client.xadd(keys.job_stream_key("j-1"), {"seq": "9", "text": "late"})
+    redis_client.xadd(redis_keys.job_stream_key("j-1"), {"seq": "9", "text": "late"})
 
     drop_job_stream("j-1")  # a Celery task called in process runs at once
 
-    assert redis_client.exists(keys.job_stream_key("j-1")) == 0
+    assert redis_client.exists(redis_keys.job_stream_key("j-1")) == 0
 
 
 def test_a_deleted_job_still_counts_towards_its_keys_tokens_of_the_day(api_client, api_key):

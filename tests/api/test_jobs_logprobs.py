@@ -174,7 +174,7 @@ def test_a_streamed_text_completion_sends_tokens_with_offsets_into_the_whole_tex
 def test_a_jobs_websocket_replays_each_deltas_log_probabilities_from_its_stream(redis_client):
     from channels.testing import WebsocketCommunicator
 
-    from api.keys import job_stream_key
+    from api.common.redis_keys import job_stream_key
     from api.streaming import messages
     from engine_worker.protocol import OutputChunk
     from inference_service.asgi import application

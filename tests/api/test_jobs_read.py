@@ -5,7 +5,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from api import keys
+from api.common import redis_keys
 from api.models import JobStatus
 from tests.api.factories import make_api_key, make_job
 
@@ -35,10 +35,10 @@ def test_completed_job_shows_text_finish_reason_usage_timings_and_worker(api_cli
 
 def test_running_job_shows_the_text_so_far_from_its_redis_stream_in_seq_order(api_client, api_key, redis_client):
     job = make_job(api_key=api_key, status=JobStatus.IN_PROGRESS, output_text="")
-    stream = keys.job_stream_key(str(job.id))
+    stream = redis_keys.job_stream_key(str(job.id))
     for seq, text in [(1, "Once"), (3, " a"), (2, " upon"), (3, " a")]:  # out of order, one duplicate
-        redis_client.xadd(stream, {"type": "delta", keys.JOB_STREAM_FIELD_SEQ: seq, keys.JOB_STREAM_FIELD_TEXT: text})
-    redis_client.xadd(stream, {"type": "final", keys.JOB_STREAM_FIELD_SEQ: 3, keys.JOB_STREAM_FIELD_TEXT: "",
+        redis_client.xadd(stream, {"type": "delta", redis_keys.JOB_STREAM_FIELD_SEQ: seq, redis_keys.JOB_STREAM_FIELD_TEXT: text})
+    redis_client.xadd(stream, {"type": "final", redis_keys.JOB_STREAM_FIELD_SEQ: 3, redis_keys.JOB_STREAM_FIELD_TEXT: "",
                                "data": "{}"})
 
     body = api_client.get(f"/api/v1/jobs/{job.id}").json()

@@ -14,7 +14,7 @@ from django.test import Client
 from django.utils import timezone
 
 from api.admin import QUOTA_FIELDS
-from api.keys import job_stream_key
+from api.common.redis_keys import job_stream_key
 from api.models import ApiKey, Job, JobStatus
 from api.services.api_keys import api_key_revoke
 from api.streaming import messages

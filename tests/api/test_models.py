@@ -5,7 +5,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from api import keys
+from api.common import redis_keys
 from api.models import JobStatus
 from tests.api.factories import make_job
 
@@ -32,7 +32,7 @@ def test_usage_totals_prompt_and_completion_tokens():
 
 def test_redis_names_shared_with_the_worker_are_stable():
     job_id = "8b4f0f3e-0000-4000-8000-000000000000"
-    assert keys.job_stream_key(job_id) == f"job:{job_id}:chunks"
-    assert keys.worker_heartbeat_key("w-1") == "engine:workers:w-1"
-    assert keys.CANCEL_CHANNEL == "engine:cancel"
-    assert (keys.JOB_STREAM_FIELD_SEQ, keys.JOB_STREAM_FIELD_TEXT) == ("seq", "text")
+    assert redis_keys.job_stream_key(job_id) == f"job:{job_id}:chunks"
+    assert redis_keys.worker_heartbeat_key("w-1") == "engine:workers:w-1"
+    assert redis_keys.CANCEL_CHANNEL == "engine:cancel"
+    assert (redis_keys.JOB_STREAM_FIELD_SEQ, redis_keys.JOB_STREAM_FIELD_TEXT) == ("seq", "text")

@@ -227,7 +227,7 @@ def test_an_over_quota_key_gets_a_429_with_retry_after():
 def _restarted_stream(second_attempt: list[str]):
     """A streamed chat whose job streams "Once", then restarts on another worker, whose attempt
     streams ``second_attempt`` and finishes. Returns the job and the response."""
-    from api.redis_client import get_redis
+    from api.common.redis_client import get_redis
     from api.services.job_lifecycle import job_claim
     from api.worker.admission import stream_restart
     from api.worker.sink import RedisJobSink

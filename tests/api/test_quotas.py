@@ -7,7 +7,7 @@ import pytest
 import redis
 from django.utils import timezone
 
-from api.errors import AuthenticationFailed, QuotaExceeded
+from api.common.errors import AuthenticationFailed, QuotaExceeded
 from api.models import ApiKey, Job, JobStatus, UsageRecord
 from api.services.jobs import JobRequest, job_create
 from api.services.quotas import quota_key_usage, usage_rollup

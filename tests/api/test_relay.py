@@ -11,8 +11,8 @@ import redis.asyncio as aioredis
 from asgiref.sync import sync_to_async
 from django.conf import settings
 
-from api.errors import JobNotFound, ServiceUnavailable
-from api.keys import job_stream_key
+from api.common.errors import JobNotFound, ServiceUnavailable
+from api.common.redis_keys import job_stream_key
 from api.models import Job, JobStatus
 from api.streaming import messages
 from api.streaming.relay import JobStreamRelay
@@ -257,7 +257,7 @@ def test_without_redis_opening_the_relay_is_service_unavailable():
 def test_more_followers_than_redis_pys_default_pool_all_get_the_stream(redis_client):
     # Each follower waits in XREAD BLOCK on a connection of its own; 150 of them share one
     # event loop's client, as one web process's consumers do (redis-py's default pool holds 100).
-    from api.redis_client import get_async_redis
+    from api.common.redis_client import get_async_redis
 
     job = make_job(status=JobStatus.IN_PROGRESS)
 

@@ -8,7 +8,7 @@ import redis
 from openapi_spec_validator import OpenAPIV30SpecValidator
 from rest_framework.test import APIClient
 
-from api import keys
+from api.common import redis_keys
 from tests.api.factories import heartbeat, publish_heartbeat
 
 pytestmark = pytest.mark.django_db
@@ -18,7 +18,7 @@ def test_models_lists_each_model_with_the_live_workers_serving_it(api_client, re
     publish_heartbeat(redis_client, heartbeat(worker_id="w-2", model="tiny"))
     publish_heartbeat(redis_client, heartbeat(worker_id="w-1", model="tiny"))
     publish_heartbeat(redis_client, heartbeat(worker_id="w-3", model="other"))
-    redis_client.set(keys.worker_heartbeat_key("broken"), "{not json", ex=10)
+    redis_client.set(redis_keys.worker_heartbeat_key("broken"), "{not json", ex=10)
 
     body = api_client.get("/api/v1/models").json()
 

@@ -11,7 +11,7 @@ import time
 import pytest
 from django.db import DataError, OperationalError
 
-from api.keys import job_stream_key
+from api.common.redis_keys import job_stream_key
 from api.models import Job, JobStatus
 from api.services import job_lifecycle
 from api.worker.sink import OUTPUT_NOT_STORED, RedisJobSink

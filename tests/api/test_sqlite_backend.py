@@ -16,7 +16,7 @@ SCRIPT = """
 import json
 from django.contrib.auth.models import User
 from django.utils import timezone
-from api.errors import QuotaExceeded
+from api.common.errors import QuotaExceeded
 from api.selectors.jobs import job_queue_position
 from api.services.api_keys import api_key_create
 from api.services.jobs import JobRequest, job_create

@@ -9,7 +9,7 @@ import json
 import pytest
 from channels.testing import ApplicationCommunicator
 
-from api.keys import job_stream_key
+from api.common.redis_keys import job_stream_key
 from api.models import JobStatus
 from api.streaming import messages
 from engine_worker.protocol import FinalResult, OutputChunk

@@ -5,7 +5,7 @@ import shutil
 
 import pytest
 
-from api.errors import ServiceUnavailable
+from api.common.errors import ServiceUnavailable
 from api.tokenization import PromptTokenizer, get_tokenizer
 
 

@@ -53,7 +53,7 @@ def _finish(job, *, finish_reason: str = "stop", text: str = "The end.") -> None
 
 
 def _redis():
-    from api.redis_client import get_redis
+    from api.common.redis_client import get_redis
 
     return get_redis()
 

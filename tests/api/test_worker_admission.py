@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from api.keys import job_stream_key
+from api.common.redis_keys import job_stream_key
 from api.models import JobStatus
 from api.streaming import messages
 from api.worker.config import WorkerConfig

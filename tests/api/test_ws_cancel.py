@@ -9,7 +9,7 @@ import json
 import pytest
 from channels.testing import WebsocketCommunicator
 
-from api import keys
+from api.common import redis_keys
 from api.models import Job, JobStatus
 from api.streaming import messages
 from engine_worker.protocol import FinalResult, OutputChunk
@@ -52,7 +52,7 @@ def test_cancel_on_a_running_jobs_socket_asks_its_worker_and_the_workers_final_e
     job = make_job(api_key=api_key, status=JobStatus.IN_PROGRESS, worker_id="w-1")
     job_id = str(job.id)
     pubsub = redis_client.pubsub(ignore_subscribe_messages=True)
-    pubsub.subscribe(keys.CANCEL_CHANNEL)
+    pubsub.subscribe(redis_keys.CANCEL_CHANNEL)
     pubsub.get_message(timeout=1)
 
     async def scenario() -> dict:
@@ -66,7 +66,7 @@ def test_cancel_on_a_running_jobs_socket_asks_its_worker_and_the_workers_final_e
         assert told is not None and json.loads(told["data"]) == {"job_id": job_id}
         # ... and its sink publishes the aborted job's final, as a worker does
         result = FinalResult(job_id=job_id, text="", finish_reason="abort", prompt_tokens=3, completion_tokens=0)
-        redis_client.xadd(keys.job_stream_key(job_id), messages.final_entry(result))
+        redis_client.xadd(redis_keys.job_stream_key(job_id), messages.final_entry(result))
         return await communicator.receive_json_from(timeout=2)
 
     final = asyncio.run(scenario())
@@ -86,7 +86,7 @@ def test_any_other_message_gets_an_error_and_the_stream_goes_on(redis_client, se
         communicator = await _open(f"/ws/v1/jobs/{job_id}/?api_key={secret}")
         await communicator.send_to(text_data=sent)
         error = await communicator.receive_json_from(timeout=2)
-        redis_client.xadd(keys.job_stream_key(job_id), messages.chunk_entry(
+        redis_client.xadd(redis_keys.job_stream_key(job_id), messages.chunk_entry(
             OutputChunk(job_id=job_id, seq=1, text="Once", completion_tokens=1)))
         delta = await communicator.receive_json_from(timeout=2)
         await communicator.disconnect()

@@ -15,8 +15,8 @@ import pytest
 from django.conf import settings
 from django.db import connection
 
-from api.keys import worker_heartbeat_key
-from api.redis_client import get_redis
+from api.common.redis_client import get_redis
+from api.common.redis_keys import worker_heartbeat_key
 from inference_service.celery import app
 from tests.integration.procs import START_TIMEOUT_S, Proc, start_worker, wait_for
 

@@ -14,7 +14,7 @@ import openai
 import pytest
 from standardwebhooks.webhooks import Webhook
 
-from api.keys import job_stream_key
+from api.common.redis_keys import job_stream_key
 from api.models import ApiKey, Job
 from api.tasks import reconcile_jobs, tick_batches
 from tests.api.factories import make_api_key

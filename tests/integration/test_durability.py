@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from api.keys import job_stream_key, worker_heartbeat_key
+from api.common.redis_keys import job_stream_key, worker_heartbeat_key
 from api.models import JobStatus
 from api.tasks import reconcile_jobs
 from tests.integration.jobs import job, queue_job, wait_status

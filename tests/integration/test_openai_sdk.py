@@ -11,7 +11,7 @@ from collections.abc import Callable
 import openai
 import pytest
 
-from api.keys import job_stream_key
+from api.common.redis_keys import job_stream_key
 from api.models import Job, JobStatus
 from api.tasks import reconcile_jobs
 from tests.api.factories import make_api_key

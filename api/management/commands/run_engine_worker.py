@@ -67,7 +67,7 @@ def _keep_database_connections() -> None:
 def _build(config: WorkerConfig) -> worker.EngineWorkerService:
     """The service, its engine in a child process (which loads the model: this process never
     evaluates an mlx array), its outputs written by this process's I/O thread."""
-    from api.redis_client import get_redis
+    from api.common.redis_client import get_redis
     from api.tasks import dispatch_job
     from api.worker.sink import RedisJobSink
     from engine_worker.runtime import ChildSpec, EngineProcess
