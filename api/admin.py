@@ -16,7 +16,6 @@ from django.utils import timezone
 
 from api import batch_admin, webhook_admin  # noqa: F401  (register the files', batches' and webhook deliveries' admin)
 from api.common.errors import ServiceError
-from api.model_catalog import configured_models
 from api.models import ApiKey, Job, UsageRecord
 from api.services.api_keys import (
     api_key_generate_secret,
@@ -28,6 +27,7 @@ from api.services.api_keys import (
 from api.services.job_deletion import job_delete
 from api.services.jobs import job_cancel, job_requeue
 from api.services.quotas import usage_rollup
+from api.serving.catalog import configured_models
 
 User = get_user_model()
 QUOTA_FIELDS = ("requests_per_minute", "tokens_per_day", "max_concurrent_jobs", "max_tokens_per_job", "priority")

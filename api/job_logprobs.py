@@ -11,8 +11,8 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any
 
-from api.model_catalog import model_path
-from api.tokenization import get_tokenizer
+from api.serving.catalog import model_path
+from api.serving.tokenization import get_tokenizer
 
 
 @lru_cache(maxsize=65536)

@@ -19,7 +19,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from api.selectors.jobs import job_status_counts, job_throughput
-from api.selectors.workers import worker_list
+from api.serving.workers import worker_list
 from engine_worker.protocol import WorkerHeartbeat
 
 logger = logging.getLogger(__name__)

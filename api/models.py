@@ -21,7 +21,7 @@ from api.model_fields import LosslessTextField
 
 
 def _default_model() -> str:
-    from api.model_catalog import default_model_name
+    from api.serving.catalog import default_model_name
 
     return default_model_name()
 
@@ -135,7 +135,7 @@ class Job(models.Model):
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="jobs")
     api_key = models.ForeignKey(ApiKey, null=True, blank=True, on_delete=models.SET_NULL, related_name="jobs")
     status = models.CharField(max_length=16, choices=JobStatus.choices, default=JobStatus.QUEUED)
-    # The configured model that runs it: only a worker of that model claims it (api/model_catalog.py).
+    # The configured model that runs it: only a worker of that model claims it (api/serving/catalog.py).
     model = models.CharField(max_length=128, default=_default_model)
 
     prompt = models.TextField(blank=True)

@@ -21,11 +21,11 @@ from django.conf import settings
 from django.utils import timezone
 
 from api.batch_models import Batch, BatchStatus
-from api.model_catalog import LEGACY_QUEUE, configured_models, model_queue
 from api.models import JobStatus
 from api.selectors.batches import batches_unfinished
 from api.services import batch_feed, batches, job_deletion, job_lifecycle, quotas, webhook_delivery, webhooks
 from api.services.jobs import job_send
+from api.serving.catalog import LEGACY_QUEUE, configured_models, model_queue
 from api.worker import service as worker
 
 logger = logging.getLogger(__name__)

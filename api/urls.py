@@ -4,9 +4,10 @@ from django.urls import path
 from drf_spectacular.renderers import OpenApiJsonRenderer
 from drf_spectacular.views import SpectacularAPIView
 
+from api.serving.views import ModelListView
 from api.views.jobs import JobCancelView, JobDetailView, JobListCreateView
 from api.views.keys import ApiKeyListView, ApiKeyRevokeView, WebhookSecretRotateView
-from api.views.service import HealthView, ModelListView, api_docs
+from api.views.service import HealthView, api_docs
 from api.views.usage import UsageView
 
 urlpatterns = [

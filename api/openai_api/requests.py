@@ -33,9 +33,9 @@ from api.common.serializers import (
     StrictIntegerField,
 )
 from api.job_metadata import MetadataField
-from api.model_catalog import model_resolve
 from api.serializers import JobCreateSerializer, LogitBiasField, StopField
 from api.services.jobs import JobRequest
+from api.serving.catalog import model_resolve
 
 # OpenAI's default for /v1/completions; chat leaves it to the service's DEFAULT_MAX_TOKENS.
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16

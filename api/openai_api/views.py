@@ -16,8 +16,8 @@ from rest_framework.views import APIView
 
 from api.common.errors import ModelNotFound, ServiceUnavailable
 from api.common.serializers import REQUEST_ERRORS, ErrorSerializer
-from api.model_catalog import configured_models
-from api.selectors.models import model_list
+from api.serving.catalog import configured_models
+from api.serving.selectors import model_list
 
 OWNED_BY = "mlx-inference-service"
 

@@ -11,8 +11,8 @@ import redis
 
 from api.common.redis_keys import WORKER_HISTORY_S
 from api.selectors.jobs import job_status_counts, job_throughput
-from api.selectors.worker_history import recent_rate, worker_history
-from api.selectors.workers import worker_list
+from api.serving.worker_history import recent_rate, worker_history
+from api.serving.workers import worker_list
 
 # The per-request fields of the seed's Scheduler.get_running_requests_info().
 REQUEST_FIELDS = (

@@ -22,7 +22,7 @@ from api.common.errors import JobNotFound
 from api.common.redis_client import get_redis
 from api.job_logprobs import job_logprobs
 from api.models import Job, JobStatus
-from api.selectors.workers import model_served
+from api.serving.workers import model_served
 
 logger = logging.getLogger(__name__)
 

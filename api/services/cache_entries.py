@@ -10,7 +10,7 @@ import redis
 from api.common.errors import ServiceUnavailable, WorkerNotFound
 from api.common.redis_client import get_redis
 from api.common.redis_keys import worker_evict_channel
-from api.selectors.workers import worker_is_live
+from api.serving.workers import worker_is_live
 
 logger = logging.getLogger(__name__)
 

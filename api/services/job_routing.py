@@ -45,9 +45,9 @@ import redis
 from django.conf import settings
 
 from api.common.redis_client import get_redis
-from api.model_catalog import model_queue, worker_queue
 from api.selectors.jobs import job_worker_loads
-from api.selectors.workers import worker_capacities
+from api.serving.catalog import model_queue, worker_queue
+from api.serving.workers import worker_capacities
 
 logger = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 requeue. Worker-side transitions (claim, progress, completion) live in job_lifecycle.py.
 
 A job reaches an engine worker as one Celery message, ``api.tasks.run_job`` with its id, on its
-model's shared queue or on one of its workers' own queues (api/model_catalog.py; prefix-affinity
+model's shared queue or on one of its workers' own queues (api/serving/catalog.py; prefix-affinity
 routing chooses, api/services/job_routing.py), sent once the row that says it is queued has
 committed. The message is sent by task name: the task runs in the engine workers, and nothing
 of theirs is imported here. A send that fails leaves the job queued, and the reconciler
@@ -40,15 +40,15 @@ from api.common.errors import (
     TokenIdOutOfRange,
 )
 from api.common.redis_client import get_redis
-from api.model_catalog import ConfiguredModel, default_model_name, model_queue, model_resolve
 from api.models import SAMPLING_DEFAULTS, ApiKey, Job, JobStatus
 from api.selectors.jobs import job_queue_position
 from api.services.job_deletion import drop_stream
 from api.services.job_routing import job_route
 from api.services.job_webhooks import job_webhooks_enqueue
 from api.services.quotas import RateLimitState, quota_consume_request, quota_gate
+from api.serving.catalog import ConfiguredModel, default_model_name, model_queue, model_resolve
+from api.serving.tokenization import get_tokenizer
 from api.streaming.job_end import stream_job_end
-from api.tokenization import get_tokenizer
 from api.webhook_urls import webhook_url_check
 from inference_service.celery import app as celery_app
 

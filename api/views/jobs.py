@@ -14,7 +14,6 @@ from api.common.serializers import PAGE_NOT_FOUND, REQUEST_ERRORS, ErrorSerializ
 from api.job_metadata import metadata_filters
 from api.schema_hooks import IDEMPOTENCY_KEY_SCHEMA
 from api.selectors.jobs import job_detail, job_get, job_list, job_queue_position
-from api.selectors.workers import model_served
 from api.serializers import (
     JOBS_MAX_PAGE_SIZE,
     JobCreatedSerializer,
@@ -26,6 +25,7 @@ from api.serializers import (
 from api.services.job_deletion import job_delete
 from api.services.jobs import JobRequest, job_cancel, job_create
 from api.services.quotas import quota_request_rate_state
+from api.serving.workers import model_served
 
 ERRORS = {
     **REQUEST_ERRORS,

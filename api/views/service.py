@@ -1,4 +1,4 @@
-"""/api/v1/models, /api/v1/health, the OpenAPI schema and its offline docs page."""
+"""/api/v1/health, the OpenAPI schema and its offline docs page."""
 
 from __future__ import annotations
 
@@ -16,27 +16,8 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from api.common.errors import ServiceUnavailable
 from api.common.redis_client import get_redis
-from api.common.serializers import REQUEST_ERRORS, ErrorSerializer
-from api.selectors.models import model_list, model_live_workers
-
-
-class ModelListView(APIView):
-    @extend_schema(
-        operation_id="models_list",
-        summary="The configured models, each available or not, with the live workers serving it",
-        responses={200: inline_serializer("ModelList", {"object": serializers.CharField(), "data": serializers.ListField()}),
-                   401: REQUEST_ERRORS[401],
-                   503: OpenApiResponse(ErrorSerializer, description="The workers' heartbeats cannot be read (Redis is down)")},
-    )
-    def get(self, request: Request) -> Response:
-        try:
-            models = model_list()
-        except redis.RedisError:
-            raise ServiceUnavailable("Cannot read the workers' heartbeats (Redis is unreachable).") from None
-        return Response({"object": "list", "data": models})
-
+from api.serving.selectors import model_live_workers
 
 _HEALTH = inline_serializer("Health", {"status": serializers.CharField(), "checks": serializers.DictField()})
 

@@ -22,7 +22,7 @@ DB_REUSE_MAX_TASKS = 1000
 def consume(*, worker_id: str, model: str, prefetch: int, loglevel: str) -> None:
     """Run a Celery worker in this thread on ``model``'s queues until it is told to stop (SIGTERM
     or SIGINT: Celery's warm shutdown, which gives prefetched messages back to the broker)."""
-    from api.model_catalog import LEGACY_QUEUE, model_queue, worker_queue
+    from api.serving.catalog import LEGACY_QUEUE, model_queue, worker_queue
     from inference_service.celery import app
 
     # Celery's Django fixup reads this when the worker starts: it closes the connections every

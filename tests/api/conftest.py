@@ -38,7 +38,7 @@ def consumer_connections_closed():
 @pytest.fixture(autouse=True)
 def _fresh_live_workers():
     """Each test reads the workers' heartbeats afresh (they are cached for a second per process)."""
-    from api.selectors.workers import worker_ids_forget
+    from api.serving.workers import worker_ids_forget
 
     worker_ids_forget()
     yield

@@ -11,7 +11,7 @@ import pytest
 from django.test import Client
 
 from api.common.redis_keys import worker_evict_channel
-from api.selectors.workers import worker_list
+from api.serving.workers import worker_list
 from tests.api.factories import heartbeat, make_user, publish_heartbeat
 from tests.api.live_worker import live_worker, wait_until
 

@@ -143,7 +143,7 @@ def test_the_reconciler_sends_a_job_routed_to_a_dead_worker_to_its_models_shared
 
 def test_a_chunk_with_log_probabilities_is_rendered_with_its_own_models_tokenizer(two_models, monkeypatch):
     from api import job_logprobs
-    from api.model_catalog import model_path
+    from api.serving.catalog import model_path
     from api.streaming import messages
     from engine_worker.protocol import OutputChunk
 

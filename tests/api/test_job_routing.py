@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from api.models import Job, JobStatus
-from api.selectors.workers import worker_ids_forget
 from api.services.job_routing import BLOCK_TOKENS, MAX_EXTRA_JOBS, Route, job_route
+from api.serving.workers import worker_ids_forget
 from tests.api.factories import heartbeat, make_job, publish_heartbeat
 
 pytestmark = pytest.mark.django_db

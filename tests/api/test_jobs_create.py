@@ -8,8 +8,8 @@ from django.utils import timezone
 from api.models import Job, JobStatus
 from api.services.job_lifecycle import jobs_needing_dispatch
 from api.services.jobs import RUN_JOB_TASK
+from api.serving.tokenization import get_tokenizer
 from api.tasks import run_job
-from api.tokenization import get_tokenizer
 from inference_service.celery import app
 from tests.api.factories import make_api_key, make_job
 

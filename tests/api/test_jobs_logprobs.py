@@ -12,7 +12,7 @@ from channels.db import database_sync_to_async
 from api.job_logprobs import chat_logprobs, job_logprobs, text_logprobs
 from api.models import Job, JobStatus
 from api.services import job_lifecycle
-from api.tokenization import get_tokenizer
+from api.serving.tokenization import get_tokenizer
 from engine_worker.protocol import FinalResult
 from tests.api.factories import make_api_key, make_job
 from tests.api.openai_client import Exchange, run_job

@@ -11,7 +11,7 @@ from api.common.errors import AuthenticationFailed, QuotaExceeded
 from api.models import ApiKey, Job, JobStatus, UsageRecord
 from api.services.jobs import JobRequest, job_create
 from api.services.quotas import quota_key_usage, usage_rollup
-from api.tokenization import get_tokenizer
+from api.serving.tokenization import get_tokenizer
 from tests.api.factories import make_api_key, make_job
 
 pytestmark = pytest.mark.django_db

@@ -6,7 +6,7 @@ import shutil
 import pytest
 
 from api.common.errors import ServiceUnavailable
-from api.tokenization import PromptTokenizer, get_tokenizer
+from api.serving.tokenization import PromptTokenizer, get_tokenizer
 
 
 def test_plain_prompt_starts_with_exactly_one_bos(tiny_model_path):
@@ -45,7 +45,7 @@ def test_missing_model_folder_is_a_service_error_not_a_crash(tmp_path):
 
 
 def test_the_web_process_loads_the_tokenizer_before_its_first_request(settings, tiny_model_path, tmp_path):
-    from api import tokenization
+    from api.serving import tokenization
 
     copy = tmp_path / "model"  # a path no test has loaded yet
     shutil.copytree(tiny_model_path, copy)
@@ -58,7 +58,7 @@ def test_the_web_process_loads_the_tokenizer_before_its_first_request(settings, 
 
 
 def test_a_failed_warm_up_only_logs(settings, tmp_path, caplog):
-    from api import tokenization
+    from api.serving import tokenization
 
     settings.MODEL_PATH = str(tmp_path / "missing")
     assert not tokenization.load_tokenizer_at_start()

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from api.common.redis_keys import WORKER_HISTORY_S, worker_evict_channel, worker_history_key
-from api.selectors.worker_history import recent_rate, worker_history
+from api.serving.worker_history import recent_rate, worker_history
 from api.worker.control import WorkerControl
 from api.worker.history import HistorySample, history_record
 from tests.api.factories import heartbeat, make_job

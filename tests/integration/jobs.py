@@ -9,7 +9,7 @@ from django.utils import timezone
 
 from api.models import ApiKey, Job, JobStatus
 from api.services.jobs import job_dispatch
-from api.tokenization import get_tokenizer
+from api.serving.tokenization import get_tokenizer
 from tests.api.factories import make_api_key
 from tests.integration.procs import wait_for
 

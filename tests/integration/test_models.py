@@ -11,8 +11,8 @@ import pytest
 from django.conf import settings
 
 from api.models import Job, JobStatus
-from api.selectors.workers import worker_ids_forget
 from api.services.jobs import JobRequest, job_create
+from api.serving.workers import worker_ids_forget
 from api.tasks import reconcile_jobs
 from tests.api.factories import make_api_key
 from tests.conftest import TINY_MODEL_DIR

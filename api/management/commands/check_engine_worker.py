@@ -12,7 +12,7 @@ import redis
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
-from api.selectors.workers import worker_ids_alive
+from api.serving.workers import worker_ids_alive
 from api.worker.config import host_worker_id_prefix
 
 

@@ -19,7 +19,7 @@ from typing import Any
 from jinja2.exceptions import TemplateError, TemplateSyntaxError
 
 from api.common.errors import ChatTemplateMissing, InvalidRequest, ServiceUnavailable
-from api.model_catalog import configured_models
+from api.serving.catalog import configured_models
 from engine_worker.token_bytes import piece_bytes
 
 logger = logging.getLogger(__name__)

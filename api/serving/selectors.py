@@ -1,4 +1,4 @@
-"""Reads of the models: the configured ones (api/model_catalog.py) with the live workers serving
+"""Reads of the models: the configured ones (api/serving/catalog.py) with the live workers serving
 each (from their heartbeats), for ``/api/v1/models``, ``/v1/models`` and ``/api/v1/health``."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import time
 from typing import Any
 
 from api.common.errors import ServiceUnavailable
-from api.model_catalog import configured_models
-from api.selectors.workers import worker_list, worker_load
-from api.tokenization import get_tokenizer
+from api.serving.catalog import configured_models
+from api.serving.tokenization import get_tokenizer
+from api.serving.workers import worker_list, worker_load
 from engine_worker.protocol import WorkerHeartbeat
 
 

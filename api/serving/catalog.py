@@ -2,7 +2,7 @@
 
 ``settings.MODELS`` lists them (``name=path``); empty, the one model at ``settings.MODEL_PATH``,
 named after its folder. The web side tokenizes for each with its own tokenizer
-(api/tokenization.py); an engine worker serves one of them (``MODEL_PATH``, ``MODEL_NAME``).
+(api/serving/tokenization.py); an engine worker serves one of them (``MODEL_PATH``, ``MODEL_NAME``).
 
 Queues: each model has a shared queue, ``engine.<model>``, which all its workers consume, and each
 worker its own, ``engine.<model>.<worker id>``, to which prefix-affinity routing sends the jobs
