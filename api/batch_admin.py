@@ -8,7 +8,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils.html import format_html
 
-from api.batch_models import Batch, File
+from api.batches.models import Batch, File
 from api.common.errors import ServiceError
 from api.selectors.batches import batch_request_counts, with_request_counts
 from api.services.batches import batch_cancel

@@ -20,7 +20,7 @@ from celery import shared_task
 from django.conf import settings
 from django.utils import timezone
 
-from api.batch_models import Batch, BatchStatus
+from api.batches.models import Batch, BatchStatus
 from api.models import JobStatus
 from api.selectors.batches import batches_unfinished
 from api.services import batch_feed, batches, job_deletion, job_lifecycle, quotas, webhook_delivery, webhooks

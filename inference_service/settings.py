@@ -223,7 +223,7 @@ JOB_RETENTION_DAYS = env_int("JOB_RETENTION_DAYS", 0, minimum=0)
 if 0 < JOB_RETENTION_DAYS < 2:
     raise ImproperlyConfigured(f"JOB_RETENTION_DAYS={JOB_RETENTION_DAYS} must be 0 (keep every job) or >= 2")
 
-# The Files and Batch APIs (api/batch_models.py). An upload of more than FILES_MAX_BYTES or
+# The Files and Batch APIs (api/batches/models.py). An upload of more than FILES_MAX_BYTES or
 # FILES_MAX_LINES lines is refused. A key has at most BATCH_JOBS_IN_FLIGHT_PER_KEY of its batch
 # jobs sent to the engine (queued there or running) at once; the rest wait in the database for the
 # feeder (api/services/batch_feed.py). 40 is one engine's batch (ENGINE_COMPLETION_BATCH_SIZE, 32)

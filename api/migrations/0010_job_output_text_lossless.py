@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from django.db import migrations
 
-import api.model_fields
-from api.model_fields import ESCAPE, decode_text, encode_text
+import api.jobs.fields
+from api.jobs.fields import ESCAPE, decode_text, encode_text
 
 
 def _rewrite(apps, schema_editor, convert) -> None:
@@ -44,7 +44,7 @@ class Migration(migrations.Migration):
                 migrations.AlterField(
                     model_name="job",
                     name="output_text",
-                    field=api.model_fields.LosslessTextField(blank=True),
+                    field=api.jobs.fields.LosslessTextField(blank=True),
                 ),
             ],
         ),

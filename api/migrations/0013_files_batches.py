@@ -7,7 +7,7 @@ import django.utils.timezone
 from django.conf import settings
 from django.db import migrations, models
 
-import api.batch_models
+import api.batches.models
 
 
 class Migration(migrations.Migration):
@@ -21,7 +21,7 @@ class Migration(migrations.Migration):
         migrations.CreateModel(
             name='File',
             fields=[
-                ('id', models.CharField(default=api.batch_models._file_id, editable=False, max_length=40, primary_key=True, serialize=False)),
+                ('id', models.CharField(default=api.batches.models._file_id, editable=False, max_length=40, primary_key=True, serialize=False)),
                 ('purpose', models.CharField(choices=[('batch', 'Batch'), ('batch_output', 'Batch Output')], max_length=16)),
                 ('filename', models.CharField(max_length=255)),
                 ('bytes', models.PositiveBigIntegerField(default=0)),
@@ -41,7 +41,7 @@ class Migration(migrations.Migration):
         migrations.CreateModel(
             name='Batch',
             fields=[
-                ('id', models.CharField(default=api.batch_models._batch_id, editable=False, max_length=40, primary_key=True, serialize=False)),
+                ('id', models.CharField(default=api.batches.models._batch_id, editable=False, max_length=40, primary_key=True, serialize=False)),
                 ('input_file_id', models.CharField(max_length=40)),
                 ('endpoint', models.CharField(max_length=32)),
                 ('completion_window', models.CharField(default='24h', max_length=8)),

@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 from django.http import QueryDict
 from drf_spectacular.utils import OpenApiParameter
 
-from api.batch_models import Batch, File
+from api.batches.models import Batch, File
 from api.common.errors import InvalidRequest
 from api.selectors.batches import Page, batch_request_counts
 

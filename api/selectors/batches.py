@@ -9,7 +9,7 @@ from typing import Generic, TypeVar
 from django.contrib.auth.models import AbstractBaseUser
 from django.db.models import Count, Model, Q, QuerySet
 
-from api.batch_models import BATCH_RUNNING_STATUSES, Batch, BatchStatus
+from api.batches.models import BATCH_RUNNING_STATUSES, Batch, BatchStatus
 from api.common.errors import ServiceError
 from api.models import JobStatus
 

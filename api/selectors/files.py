@@ -10,7 +10,7 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.core.files.storage import storages
 from django.db.models import QuerySet
 
-from api.batch_models import File
+from api.batches.models import File
 from api.common.errors import ServiceError
 
 CHUNK_BYTES = 64 * 1024

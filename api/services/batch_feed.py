@@ -27,7 +27,7 @@ from django.db.models import Q
 from django.utils import timezone
 from kombu.exceptions import KombuError
 
-from api.batch_models import BatchStatus
+from api.batches.models import BatchStatus
 from api.models import ApiKey, Job, JobStatus
 from api.services.jobs import job_dispatch
 from api.services.quotas import quota_key_usage

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import IO, Any
 
 from api.batch_lines import BATCH_ENDPOINTS
-from api.batch_models import Batch, BatchStatus
+from api.batches.models import Batch, BatchStatus
 from api.common.errors import error_body
 from api.job_logprobs import chat_logprobs, job_logprobs, text_logprobs
 from api.models import Job, JobStatus

@@ -24,7 +24,7 @@ from django.utils import timezone
 from kombu.exceptions import KombuError
 
 from api.batch_lines import BatchLine, LineError, read_lines
-from api.batch_models import Batch, BatchStatus, FilePurpose
+from api.batches.models import Batch, BatchStatus, FilePurpose
 from api.common.errors import InvalidRequest, JobNotCancellable, ServiceError
 from api.models import ACTIVE_STATUSES, ApiKey, Job, JobStatus
 from api.openai_api.batch_objects import batch_object

@@ -18,7 +18,7 @@ from django.core.files.storage import Storage, storages
 from django.db import transaction
 
 from api.batch_lines import FileTooLarge, validate_file
-from api.batch_models import BATCH_TERMINAL_STATUSES, Batch, File, FilePurpose
+from api.batches.models import BATCH_TERMINAL_STATUSES, Batch, File, FilePurpose
 from api.common.errors import InvalidRequest, ServiceError
 from api.selectors.files import file_get
 

@@ -28,7 +28,7 @@ from api.models import TERMINAL_STATUSES, Job
 from api.selectors.jobs import job_detail
 from api.serializers import JobSerializer
 from api.services.webhooks import webhook_body, webhooks_enqueue
-from api.webhook_models import WebhookDelivery
+from api.webhooks.models import WebhookDelivery
 
 
 def job_event_id(*, job_id: uuid.UUID | str, queued_at: dt.datetime) -> str:

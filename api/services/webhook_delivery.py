@@ -28,8 +28,8 @@ from django.utils import timezone
 from api.services.job_webhooks import job_webhook_payload
 from api.services.webhooks import redispatch_after
 from api.webhook_http import WebhookResponse, webhook_post
-from api.webhook_models import WebhookAttempt, WebhookDelivery, WebhookDeliveryStatus
 from api.webhook_signing import webhook_headers
+from api.webhooks.models import WebhookAttempt, WebhookDelivery, WebhookDeliveryStatus
 
 logger = logging.getLogger(__name__)
 

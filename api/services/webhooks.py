@@ -36,7 +36,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from api.models import ApiKey
-from api.webhook_models import WebhookDelivery, WebhookDeliveryStatus
+from api.webhooks.models import WebhookDelivery, WebhookDeliveryStatus
 from inference_service.celery import app as celery_app
 
 logger = logging.getLogger(__name__)

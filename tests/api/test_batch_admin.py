@@ -7,7 +7,7 @@ import pytest
 from django.core.files.storage import storages
 from django.test import Client
 
-from api.batch_models import Batch, BatchStatus, File
+from api.batches.models import Batch, BatchStatus, File
 from api.models import Job, JobStatus
 from api.services.batches import batch_create, batch_start
 from api.services.files import file_create

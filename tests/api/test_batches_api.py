@@ -10,12 +10,12 @@ import pytest
 from django.core.files.storage import storages
 from rest_framework.test import APIClient
 
-from api.batch_models import Batch, BatchStatus, File
+from api.batches.models import Batch, BatchStatus, File
 from api.models import Job, JobStatus
 from api.services.batch_feed import BATCH_PROGRESS_TASK, batch_feed
 from api.services.batches import START_BATCH_TASK, batch_advance, batch_start
 from api.tasks import tick_batches
-from api.webhook_models import WebhookDelivery
+from api.webhooks.models import WebhookDelivery
 from tests.api.batch_helpers import chat_line, finish, upload
 from tests.api.factories import make_api_key
 

@@ -9,7 +9,7 @@ import pytest
 from django.core.files.storage import storages
 from rest_framework.test import APIClient
 
-from api.batch_models import File
+from api.batches.models import File
 from tests.api.batch_helpers import chat_line, jsonl, upload
 from tests.api.factories import make_api_key
 

@@ -15,7 +15,7 @@ from api.services import job_lifecycle
 from api.services.job_webhooks import job_webhooks_enqueue
 from api.services.jobs import job_cancel, job_requeue
 from api.services.webhooks import DELIVER_WEBHOOK_TASK
-from api.webhook_models import WebhookDelivery
+from api.webhooks.models import WebhookDelivery
 from engine_worker.protocol import FinalResult
 from tests.api.factories import make_api_key, make_job
 
@@ -141,7 +141,7 @@ def test_nothing_is_recorded_or_sent_when_the_transaction_rolls_back(broker):
 
 def test_the_hourly_purge_deletes_ended_deliveries_as_old_as_purged_jobs_and_keeps_pending_ones(settings):
     from api.tasks import purge_jobs
-    from api.webhook_models import WebhookDeliveryStatus
+    from api.webhooks.models import WebhookDeliveryStatus
 
     settings.JOB_RETENTION_DAYS = 2
     old = timezone.now() - dt.timedelta(days=3)

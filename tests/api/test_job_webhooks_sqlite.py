@@ -17,7 +17,7 @@ from django.contrib.auth.models import User
 from api.models import Job
 from api.services import job_lifecycle as lc
 from api.services.api_keys import api_key_create
-from api.webhook_models import WebhookDelivery
+from api.webhooks.models import WebhookDelivery
 from engine_worker.protocol import FinalResult
 
 user = User.objects.create(username="sqlite")

@@ -15,7 +15,7 @@ from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
 
 from api.common.redis_keys import job_stream_key
-from api.model_fields import decode_text, encode_text
+from api.jobs.fields import decode_text, encode_text
 from api.models import Job, JobStatus
 from api.services import job_lifecycle as lc
 from api.worker.sink import RedisJobSink

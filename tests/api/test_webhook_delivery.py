@@ -23,7 +23,7 @@ from api.services.jobs import job_cancel
 from api.services.webhook_delivery import RETRY_MAX_DELAY_S, webhook_retry_delay
 from api.services.webhooks import DELIVER_WEBHOOK_TASK, webhook_enqueue
 from api.tasks import deliver_webhook, send_due_webhooks
-from api.webhook_models import WebhookDelivery, WebhookDeliveryStatus
+from api.webhooks.models import WebhookDelivery, WebhookDeliveryStatus
 from api.worker.sink import RedisJobSink
 from engine_worker.protocol import FinalResult, StepBatch
 from tests.api.factories import make_api_key, make_job

@@ -12,7 +12,7 @@ import pytest
 from standardwebhooks.webhooks import Webhook
 
 from api.models import ApiKey
-from api.webhook_models import WebhookDelivery, WebhookDeliveryStatus
+from api.webhooks.models import WebhookDelivery, WebhookDeliveryStatus
 from tests.api.factories import make_api_key
 from tests.api.webhook_receiver import WebhookReceiver
 from tests.integration.client import ServiceClient

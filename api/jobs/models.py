@@ -1,13 +1,11 @@
-"""Jobs, API keys and daily usage.
+"""Jobs: one text-generation request and its result.
 
 Only services change a Job's status, with conditional UPDATEs, so a duplicate delivery or a late
-worker never moves a job backwards (see api/services/).
+worker never moves a job backwards (see api/jobs/services/).
 """
 
 from __future__ import annotations
 
-import base64
-import secrets
 import uuid
 from datetime import datetime
 from typing import Any
@@ -16,76 +14,15 @@ from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
-from api.batch_models import Batch, BatchStatus, File, FilePurpose  # noqa: F401 (the app's models)
-from api.model_fields import LosslessTextField
+from api.batches.models import Batch
+from api.jobs.fields import LosslessTextField
+from api.keys.models import ApiKey
 
 
 def _default_model() -> str:
     from api.serving.catalog import default_model_name
 
     return default_model_name()
-
-
-def _default_rpm() -> int:
-    return settings.DEFAULT_KEY_REQUESTS_PER_MINUTE
-
-
-def _default_tokens_per_day() -> int:
-    return settings.DEFAULT_KEY_TOKENS_PER_DAY
-
-
-def _default_max_concurrent() -> int:
-    return settings.DEFAULT_KEY_MAX_CONCURRENT_JOBS
-
-
-def _default_max_tokens_per_job() -> int:
-    return settings.DEFAULT_KEY_MAX_TOKENS_PER_JOB
-
-
-WEBHOOK_SECRET_PREFIX = "whsec_"
-
-
-def new_webhook_secret() -> str:
-    """A Standard Webhooks signing secret: ``whsec_`` and 32 random bytes in base64 (the spec asks
-    for 24 to 64)."""
-    return WEBHOOK_SECRET_PREFIX + base64.b64encode(secrets.token_bytes(32)).decode("ascii")
-
-
-class ApiKey(models.Model):
-    """A user's API key. Only the SHA-256 of the secret is stored, plus a visible prefix."""
-
-    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_keys")
-    name = models.CharField(max_length=100, blank=True)
-    prefix = models.CharField(max_length=16, db_index=True, editable=False)
-    hashed_key = models.CharField(max_length=64, unique=True, editable=False)
-    created_at = models.DateTimeField(default=timezone.now, editable=False)
-    last_used_at = models.DateTimeField(null=True, blank=True, editable=False)
-    revoked_at = models.DateTimeField(null=True, blank=True)
-
-    # Quotas; 0 means "none allowed" for the counters, so a key can be paused without revoking it.
-    requests_per_minute = models.PositiveIntegerField(default=_default_rpm)
-    tokens_per_day = models.PositiveBigIntegerField(default=_default_tokens_per_day)
-    max_concurrent_jobs = models.PositiveIntegerField(default=_default_max_concurrent)
-    max_tokens_per_job = models.PositiveIntegerField(default=_default_max_tokens_per_job)
-    # Priority class of the key's jobs: lower is more urgent; a request may ask for less urgency,
-    # never for more.
-    priority = models.PositiveSmallIntegerField(default=10)
-    # Signs the webhooks of the key's jobs (api/webhook_signing.py). Kept as is, since signing
-    # needs it (as Stripe and Svix keep theirs); shown once, when it is made or rotated.
-    webhook_secret = models.CharField(max_length=100, default=new_webhook_secret, editable=False)
-    # The models the key may use, by name; empty: every model (api/services/jobs.py checks it).
-    allowed_models = models.JSONField(default=list, blank=True)
-
-    class Meta:
-        ordering = ["-created_at"]
-        verbose_name = "API key"
-
-    def __str__(self) -> str:
-        return f"{self.prefix}… ({self.name or 'unnamed'})"
-
-    @property
-    def is_active(self) -> bool:
-        return self.revoked_at is None
 
 
 class JobStatus(models.TextChoices):
@@ -182,7 +119,7 @@ class Job(models.Model):
     # Set when the owner deleted the job: its content is gone, its counts stay for the quotas and
     # usage (services/job_deletion.py), and every user-facing read treats it as not found.
     deleted_at = models.DateTimeField(null=True, blank=True, editable=False)
-    # A line of a batch (api/batch_models.py): its batch and the line's custom_id. Such a job is
+    # A line of a batch (api/batches/models.py): its batch and the line's custom_id. Such a job is
     # sent to the engine by the batch feeder (api/services/batch_feed.py), not on its creation.
     batch = models.ForeignKey(Batch, null=True, blank=True, on_delete=models.CASCADE, related_name="jobs")
     custom_id = models.CharField(max_length=255, blank=True)
@@ -252,31 +189,3 @@ class Job(models.Model):
         if seconds <= 0:
             return None
         return round((self.completion_tokens - 1) / seconds, 3)
-
-
-class UsageRecord(models.Model):
-    """Tokens and requests of one key on one UTC day, rolled up from its jobs' engine counts."""
-
-    api_key = models.ForeignKey(ApiKey, on_delete=models.CASCADE, related_name="usage_records")
-    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="usage_records")
-    day = models.DateField()
-    requests = models.PositiveIntegerField(default=0)
-    prompt_tokens = models.PositiveBigIntegerField(default=0)
-    cached_tokens = models.PositiveBigIntegerField(default=0)
-    completion_tokens = models.PositiveBigIntegerField(default=0)
-    updated_at = models.DateTimeField(auto_now=True)
-
-    class Meta:
-        ordering = ["-day"]
-        constraints = [models.UniqueConstraint(fields=["api_key", "day"], name="usage_unique_key_day")]
-
-    def __str__(self) -> str:
-        return f"{self.api_key_id} {self.day}"
-
-    @property
-    def total_tokens(self) -> int:
-        return self.prompt_tokens + self.completion_tokens
-
-
-# The webhook models live in their own module; importing them here registers them with the app.
-from api.webhook_models import WebhookAttempt, WebhookDelivery  # noqa: E402, F401

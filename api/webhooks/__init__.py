@@ -1,0 +1,2 @@
+"""Webhooks: which URLs may be called, deliveries recorded with the events they announce, signed
+attempts with retries on the light worker, and their admin."""
