@@ -16,17 +16,17 @@ from django.utils import timezone
 
 from api import batch_admin, webhook_admin  # noqa: F401  (register the files', batches' and webhook deliveries' admin)
 from api.common.errors import ServiceError
-from api.models import ApiKey, Job, UsageRecord
-from api.services.api_keys import (
+from api.keys.quotas import usage_rollup
+from api.keys.services import (
     api_key_generate_secret,
     api_key_revocation_announce,
     api_key_revoke,
     api_key_rotate_webhook_secret,
     api_key_set_secret,
 )
+from api.models import ApiKey, Job, UsageRecord
 from api.services.job_deletion import job_delete
 from api.services.jobs import job_cancel, job_requeue
-from api.services.quotas import usage_rollup
 from api.serving.catalog import configured_models
 
 User = get_user_model()

@@ -11,7 +11,7 @@ already finished, or any other message, gets an error message, and the stream go
 
 Authentication: ``Authorization: Bearer <key>`` or ``?api_key=<key>``. The key is read again for
 each submission and each cancel, as REST reads it for each request, and a socket whose key is
-revoked while it is open ends at once (api/key_revocation.py). Close codes: 4401 missing, bad or
+revoked while it is open ends at once (api/keys/revocation.py). Close codes: 4401 missing, bad or
 revoked key; 4404 a job that does not exist or belongs to someone else (``job_not_found``), or a
 path that is neither of the two (``/ws/v1/jobs/not-a-uuid/``, ``not_found``); 4400 bad input; 4503
 no stream to follow (Redis is down) or the database is unavailable; 4500 an internal error. Both
@@ -32,7 +32,6 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from rest_framework.exceptions import ParseError
 
-from api.authentication import authenticate_api_key, authenticate_api_key_for_job, bearer_token
 from api.common.errors import (
     DATABASE_UNAVAILABLE_ERRORS,
     ApiKeyRevoked,
@@ -45,7 +44,8 @@ from api.common.errors import (
 )
 from api.common.exception_handler import exception_handler
 from api.common.parsers import parse_json
-from api.key_revocation import KeyRevocationEvents
+from api.keys.authentication import authenticate_api_key, authenticate_api_key_for_job, bearer_token
+from api.keys.revocation import KeyRevocationEvents
 from api.models import ApiKey, Job
 from api.serializers import JobCreateSerializer
 from api.services.jobs import JobRequest, job_cancel, job_create

@@ -149,7 +149,6 @@ class JobCreateSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
 
 
 JOBS_MAX_PAGE_SIZE = 100
-KEYS_MAX_PAGE_SIZE = 50
 
 
 class JobListQuerySerializer(serializers.Serializer):
@@ -159,13 +158,6 @@ class JobListQuerySerializer(serializers.Serializer):
     status = serializers.ChoiceField(choices=JobStatus.choices, required=False)
     page = serializers.IntegerField(min_value=1, required=False)
     page_size = serializers.IntegerField(min_value=1, max_value=JOBS_MAX_PAGE_SIZE, required=False)
-
-
-class KeyListQuerySerializer(serializers.Serializer):
-    """GET /keys's query: bad paging is a 400 that names it, as for GET /jobs."""
-
-    page = serializers.IntegerField(min_value=1, required=False)
-    page_size = serializers.IntegerField(min_value=1, max_value=KEYS_MAX_PAGE_SIZE, required=False)
 
 
 class UsageSerializer(serializers.Serializer):

@@ -21,7 +21,7 @@ Errors before the stream starts are the API's JSON envelope with its status: 401
 key owner's job), 400 (a bad ``after`` or ``Last-Event-ID``), 405 (not a GET), 503 (Redis is
 down: no stream to follow, but the job itself is safe in the database; or the database is
 unavailable). A key revoked while its stream is open ends the stream at once with an ``error``
-event (``revoked_api_key``, api/key_revocation.py); an EventSource that reconnects then gets the
+event (``revoked_api_key``, api/keys/revocation.py); an EventSource that reconnects then gets the
 401, which stops it.
 """
 
@@ -37,7 +37,7 @@ from channels.generic.http import AsyncHttpConsumer
 from api.common.errors import ApiKeyRevoked, JobNotFound, ServiceError, ServiceUnavailable, error_body
 from api.consumers import authorize_job, scope_api_key
 from api.http_stream import HttpStreamMixin
-from api.key_revocation import KeyRevocationEvents
+from api.keys.revocation import KeyRevocationEvents
 from api.streaming.follow import FollowsJob
 
 FINAL_ID_SUFFIX = ":final"

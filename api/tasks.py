@@ -21,9 +21,10 @@ from django.conf import settings
 from django.utils import timezone
 
 from api.batches.models import Batch, BatchStatus
+from api.keys import quotas
 from api.models import JobStatus
 from api.selectors.batches import batches_unfinished
-from api.services import batch_feed, batches, job_deletion, job_lifecycle, quotas, webhook_delivery, webhooks
+from api.services import batch_feed, batches, job_deletion, job_lifecycle, webhook_delivery, webhooks
 from api.services.jobs import job_send
 from api.serving.catalog import LEGACY_QUEUE, configured_models, model_queue
 from api.worker import service as worker

@@ -4,11 +4,10 @@ from django.urls import path
 from drf_spectacular.renderers import OpenApiJsonRenderer
 from drf_spectacular.views import SpectacularAPIView
 
+from api.keys.views import ApiKeyListView, ApiKeyRevokeView, UsageView, WebhookSecretRotateView
 from api.serving.views import ModelListView
 from api.views.jobs import JobCancelView, JobDetailView, JobListCreateView
-from api.views.keys import ApiKeyListView, ApiKeyRevokeView, WebhookSecretRotateView
 from api.views.service import HealthView, api_docs
-from api.views.usage import UsageView
 
 urlpatterns = [
     path("jobs", JobListCreateView.as_view(), name="jobs"),

@@ -37,13 +37,13 @@ from channels.generic.http import AsyncHttpConsumer
 from django.conf import settings
 from rest_framework import exceptions as drf_exceptions
 
-from api.authentication import authenticate_api_key
 from api.common.errors import JobNotFound, ServiceError, ServiceUnavailable, error_body
 from api.common.exception_handler import exception_handler
 from api.common.parsers import RequestTooLarge, StrictJSONParser
 from api.consumers import cancel_job, db_thread, scope_api_key
 from api.http_stream import HttpStreamMixin, encode_headers
 from api.job_logprobs import chat_logprobs, job_logprobs, text_logprobs
+from api.keys.authentication import authenticate_api_key
 from api.models import ApiKey, Job
 from api.openai_api.continuity import Diverged, StreamContinuity
 from api.openai_api.requests import Kind, OpenAIRequest, openai_request

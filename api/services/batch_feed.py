@@ -3,7 +3,7 @@
 A batch's jobs are inserted queued but not sent (``dispatch_count`` 0: *held*). The feeder sends
 the next held jobs of a key's running batches while fewer than BATCH_JOBS_IN_FLIGHT_PER_KEY of
 the key's batch jobs are sent and not finished (queued in the engine or running), and while the
-key's daily tokens cover them (api/services/quotas.py counts a batch job's tokens once it is
+key's daily tokens cover them (api/keys/quotas.py counts a batch job's tokens once it is
 sent). So a batch never floods the engine's queue: the engine admits an interactive job, more
 urgent by its priority (BATCH_JOB_PRIORITY is less urgent than any key's class), before the few
 batch jobs waiting there, and a key's batch cannot take more of the engine than the cap.
@@ -28,9 +28,9 @@ from django.utils import timezone
 from kombu.exceptions import KombuError
 
 from api.batches.models import BatchStatus
+from api.keys.quotas import quota_key_usage
 from api.models import ApiKey, Job, JobStatus
 from api.services.jobs import job_dispatch
-from api.services.quotas import quota_key_usage
 from inference_service.celery import app as celery_app
 
 logger = logging.getLogger(__name__)

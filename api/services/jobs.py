@@ -40,12 +40,12 @@ from api.common.errors import (
     TokenIdOutOfRange,
 )
 from api.common.redis_client import get_redis
+from api.keys.quotas import RateLimitState, quota_consume_request, quota_gate
 from api.models import SAMPLING_DEFAULTS, ApiKey, Job, JobStatus
 from api.selectors.jobs import job_queue_position
 from api.services.job_deletion import drop_stream
 from api.services.job_routing import job_route
 from api.services.job_webhooks import job_webhooks_enqueue
-from api.services.quotas import RateLimitState, quota_consume_request, quota_gate
 from api.serving.catalog import ConfiguredModel, default_model_name, model_queue, model_resolve
 from api.serving.tokenization import get_tokenizer
 from api.streaming.job_end import stream_job_end

@@ -12,6 +12,7 @@ from rest_framework.views import APIView
 
 from api.common.serializers import PAGE_NOT_FOUND, REQUEST_ERRORS, ErrorSerializer, paginated_list
 from api.job_metadata import metadata_filters
+from api.keys.quotas import quota_request_rate_state
 from api.schema_hooks import IDEMPOTENCY_KEY_SCHEMA
 from api.selectors.jobs import job_detail, job_get, job_list, job_queue_position
 from api.serializers import (
@@ -24,7 +25,6 @@ from api.serializers import (
 )
 from api.services.job_deletion import job_delete
 from api.services.jobs import JobRequest, job_cancel, job_create
-from api.services.quotas import quota_request_rate_state
 from api.serving.workers import model_served
 
 ERRORS = {

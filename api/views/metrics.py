@@ -14,8 +14,8 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.http import require_GET
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from api.authentication import bearer_token
 from api.common.errors import error_body
+from api.keys.authentication import bearer_token
 from api.metrics import registry
 
 

@@ -7,8 +7,8 @@ from typing import Any
 
 from django.contrib.auth import get_user_model
 
+from api.keys.services import api_key_create
 from api.models import ApiKey, Job, JobStatus
-from api.services.api_keys import api_key_create
 
 _counter = itertools.count(1)
 

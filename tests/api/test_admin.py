@@ -5,8 +5,8 @@ import time
 import pytest
 from django.test import Client
 
-from api.authentication import authenticate_api_key
 from api.common import redis_keys
+from api.keys.authentication import authenticate_api_key
 from api.models import ApiKey, Job, JobStatus
 from api.worker.history import HistorySample, history_record
 from tests.api.factories import heartbeat, make_api_key, make_job, make_user, publish_heartbeat

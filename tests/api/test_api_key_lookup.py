@@ -9,8 +9,8 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from api.selectors.api_keys import api_key_with_owner, api_key_with_owner_and_job
-from api.services.api_keys import api_key_revoke, hash_secret
+from api.keys.selectors import api_key_with_owner, api_key_with_owner_and_job
+from api.keys.services import api_key_revoke, hash_secret
 from tests.api.factories import make_api_key, make_job, make_user
 
 pytestmark = pytest.mark.django_db

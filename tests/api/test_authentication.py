@@ -9,10 +9,10 @@ from django.core.management import call_command
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from api.authentication import authenticate_api_key
 from api.common.errors import AuthenticationFailed
+from api.keys.authentication import authenticate_api_key
+from api.keys.services import api_key_revoke
 from api.models import ApiKey
-from api.services.api_keys import api_key_revoke
 from tests.api.factories import make_api_key, make_user
 
 pytestmark = pytest.mark.django_db
@@ -130,7 +130,7 @@ def test_create_api_user_with_replace_revokes_the_earlier_key_of_that_name_only(
 
 
 def test_a_jobs_websocket_learns_the_key_and_whether_the_job_is_its_owners_in_one_query(django_assert_num_queries):
-    from api.authentication import authenticate_api_key_for_job
+    from api.keys.authentication import authenticate_api_key_for_job
     from tests.api.factories import make_job
 
     api_key, secret = make_api_key()

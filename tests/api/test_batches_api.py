@@ -285,7 +285,7 @@ def test_held_jobs_are_left_to_the_feeder_by_the_reconciler_and_the_queue_expiry
 
 
 def test_a_batch_whose_key_is_revoked_is_cancelled(api_client, api_key):
-    from api.services.api_keys import api_key_revoke
+    from api.keys.services import api_key_revoke
 
     batch_id = _batch(api_client, [chat_line("a"), chat_line("b")])["id"]
     batch_start(batch_id=batch_id)

@@ -9,8 +9,8 @@ import pytest
 from django.db import connection
 
 from api.common.errors import QuotaExceeded
+from api.keys import quotas
 from api.models import Job
-from api.services import quotas
 from api.services.jobs import JobRequest, job_create
 from tests.api.factories import make_api_key
 

@@ -124,8 +124,8 @@ def test_a_lost_database_connection_is_503_or_4503_with_the_envelope_on_every_do
     job_id = str(make_job(api_key=api_key).id)
     body = b'{"model": "tiny", "prompt": "a", "max_tokens": 2}'
 
-    with mock.patch("api.authentication.api_key_with_owner", side_effect=error), \
-            mock.patch("api.authentication.api_key_with_owner_and_job", side_effect=error):
+    with mock.patch("api.keys.authentication.api_key_with_owner", side_effect=error), \
+            mock.patch("api.keys.authentication.api_key_with_owner_and_job", side_effect=error):
         rest = APIClient().get(f"/api/v1/jobs/{job_id}", HTTP_AUTHORIZATION=f"Bearer {secret}")
         sse = _http(f"/api/v1/jobs/{job_id}/events", secret=secret)
         openai = _http("/v1/completions", secret=secret, method="POST", body=body)

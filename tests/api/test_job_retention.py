@@ -9,9 +9,9 @@ import pytest
 from django.utils import timezone
 
 from api import tasks
+from api.keys.quotas import quota_key_usage
 from api.models import Job, JobStatus, UsageRecord
 from api.services.job_deletion import jobs_purge_finished
-from api.services.quotas import quota_key_usage
 from tests.api.factories import make_api_key, make_job
 from tests.api.test_project import _settings_in_subprocess
 

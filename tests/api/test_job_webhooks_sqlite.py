@@ -16,7 +16,7 @@ import json, time
 from django.contrib.auth.models import User
 from api.models import Job
 from api.services import job_lifecycle as lc
-from api.services.api_keys import api_key_create
+from api.keys.services import api_key_create
 from api.webhooks.models import WebhookDelivery
 from engine_worker.protocol import FinalResult
 

@@ -1,5 +1,5 @@
 """A key revoked while its sockets and streams are open: every submission and cancel reads the key
-again, and the revocation ends the job streams the key opened, at once (api/key_revocation.py).
+again, and the revocation ends the job streams the key opened, at once (api/keys/revocation.py).
 Through the real ASGI application, Postgres, Redis and the channel layer."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from django.utils import timezone
 
 from api.admin import QUOTA_FIELDS
 from api.common.redis_keys import job_stream_key
+from api.keys.services import api_key_revoke
 from api.models import ApiKey, Job, JobStatus
-from api.services.api_keys import api_key_revoke
 from api.streaming import messages
 from engine_worker.protocol import OutputChunk
 from inference_service.asgi import application

@@ -8,9 +8,9 @@ import redis
 from django.utils import timezone
 
 from api.common.errors import AuthenticationFailed, QuotaExceeded
+from api.keys.quotas import quota_key_usage, usage_rollup
 from api.models import ApiKey, Job, JobStatus, UsageRecord
 from api.services.jobs import JobRequest, job_create
-from api.services.quotas import quota_key_usage, usage_rollup
 from api.serving.tokenization import get_tokenizer
 from tests.api.factories import make_api_key, make_job
 
@@ -66,7 +66,7 @@ def test_rate_limit_lets_requests_through_when_redis_is_down(api_client, api_key
     api_key.requests_per_minute = 0
     api_key.save()
 
-    with mock.patch("api.services.quotas.get_redis", side_effect=redis.ConnectionError("down")):
+    with mock.patch("api.keys.quotas.get_redis", side_effect=redis.ConnectionError("down")):
         response = api_client.post("/api/v1/jobs", BODY, format="json")
 
     assert response.status_code == 202

@@ -18,10 +18,10 @@ from django.contrib.auth.models import User
 from django.utils import timezone
 from api.common.errors import QuotaExceeded
 from api.selectors.jobs import job_queue_position
-from api.services.api_keys import api_key_create
+from api.keys.services import api_key_create
 from api.services.jobs import JobRequest, job_create
-from api.services.quotas import quota_key_usage
-from api.authentication import authenticate_api_key
+from api.keys.quotas import quota_key_usage
+from api.keys.authentication import authenticate_api_key
 from api.models import ApiKey
 from django.forms.models import model_to_dict
 
@@ -48,7 +48,7 @@ written = lc.jobs_record_progress(worker_id="w", progress=[
     for j in jobs])
 jobs[0].refresh_from_db()
 found, orm = authenticate_api_key(secret), ApiKey.objects.select_related("owner").get(id=key.id)
-from api.authentication import authenticate_api_key_for_job
+from api.keys.authentication import authenticate_api_key_for_job
 other = User.objects.create(username="other")
 foreign = Job.objects.create(owner=other, status="completed", prompt="x", prompt_token_ids=[1], params={"max_tokens": 1})
 owns = [authenticate_api_key_for_job(secret, str(j.id))[1] for j in (jobs[0], foreign)]

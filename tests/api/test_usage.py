@@ -124,7 +124,7 @@ def test_usage_without_a_valid_key_is_401(db, redis_client):
 
 def test_with_redis_down_the_request_rate_is_unknown_and_the_rest_still_answers(api_client, api_key):
     make_job(api_key=api_key)
-    with mock.patch("api.services.quotas.get_redis", side_effect=redis.ConnectionError("down")):
+    with mock.patch("api.keys.quotas.get_redis", side_effect=redis.ConnectionError("down")):
         response = api_client.get("/api/v1/usage")
 
     assert response.status_code == 200

@@ -17,8 +17,8 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 from standardwebhooks.webhooks import Webhook
 
+from api.keys.services import api_key_revoke
 from api.models import JobStatus
-from api.services.api_keys import api_key_revoke
 from api.services.jobs import job_cancel
 from api.services.webhook_delivery import RETRY_MAX_DELAY_S, webhook_retry_delay
 from api.services.webhooks import DELIVER_WEBHOOK_TASK, webhook_enqueue

@@ -7,7 +7,7 @@ from __future__ import annotations
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandParser
 
-from api.services.api_keys import api_key_create, api_key_replace
+from api.keys.services import api_key_create, api_key_replace
 
 
 class Command(BaseCommand):

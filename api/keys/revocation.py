@@ -4,7 +4,7 @@ A job's WebSocket or event stream (SSE) outlives the request that authenticated 
 any of the owner's jobs. So each joins its key's channel-layer group (``apikey.<hash>``, see
 api/common/redis_keys.py) *before* its key is read: a revocation committed after that read is announced to a
 group it is already in. The announcement
-(:func:`api.services.api_keys.api_key_revocation_announce`, sent once the revocation commits)
+(:func:`api.keys.services.api_key_revocation_announce`, sent once the revocation commits)
 reaches every such connection, in every web process; each ends with the ``revoked_api_key`` error
 (close code 4401 on a WebSocket, an ``error`` event on a stream). The jobs themselves run on: the
 owner's other keys still reach them.
@@ -18,7 +18,7 @@ from typing import Any
 from redis.exceptions import RedisError
 
 from api.common.redis_keys import api_key_group_name
-from api.services.api_keys import hash_secret
+from api.keys.services import hash_secret
 
 logger = logging.getLogger(__name__)
 

@@ -1,4 +1,5 @@
-"""/api/v1/keys: a user's own API keys, listed, and revoked (a leaked key, say) without an operator.
+"""/api/v1/keys: a user's own API keys, listed, and revoked (a leaked key, say) without an operator;
+/api/v1/usage: the calling key's quotas, where it stands, and its daily usage.
 
 Keys are created by operators (the admin, ``manage.py create_api_user``): each key carries its own
 quotas, so a user who could mint keys could multiply them.
@@ -6,6 +7,7 @@ quotas, so a user who could mint keys could multiply them.
 
 from __future__ import annotations
 
+from django.utils import timezone
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework.pagination import PageNumberPagination
 from rest_framework.request import Request
@@ -13,10 +15,17 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from api.common.serializers import PAGE_NOT_FOUND, REQUEST_ERRORS, ErrorSerializer, paginated_list
-from api.key_serializers import ApiKeySerializer, WebhookSecretSerializer, api_key_body
-from api.selectors.owned_keys import api_key_list
-from api.serializers import KEYS_MAX_PAGE_SIZE, KeyListQuerySerializer
-from api.services.api_keys import api_key_revoke_owned, api_key_rotate_webhook_secret_owned
+from api.keys.selectors import api_key_list
+from api.keys.serializers import (
+    KEYS_MAX_PAGE_SIZE,
+    ApiKeySerializer,
+    KeyListQuerySerializer,
+    WebhookSecretSerializer,
+    api_key_body,
+)
+from api.keys.services import api_key_revoke_owned, api_key_rotate_webhook_secret_owned
+from api.keys.usage import api_key_usage_report
+from api.keys.usage_serializers import KeyUsageSerializer, UsageQuerySerializer, usage_body
 
 
 class KeyPagination(PageNumberPagination):
@@ -66,3 +75,25 @@ class WebhookSecretRotateView(APIView):
     def post(self, request: Request, key_id: int) -> Response:
         api_key, secret = api_key_rotate_webhook_secret_owned(key_id=key_id, owner=request.user)
         return Response(WebhookSecretSerializer({"api_key_id": api_key.id, "secret": secret}).data)
+
+
+class UsageView(APIView):
+    @extend_schema(
+        operation_id="usage_retrieve",
+        summary="Your API key's quotas, what is used of each, and its daily usage",
+        description=(
+            "Counted as a submission counts them; reading this does not count as a request. "
+            "`days` lists the daily usage, newest first: today's counted from the jobs at this read, "
+            "earlier days from the daily roll-up."
+        ),
+        parameters=[UsageQuerySerializer],
+        responses={
+            200: KeyUsageSerializer,
+            **REQUEST_ERRORS,
+        },
+    )
+    def get(self, request: Request) -> Response:
+        query = UsageQuerySerializer(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        report = api_key_usage_report(api_key=request.auth, days=query.validated_data["days"], now=timezone.now())
+        return Response(KeyUsageSerializer(usage_body(report)).data)

@@ -1,4 +1,4 @@
-"""GET /api/v1/usage: its query and its answer (see selectors/usage.py)."""
+"""GET /api/v1/usage: its query and its answer (see usage.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import Any
 
 from rest_framework import serializers
 
-from api.selectors.usage import KeyUsageReport
+from api.keys.usage import KeyUsageReport
 
 USAGE_MAX_DAYS = 90
 

@@ -1,11 +1,14 @@
-"""Reads of API keys for authentication: the key behind a secret's hash, with its owner."""
+"""Reads of API keys: the key behind a secret's hash, with its owner (the authentication path),
+and a user's own keys (``/api/v1/keys``)."""
 
 from __future__ import annotations
 
 import uuid
 
-from django.db.models import Exists, OuterRef
+from django.contrib.auth.models import AbstractBaseUser
+from django.db.models import Exists, OuterRef, QuerySet
 
+from api.common.errors import ApiKeyNotFound
 from api.models import ApiKey, Job
 
 
@@ -26,3 +29,16 @@ def api_key_with_owner_and_job(*, hashed_key: str, job_id: str) -> tuple[ApiKey 
     api_key = (ApiKey.objects.select_related("owner").annotate(owns_job=owns_job)
                .filter(hashed_key=hashed_key).first())
     return (None, False) if api_key is None else (api_key, api_key.owns_job)
+
+
+def api_key_list(*, owner: AbstractBaseUser) -> QuerySet[ApiKey]:
+    """``owner``'s keys, revoked ones included, newest first."""
+    return ApiKey.objects.filter(owner=owner).order_by("-created_at", "-id")
+
+
+def api_key_get(*, key_id: int, owner: AbstractBaseUser) -> ApiKey:
+    """``owner``'s key ``key_id``, or ApiKeyNotFound (another user's key is not found either)."""
+    try:
+        return ApiKey.objects.get(id=key_id, owner=owner)
+    except ApiKey.DoesNotExist:
+        raise ApiKeyNotFound(key_id) from None

@@ -9,9 +9,9 @@ from rest_framework.authentication import BaseAuthentication, get_authorization_
 from rest_framework.request import Request
 
 from api.common.errors import ApiKeyRevoked, AuthenticationFailed
+from api.keys.selectors import api_key_with_owner, api_key_with_owner_and_job
+from api.keys.services import api_key_touch, hash_secret
 from api.models import ApiKey
-from api.selectors.api_keys import api_key_with_owner, api_key_with_owner_and_job
-from api.services.api_keys import api_key_touch, hash_secret
 
 
 def authenticate_api_key(raw: str | None) -> ApiKey:
@@ -74,7 +74,7 @@ class ApiKeyAuthentication(BaseAuthentication):
 class ApiKeyAuthenticationScheme(OpenApiAuthenticationExtension):
     """Describes the Bearer API key in the OpenAPI schema."""
 
-    target_class = "api.authentication.ApiKeyAuthentication"
+    target_class = "api.keys.authentication.ApiKeyAuthentication"
     name = "ApiKey"
 
     def get_security_definition(self, auto_schema: Any) -> dict[str, str]:

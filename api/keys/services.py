@@ -1,6 +1,6 @@
 """API keys: creation (the secret is returned once), revocation (announced to the job streams the
-key opened, api/key_revocation.py), last-used bookkeeping, and the rotation of the secret that
-signs the key's webhooks (made with the key, api/models.py)."""
+key opened, api/keys/revocation.py), last-used bookkeeping, and the rotation of the secret that
+signs the key's webhooks (made with the key, api/keys/models.py)."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ from django.utils import timezone
 from redis.exceptions import RedisError
 
 from api.common.redis_keys import api_key_group_name
+from api.keys.selectors import api_key_get
 from api.models import ApiKey, new_webhook_secret
-from api.selectors.owned_keys import api_key_get
 
 logger = logging.getLogger(__name__)
 
@@ -86,7 +86,7 @@ def api_key_generate_secret() -> str:
 
 def api_key_revoke(*, api_key_id: int) -> bool:
     """Revoke a key; returns False if it was already revoked. Takes effect on the next request, and
-    once the revocation commits, the job streams the key opened end (api/key_revocation.py)."""
+    once the revocation commits, the job streams the key opened end (api/keys/revocation.py)."""
     updated = ApiKey.objects.filter(id=api_key_id, revoked_at__isnull=True).update(revoked_at=timezone.now())
     if updated != 1:
         return False

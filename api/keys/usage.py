@@ -12,8 +12,7 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass
 
-from api.models import ApiKey, UsageRecord
-from api.services.quotas import (
+from api.keys.quotas import (
     KeyUsage,
     RateLimitState,
     quota_day_reset_s,
@@ -21,6 +20,7 @@ from api.services.quotas import (
     quota_request_rate_state,
     usage_day_totals,
 )
+from api.models import ApiKey, UsageRecord
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""The answers of /api/v1/keys: a user's own API keys (never their secrets or hashes)."""
+"""/api/v1/keys: its query, and its answers: a user's own API keys (never their secrets or hashes)."""
 
 from __future__ import annotations
 
@@ -50,3 +50,13 @@ class WebhookSecretSerializer(serializers.Serializer):
     object = serializers.CharField(default="webhook_secret")
     api_key_id = serializers.IntegerField()
     secret = serializers.CharField(help_text="whsec_<base64>: verifies the key's webhooks; shown once")
+
+
+KEYS_MAX_PAGE_SIZE = 50
+
+
+class KeyListQuerySerializer(serializers.Serializer):
+    """GET /keys's query: bad paging is a 400 that names it, as for GET /jobs."""
+
+    page = serializers.IntegerField(min_value=1, required=False)
+    page_size = serializers.IntegerField(min_value=1, max_value=KEYS_MAX_PAGE_SIZE, required=False)
