@@ -14,7 +14,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils import timezone
 
-from api import batch_admin, webhook_admin  # noqa: F401  (register the files', batches' and webhook deliveries' admin)
+from api import batch_admin  # noqa: F401  (register the files' and batches' admin)
 from api.common.errors import ServiceError
 from api.keys.quotas import usage_rollup
 from api.keys.services import (
@@ -28,6 +28,7 @@ from api.models import ApiKey, Job, UsageRecord
 from api.services.job_deletion import job_delete
 from api.services.jobs import job_cancel, job_requeue
 from api.serving.catalog import configured_models
+from api.webhooks import admin as webhook_admin  # noqa: F401  (register the webhook deliveries' admin)
 
 User = get_user_model()
 QUOTA_FIELDS = ("requests_per_minute", "tokens_per_day", "max_concurrent_jobs", "max_tokens_per_job", "priority")

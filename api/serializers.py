@@ -17,7 +17,7 @@ from api.common.serializers import (
 )
 from api.job_metadata import MetadataField
 from api.models import JobStatus
-from api.webhook_urls import MAX_WEBHOOK_URL_LENGTH
+from api.webhooks.targets import MAX_WEBHOOK_URL_LENGTH
 
 MAX_STOP_SEQUENCES = 4
 MAX_STOP_LENGTH = 256
@@ -109,7 +109,7 @@ class JobCreateSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
     stop = StopField(required=False)
     priority = StrictIntegerField(required=False, min_value=0, max_value=1000)
     metadata = MetadataField(required=False)
-    # Called when the job ends; where it may point is checked by job_create (api/webhook_urls.py).
+    # Called when the job ends; where it may point is checked by job_create (api/webhooks/targets.py).
     webhook_url = StrictCharField(
         required=False, max_length=MAX_WEBHOOK_URL_LENGTH, allow_blank=False,
         help_text="An http(s) URL on the public internet, POSTed once when the job ends, signed as the "

@@ -7,7 +7,7 @@ queued in the database, and the reconciler sends it again, to its model's shared
 ``purge_jobs`` run on the light worker under beat, as does ``drop_job_stream`` when a delete
 schedules it. So do the webhooks: ``deliver_webhook`` makes one attempt of a delivery, and
 ``send_due_webhooks`` (beat) sends those whose retry is due or whose message was lost
-(api/services/webhooks.py). And the batches' tasks (api/services/batches.py): ``start_batch`` when one is created,
+(api/webhooks/services.py). And the batches' tasks (api/services/batches.py): ``start_batch`` when one is created,
 ``batch_progress`` when its jobs end, and ``tick_batches`` under beat.
 """
 
@@ -24,9 +24,11 @@ from api.batches.models import Batch, BatchStatus
 from api.keys import quotas
 from api.models import JobStatus
 from api.selectors.batches import batches_unfinished
-from api.services import batch_feed, batches, job_deletion, job_lifecycle, webhook_delivery, webhooks
+from api.services import batch_feed, batches, job_deletion, job_lifecycle
 from api.services.jobs import job_send
 from api.serving.catalog import LEGACY_QUEUE, configured_models, model_queue
+from api.webhooks import delivery as webhook_delivery
+from api.webhooks import services as webhooks
 from api.worker import service as worker
 
 logger = logging.getLogger(__name__)

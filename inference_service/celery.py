@@ -22,7 +22,7 @@ app.conf.beat_schedule = {
     "rollup-usage": {"task": "api.tasks.rollup_usage", "schedule": 300.0},
     # Deletes finished jobs older than JOB_RETENTION_DAYS (does nothing when it is 0).
     "purge-jobs": {"task": "api.tasks.purge_jobs", "schedule": 3600.0},
-    # Webhook retries that came due, and deliveries whose message was lost (api/services/webhooks.py).
+    # Webhook retries that came due, and deliveries whose message was lost (api/webhooks/services.py).
     "send-due-webhooks": {"task": "api.tasks.send_due_webhooks", "schedule": 2.0},
 }
 app.autodiscover_tasks()

@@ -267,7 +267,7 @@ JOB_REDISPATCH_AFTER_S = env_float("JOB_REDISPATCH_AFTER_S", 30.0, minimum=0.5)
 WORKER_STREAM_INTERVAL_MS = env_float("WORKER_STREAM_INTERVAL_MS", 40.0, minimum=0.0)
 WORKER_PREFETCH = env_int("WORKER_PREFETCH", 16, minimum=1)
 
-# Webhooks (api/services/webhooks.py). A webhook URL whose host resolves to a private, loopback,
+# Webhooks (api/webhooks/services.py). A webhook URL whose host resolves to a private, loopback,
 # link-local or other non-global address is refused, at submission and again at each attempt,
 # unless WEBHOOK_ALLOW_PRIVATE is on (every address) or the address is in WEBHOOK_ALLOWED_NETWORKS
 # (CIDRs, e.g. 10.0.0.0/8 for receivers inside the operator's network). An attempt gets

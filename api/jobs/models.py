@@ -82,7 +82,7 @@ class Job(models.Model):
     params = models.JSONField(default=dict)
     # The client's own labels (api/job_metadata.py): returned with the job, a filter of the list.
     metadata = models.JSONField(default=dict, blank=True)
-    # Called once the job ends (api/services/job_webhooks.py); empty: none.
+    # Called once the job ends (api/webhooks/job_events.py); empty: none.
     webhook_url = models.CharField(max_length=2048, blank=True, default="")
     priority = models.IntegerField(default=10)
     idempotency_key = models.CharField(max_length=255, null=True, blank=True)

@@ -59,7 +59,7 @@ class ApiKey(models.Model):
     # Priority class of the key's jobs: lower is more urgent; a request may ask for less urgency,
     # never for more.
     priority = models.PositiveSmallIntegerField(default=10)
-    # Signs the webhooks of the key's jobs (api/webhook_signing.py). Kept as is, since signing
+    # Signs the webhooks of the key's jobs (api/webhooks/signing.py). Kept as is, since signing
     # needs it (as Stripe and Svix keep theirs); shown once, when it is made or rotated.
     webhook_secret = models.CharField(max_length=100, default=new_webhook_secret, editable=False)
     # The models the key may use, by name; empty: every model (api/services/jobs.py checks it).

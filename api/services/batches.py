@@ -34,8 +34,8 @@ from api.services.batch_feed import batch_progress_send
 from api.services.batch_output import batch_output_lines
 from api.services.files import file_create_output
 from api.services.jobs import job_build, job_cancel
-from api.services.webhooks import webhook_enqueue
-from api.webhook_urls import webhook_url_check
+from api.webhooks.services import webhook_enqueue
+from api.webhooks.targets import webhook_url_check
 from inference_service.celery import app as celery_app
 
 logger = logging.getLogger(__name__)

@@ -25,8 +25,8 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from api.models import SAMPLING_DEFAULTS, Job, JobStatus
-from api.services.job_webhooks import job_webhooks_enqueue
 from api.streaming.job_end import stream_job_end
+from api.webhooks.job_events import job_webhooks_enqueue
 from engine_worker.protocol import FinalResult, JobSpec
 
 logger = logging.getLogger(__name__)
@@ -184,7 +184,7 @@ def jobs_complete(*, results: list[FinalResult], worker_id: str) -> list[str]:
     One transaction for the batch: a commit per final would hold the last of a step's finals back
     by the others' round trips. On PostgreSQL the batch is one ``UPDATE ... FROM (VALUES ...)``,
     parsed and planned once, where an ``executemany`` would parse and plan a statement per job.
-    The webhooks of the jobs it ends are recorded in the same transaction (job_webhooks.py)."""
+    The webhooks of the jobs it ends are recorded in the same transaction (api/webhooks/job_events.py)."""
     if not results:
         return []
     # A job's last final wins, as it would have with one statement per final.

@@ -45,11 +45,11 @@ from api.models import SAMPLING_DEFAULTS, ApiKey, Job, JobStatus
 from api.selectors.jobs import job_queue_position
 from api.services.job_deletion import drop_stream
 from api.services.job_routing import job_route
-from api.services.job_webhooks import job_webhooks_enqueue
 from api.serving.catalog import ConfiguredModel, default_model_name, model_queue, model_resolve
 from api.serving.tokenization import get_tokenizer
 from api.streaming.job_end import stream_job_end
-from api.webhook_urls import webhook_url_check
+from api.webhooks.job_events import job_webhooks_enqueue
+from api.webhooks.targets import webhook_url_check
 from inference_service.celery import app as celery_app
 
 logger = logging.getLogger(__name__)

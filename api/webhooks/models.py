@@ -1,4 +1,4 @@
-"""Webhook deliveries and their attempts (api/services/webhooks.py sends them).
+"""Webhook deliveries and their attempts (api/webhooks/services.py sends them).
 
 A delivery is one event for one URL: its ``event_id`` is unique, so an event recorded twice (a
 retried write, two services racing to end a job) is delivered once. The row is the truth; Celery
@@ -31,7 +31,7 @@ class WebhookDelivery(models.Model):
     job = models.ForeignKey("api.Job", null=True, blank=True, on_delete=models.SET_NULL,
                             related_name="webhook_deliveries")
     # The exact body sent (its signature covers these bytes). A job's is rendered from its row at
-    # the first attempt (api/services/job_webhooks.py), then kept, so every attempt sends the same.
+    # the first attempt (api/webhooks/job_events.py), then kept, so every attempt sends the same.
     payload = models.TextField(blank=True)
     status = models.CharField(max_length=16, choices=WebhookDeliveryStatus.choices,
                               default=WebhookDeliveryStatus.PENDING)

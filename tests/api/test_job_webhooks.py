@@ -12,10 +12,10 @@ from django.utils import timezone
 
 from api.models import JobStatus
 from api.services import job_lifecycle
-from api.services.job_webhooks import job_webhooks_enqueue
 from api.services.jobs import job_cancel, job_requeue
-from api.services.webhooks import DELIVER_WEBHOOK_TASK
+from api.webhooks.job_events import job_webhooks_enqueue
 from api.webhooks.models import WebhookDelivery
+from api.webhooks.services import DELIVER_WEBHOOK_TASK
 from engine_worker.protocol import FinalResult
 from tests.api.factories import make_api_key, make_job
 

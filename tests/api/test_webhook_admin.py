@@ -8,8 +8,8 @@ from django.test import Client
 from django.utils import timezone
 
 from api.models import ApiKey, JobStatus
-from api.services.webhooks import DELIVER_WEBHOOK_TASK
 from api.webhooks.models import WebhookAttempt, WebhookDelivery, WebhookDeliveryStatus
+from api.webhooks.services import DELIVER_WEBHOOK_TASK
 from tests.api.factories import make_api_key, make_job, make_user
 
 pytestmark = pytest.mark.django_db(transaction=True)  # the redelivery's message is sent on commit

@@ -12,7 +12,7 @@ import pytest
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
 from api.models import WEBHOOK_SECRET_PREFIX, new_webhook_secret
-from api.webhook_signing import webhook_headers
+from api.webhooks.signing import webhook_headers
 
 # The spec's example (https://github.com/standard-webhooks/standard-webhooks, spec/standard-webhooks.md).
 SPEC_SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"

@@ -14,7 +14,7 @@ from channels.testing import WebsocketCommunicator
 from django.core.exceptions import ImproperlyConfigured
 
 from api.models import Job
-from api.webhook_urls import WebhookUrlRefused, webhook_target, webhook_url_check
+from api.webhooks.targets import WebhookUrlRefused, webhook_target, webhook_url_check
 from inference_service.asgi import application
 from inference_service.env import env_networks
 from tests.api.factories import make_api_key

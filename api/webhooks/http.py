@@ -1,7 +1,7 @@
 """One webhook request: resolve and check the host again, POST to the checked address, never
 follow a redirect, give it at most WEBHOOK_TIMEOUT_S in all, keep the start of the answer.
 
-The request goes to the address :func:`api.webhook_urls.webhook_target` checked, with the URL's
+The request goes to the address :func:`api.webhooks.targets.webhook_target` checked, with the URL's
 host in ``Host`` and, over TLS, as the server name (SNI and the certificate's check): a second
 lookup by the HTTP client could return another address. Proxies from the environment are not
 used for the same reason.
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from api.webhook_urls import WebhookTarget, WebhookUrlRefused, webhook_target
+from api.webhooks.targets import WebhookTarget, WebhookUrlRefused, webhook_target
 
 USER_AGENT = "inference-service-webhooks/1"
 # Enough of a refusal's body for an operator to read why; the rest is never downloaded.

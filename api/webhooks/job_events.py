@@ -6,7 +6,7 @@ transaction of that change: the engine worker's finals (job_lifecycle.jobs_compl
 (job_lifecycle.job_requeue) and expiry (jobs_expire_queued). The delivery commits with the status.
 A cancel sends its Celery message on commit; the transitions of job_lifecycle.py, made by the
 engine workers and the light worker's periodic tasks, leave theirs to ``send_due_webhooks``
-(api/services/webhooks.py says why).
+(api/webhooks/services.py says why).
 
 The event id is the job's id and its ``queued_at``: a job ends once per time it is queued (only an
 operator's requeue queues it anew, with a new ``queued_at``), so a second path that records the
@@ -27,8 +27,8 @@ from collections.abc import Iterable
 from api.models import TERMINAL_STATUSES, Job
 from api.selectors.jobs import job_detail
 from api.serializers import JobSerializer
-from api.services.webhooks import webhook_body, webhooks_enqueue
 from api.webhooks.models import WebhookDelivery
+from api.webhooks.services import webhook_body, webhooks_enqueue
 
 
 def job_event_id(*, job_id: uuid.UUID | str, queued_at: dt.datetime) -> str:
@@ -39,7 +39,7 @@ def job_event_id(*, job_id: uuid.UUID | str, queued_at: dt.datetime) -> str:
 def job_webhooks_enqueue(*, job_ids: Iterable[uuid.UUID | str], send: bool = True) -> int:
     """Record the end of each of these jobs that has ended and named a webhook URL (in the
     caller's transaction, after its status change); ``send``: as for
-    :func:`api.services.webhooks.webhooks_enqueue`. Returns how many it recorded or found."""
+    :func:`api.webhooks.services.webhooks_enqueue`. Returns how many it recorded or found."""
     rows = (Job.objects.filter(id__in=list(job_ids), status__in=TERMINAL_STATUSES).exclude(webhook_url="")
             .values_list("id", "api_key_id", "webhook_url", "status", "queued_at"))
     deliveries = [

@@ -25,11 +25,11 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from api.services.job_webhooks import job_webhook_payload
-from api.services.webhooks import redispatch_after
-from api.webhook_http import WebhookResponse, webhook_post
-from api.webhook_signing import webhook_headers
+from api.webhooks.http import WebhookResponse, webhook_post
+from api.webhooks.job_events import job_webhook_payload
 from api.webhooks.models import WebhookAttempt, WebhookDelivery, WebhookDeliveryStatus
+from api.webhooks.services import redispatch_after
+from api.webhooks.signing import webhook_headers
 
 logger = logging.getLogger(__name__)
 

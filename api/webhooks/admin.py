@@ -7,8 +7,8 @@ from django.contrib import admin
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
-from api.services.webhooks import webhook_redeliver
 from api.webhooks.models import WebhookAttempt, WebhookDelivery
+from api.webhooks.services import webhook_redeliver
 
 DELIVERY_FIELDS = ("id", "event_id", "event_type", "url", "status", "attempts", "created_at", "next_attempt_at",
                    "retry_until", "delivered_at", "last_status_code", "last_error", "api_key", "job", "payload")

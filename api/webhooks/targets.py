@@ -1,7 +1,7 @@
 """Which webhook URLs the service calls: http(s) only, and only hosts on the public internet.
 
 A URL is checked when a job (or a batch) names it, and its host is resolved again at every
-attempt, whose request then goes to the very address checked (api/webhook_http.py): a name that
+attempt, whose request then goes to the very address checked (api/webhooks/http.py): a name that
 resolved to a public address at submission and to 10.0.0.5 or 169.254.169.254 later (DNS
 rebinding) is refused then. Private, loopback, link-local, multicast, reserved and unspecified
 addresses are refused unless the operator allows them: WEBHOOK_ALLOW_PRIVATE (all of them, for a

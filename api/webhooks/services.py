@@ -1,7 +1,7 @@
 """Webhooks: record a delivery in the caller's transaction, wake the light worker on commit, and
 send again what nothing came of.
 
-Whatever calls a URL on an event (a job's end, api/services/job_webhooks.py; a batch's) calls
+Whatever calls a URL on an event (a job's end, api/webhooks/job_events.py; a batch's) calls
 :func:`webhook_enqueue` in the transaction that records the event, so the event and its delivery
 commit together or not at all. The ``event_id`` is unique: recording the same event twice (a
 retried write, two paths racing to end one job) leaves one delivery.
@@ -16,7 +16,7 @@ its I/O thread) and by the reconciler are left due instead (``send=False``), and
 ``send_due_webhooks`` (celery beat, every 2 s) sends them: the I/O thread writes every running
 job's output, and a publish to a broker that is down blocks for seconds (kombu's connection
 attempts; 6 s measured against a refused port). The same sweep sends the retries when their time
-comes (api/services/webhook_delivery.py) and any message that was lost (Redis down or flushed, a
+comes (api/webhooks/delivery.py) and any message that was lost (Redis down or flushed, a
 worker killed mid-attempt: the delivery stays pending, with a ``next_attempt_at`` that passes). No
 retry waits in the broker as a delayed message: with Redis, one delayed past its visibility
 timeout would be delivered twice.
@@ -68,7 +68,7 @@ def webhook_enqueue(*, api_key: ApiKey, url: str, event_type: str, event_id: str
     ``data``) to ``url``, signed with ``api_key``'s webhook secret, and send it once the caller's
     transaction commits. Returns None when ``event_id`` was recorded before (nothing is added).
 
-    ``url`` must have passed :func:`api.webhook_urls.webhook_url_check` when the client named it;
+    ``url`` must have passed :func:`api.webhooks.targets.webhook_url_check` when the client named it;
     each attempt checks its address again. ``event_id`` (at most 128 characters, sent as
     ``webhook-id``) must name this event alone: the same id is the same event. ``send=False``
     (from the engine worker's threads): no message on commit; the next ``send_due_webhooks`` sends
