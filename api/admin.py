@@ -14,7 +14,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils import timezone
 
-from api import batch_admin  # noqa: F401  (register the files' and batches' admin)
+from api.batches import admin as batch_admin  # noqa: F401  (register the files' and batches' admin)
 from api.common.errors import ServiceError
 from api.keys.quotas import usage_rollup
 from api.keys.services import (

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from django.urls import path
 
-from api.openai_api.batches_views import BatchCancelView, BatchDetailView, BatchListCreateView
-from api.openai_api.files_views import FileContentView, FileDetailView, FileListCreateView
+from api.batches.file_views import FileContentView, FileDetailView, FileListCreateView
+from api.batches.views import BatchCancelView, BatchDetailView, BatchListCreateView
 from api.openai_api.views import OpenAIModelDetailView, OpenAIModelListView
 
 urlpatterns = [

@@ -7,7 +7,7 @@ queued in the database, and the reconciler sends it again, to its model's shared
 ``purge_jobs`` run on the light worker under beat, as does ``drop_job_stream`` when a delete
 schedules it. So do the webhooks: ``deliver_webhook`` makes one attempt of a delivery, and
 ``send_due_webhooks`` (beat) sends those whose retry is due or whose message was lost
-(api/webhooks/services.py). And the batches' tasks (api/services/batches.py): ``start_batch`` when one is created,
+(api/webhooks/services.py). And the batches' tasks (api/batches/services.py): ``start_batch`` when one is created,
 ``batch_progress`` when its jobs end, and ``tick_batches`` under beat.
 """
 
@@ -20,11 +20,13 @@ from celery import shared_task
 from django.conf import settings
 from django.utils import timezone
 
+from api.batches import feed as batch_feed
+from api.batches import services as batches
 from api.batches.models import Batch, BatchStatus
+from api.batches.selectors import batches_unfinished
 from api.keys import quotas
 from api.models import JobStatus
-from api.selectors.batches import batches_unfinished
-from api.services import batch_feed, batches, job_deletion, job_lifecycle
+from api.services import job_deletion, job_lifecycle
 from api.services.jobs import job_send
 from api.serving.catalog import LEGACY_QUEUE, configured_models, model_queue
 from api.webhooks import delivery as webhook_delivery

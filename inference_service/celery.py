@@ -16,7 +16,7 @@ app.conf.beat_schedule = {
     # Re-dispatches queued jobs nobody holds and running jobs whose lease expired.
     "reconcile-jobs": {"task": "api.tasks.reconcile_jobs", "schedule": 10.0},
     "expire-jobs": {"task": "api.tasks.expire_jobs", "schedule": 60.0},
-    # Starts, feeds, expires and ends batches whose messages were lost (api/services/batches.py).
+    # Starts, feeds, expires and ends batches whose messages were lost (api/batches/services.py).
     "tick-batches": {"task": "api.tasks.tick_batches", "schedule": 5.0},
     # Keeps the admin's per-key, per-day usage table current (it is recomputed, so idempotent).
     "rollup-usage": {"task": "api.tasks.rollup_usage", "schedule": 300.0},

@@ -226,7 +226,7 @@ if 0 < JOB_RETENTION_DAYS < 2:
 # The Files and Batch APIs (api/batches/models.py). An upload of more than FILES_MAX_BYTES or
 # FILES_MAX_LINES lines is refused. A key has at most BATCH_JOBS_IN_FLIGHT_PER_KEY of its batch
 # jobs sent to the engine (queued there or running) at once; the rest wait in the database for the
-# feeder (api/services/batch_feed.py). 40 is one engine's batch (ENGINE_COMPLETION_BATCH_SIZE, 32)
+# feeder (api/batches/feed.py). 40 is one engine's batch (ENGINE_COMPLETION_BATCH_SIZE, 32)
 # and 8 waiting, which take a slot as soon as it is free, without the feeder's round trip; batch
 # jobs have BATCH_JOB_PRIORITY, less urgent than any key's class (10 by default), so the engine
 # admits an interactive job before them (ENGINE_POLICY below). docs/benchmarks.md has the figures.

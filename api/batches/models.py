@@ -3,7 +3,7 @@
 A :class:`File` is a row and its bytes in the ``files`` storage (settings.STORAGES). A
 :class:`Batch` runs the lines of its input file, each as a :class:`api.models.Job` that names the
 batch and its line's ``custom_id``; its output and error files are built from those jobs' rows
-when it ends (api/services/batch_output.py). Only services change a batch's status.
+when it ends (api/batches/output.py). Only services change a batch's status.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ class FilePurpose(models.TextChoices):
 
 class File(models.Model):
     """An uploaded batch input, or a batch's output or error file. ``storage_name`` is its name in
-    the ``files`` storage; the row is deleted with its bytes (api/services/files.py)."""
+    the ``files`` storage; the row is deleted with its bytes (api/batches/file_services.py)."""
 
     id = models.CharField(primary_key=True, max_length=40, default=_file_id, editable=False)
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="files")

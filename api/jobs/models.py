@@ -120,7 +120,7 @@ class Job(models.Model):
     # usage (services/job_deletion.py), and every user-facing read treats it as not found.
     deleted_at = models.DateTimeField(null=True, blank=True, editable=False)
     # A line of a batch (api/batches/models.py): its batch and the line's custom_id. Such a job is
-    # sent to the engine by the batch feeder (api/services/batch_feed.py), not on its creation.
+    # sent to the engine by the batch feeder (api/batches/feed.py), not on its creation.
     batch = models.ForeignKey(Batch, null=True, blank=True, on_delete=models.CASCADE, related_name="jobs")
     custom_id = models.CharField(max_length=255, blank=True)
 
@@ -142,7 +142,7 @@ class Job(models.Model):
             # The quota gate counts a key's queued and running jobs on every submission.
             models.Index(fields=["api_key"], condition=models.Q(status__in=["queued", "in_progress"]),
                          name="job_key_active"),
-            # The batch feeder (api/services/batch_feed.py) counts a key's batch jobs in flight,
+            # The batch feeder (api/batches/feed.py) counts a key's batch jobs in flight,
             # picks its held ones oldest first, and asks whether a batch still has jobs to run: each
             # read stays within the few rows it needs, whatever the size of the batch.
             models.Index(fields=["api_key"], name="job_key_batch_in_flight",

@@ -5,7 +5,7 @@ A key's usage is counted from its jobs, as the engine reported them. A job queue
 one concurrent job and reserves prompt + max_tokens of the day's tokens; a finished one charges
 its prompt and completion tokens. Tokens count on the UTC day the job was created. A deleted job
 keeps its counts (job_deletion.py), so a delete never gives tokens back. A batch's jobs
-(api/services/batch_feed.py) are not concurrent jobs of their key, and reserve tokens only once
+(api/batches/feed.py) are not concurrent jobs of their key, and reserve tokens only once
 the feeder has sent them to the engine (``dispatch_count`` > 0); the feeder holds them back while
 the key's daily tokens would not cover them.
 

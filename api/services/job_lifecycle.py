@@ -377,7 +377,7 @@ def jobs_needing_dispatch(*, queued_grace_s: float, limit: int = 500) -> list[st
     stale = Q(lease_expires_at__lt=now) | Q(
         lease_expires_at__isnull=True, queued_at__lt=now - dt.timedelta(seconds=queued_grace_s)
     )
-    # A batch job the feeder has not sent yet waits for it (api/services/batch_feed.py).
+    # A batch job the feeder has not sent yet waits for it (api/batches/feed.py).
     rows = (Job.objects.filter(status=JobStatus.QUEUED, cancel_requested=False).filter(stale)
             .exclude(batch__isnull=False, dispatch_count=0))
     return [str(pk) for pk in rows.order_by("priority", "queued_at").values_list("id", flat=True)[:limit]]
@@ -391,7 +391,7 @@ def jobs_with_expired_lease(*, limit: int = 500) -> list[str]:
 def jobs_expire_queued(*, older_than_s: float, batch: int = 1000) -> int:
     """queued → expired for jobs waiting longer than ``older_than_s``, with the webhooks of those
     that named one; ``batch`` jobs a transaction. A batch's jobs wait for their batch's completion
-    window instead (api/services/batches.py)."""
+    window instead (api/batches/services.py)."""
     cutoff = timezone.now() - dt.timedelta(seconds=older_than_s)
     total = 0
     while True:

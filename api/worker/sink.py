@@ -33,9 +33,9 @@ from typing import Any
 import redis
 from django.db import DatabaseError, InterfaceError, OperationalError, close_old_connections
 
+from api.batches.feed import batch_jobs_ended
 from api.common.redis_keys import job_stream_key
 from api.services import job_lifecycle
-from api.services.batch_feed import batch_jobs_ended
 from api.streaming import messages
 from engine_worker.protocol import FinalResult, OutputChunk, StepBatch
 

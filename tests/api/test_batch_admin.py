@@ -7,10 +7,10 @@ import pytest
 from django.core.files.storage import storages
 from django.test import Client
 
+from api.batches.file_services import file_create
 from api.batches.models import Batch, BatchStatus, File
+from api.batches.services import batch_create, batch_start
 from api.models import Job, JobStatus
-from api.services.batches import batch_create, batch_start
-from api.services.files import file_create
 from tests.api.batch_helpers import chat_line, finish, upload
 from tests.api.factories import make_api_key, make_user
 

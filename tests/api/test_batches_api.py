@@ -10,10 +10,10 @@ import pytest
 from django.core.files.storage import storages
 from rest_framework.test import APIClient
 
+from api.batches.feed import BATCH_PROGRESS_TASK, batch_feed
 from api.batches.models import Batch, BatchStatus, File
+from api.batches.services import START_BATCH_TASK, batch_advance, batch_start
 from api.models import Job, JobStatus
-from api.services.batch_feed import BATCH_PROGRESS_TASK, batch_feed
-from api.services.batches import START_BATCH_TASK, batch_advance, batch_start
 from api.tasks import tick_batches
 from api.webhooks.models import WebhookDelivery
 from tests.api.batch_helpers import chat_line, finish, upload
@@ -210,7 +210,7 @@ def test_beat_tick_starts_feeds_and_ends_batches_whose_messages_were_lost(api_cl
 
 
 def test_the_sink_asks_for_progress_when_batch_jobs_end(api_client, api_key, broker):
-    from api.services.batch_feed import batch_jobs_ended
+    from api.batches.feed import batch_jobs_ended
 
     batch_id = _batch(api_client, [chat_line("a")])["id"]
     batch_start(batch_id=batch_id)

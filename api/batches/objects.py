@@ -11,8 +11,8 @@ from django.http import QueryDict
 from drf_spectacular.utils import OpenApiParameter
 
 from api.batches.models import Batch, File
+from api.batches.selectors import Page, batch_request_counts
 from api.common.errors import InvalidRequest
-from api.selectors.batches import Page, batch_request_counts
 
 T = TypeVar("T")
 

@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import IO, Any
 
-from api.batch_lines import BATCH_ENDPOINTS
+from api.batches.lines import BATCH_ENDPOINTS
 from api.batches.models import Batch, BatchStatus
 from api.common.errors import error_body
 from api.job_logprobs import chat_logprobs, job_logprobs, text_logprobs
@@ -62,7 +62,7 @@ def batch_output_lines(*, batch: Batch, outcome: BatchStatus) -> tuple[OutputFil
 
 
 def _jobs(batch: Batch) -> Iterable[Job]:
-    # Created in the input's order, one per line (api/services/batches.py).
+    # Created in the input's order, one per line (api/batches/services.py).
     return Job.objects.filter(batch=batch).order_by("created_at", "custom_id").iterator(chunk_size=500)
 
 

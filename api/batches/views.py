@@ -1,4 +1,4 @@
-"""``/v1/batches``: OpenAI's Batch API over the service's jobs (api/services/batches.py). Each
+"""``/v1/batches``: OpenAI's Batch API over the service's jobs (api/batches/services.py). Each
 user sees only their own batches: another user's id is a 404, as an unknown one."""
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from api.batch_lines import BATCH_ENDPOINTS
+from api.batches.lines import BATCH_ENDPOINTS
+from api.batches.objects import batch_object, list_object, paging_parameters, query_limit
+from api.batches.selectors import batch_get, batch_list
+from api.batches.services import COMPLETION_WINDOWS, batch_cancel, batch_create
 from api.common.serializers import REQUEST_ERRORS, ErrorSerializer, RejectUnknownFieldsMixin, StrictCharField
 from api.job_metadata import MetadataField
-from api.openai_api.batch_objects import batch_object, list_object, paging_parameters, query_limit
-from api.selectors.batches import batch_get, batch_list
-from api.services.batches import COMPLETION_WINDOWS, batch_cancel, batch_create
 
 BATCHES_PAGE_MAX = 100  # OpenAI's limit for GET /v1/batches
 BATCHES_PAGE_DEFAULT = 20

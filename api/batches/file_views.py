@@ -1,4 +1,4 @@
-"""``/v1/files``: OpenAI's Files API for batch inputs and outputs (api/services/files.py).
+"""``/v1/files``: OpenAI's Files API for batch inputs and outputs (api/batches/file_services.py).
 
 An upload is ``multipart/form-data`` with ``file`` and ``purpose`` ("batch"). Django's upload
 handlers spill it to a temporary file past FILE_UPLOAD_MAX_MEMORY_SIZE; it is checked as it is
@@ -20,19 +20,13 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from api.batch_lines import FileTooLarge
+from api.batches.file_selectors import FileNotFound, file_chunks, file_get, file_list, file_open
+from api.batches.file_services import file_create, file_delete
+from api.batches.lines import FileTooLarge
+from api.batches.objects import file_object, list_object, paging_parameters, query_choice, query_limit
+from api.batches.selectors import page_after
 from api.common.errors import InvalidRequest
 from api.common.serializers import REQUEST_ERRORS, ErrorSerializer
-from api.openai_api.batch_objects import (
-    file_object,
-    list_object,
-    paging_parameters,
-    query_choice,
-    query_limit,
-)
-from api.selectors.batches import page_after
-from api.selectors.files import FileNotFound, file_chunks, file_get, file_list, file_open
-from api.services.files import file_create, file_delete
 
 FILES_PAGE_MAX = 10_000  # OpenAI's limit for GET /v1/files
 MULTIPART_OVERHEAD_BYTES = 64 * 1024  # the form's boundaries and its purpose field

@@ -8,11 +8,11 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils.html import format_html
 
+from api.batches.file_services import file_delete
 from api.batches.models import Batch, File
+from api.batches.selectors import batch_request_counts, with_request_counts
+from api.batches.services import batch_cancel
 from api.common.errors import ServiceError
-from api.selectors.batches import batch_request_counts, with_request_counts
-from api.services.batches import batch_cancel
-from api.services.files import file_delete
 
 
 @admin.register(File)

@@ -1,7 +1,7 @@
 """Batches: create, start (its lines become jobs), cancel, expire, and end (:func:`batch_finalize`).
 
 Statuses as OpenAI's: ``validating`` (created; the start task reads its input) → ``in_progress``
-(its jobs run, fed to the engine by api/services/batch_feed.py) → ``finalizing`` (its files are
+(its jobs run, fed to the engine by api/batches/feed.py) → ``finalizing`` (its files are
 written) → ``completed``; or ``failed`` (a line could not become a job), ``cancelling`` →
 ``cancelled``, and ``expired`` (the completion window ended first). Every change is a conditional
 UPDATE or happens under the batch's row lock, and every step can run again: the start, the
@@ -23,16 +23,16 @@ from django.db.models import Count, Q
 from django.utils import timezone
 from kombu.exceptions import KombuError
 
-from api.batch_lines import BatchLine, LineError, read_lines
+from api.batches.feed import batch_progress_send
+from api.batches.file_selectors import file_get, file_open
+from api.batches.file_services import file_create_output
+from api.batches.lines import BatchLine, LineError, read_lines
 from api.batches.models import Batch, BatchStatus, FilePurpose
+from api.batches.objects import batch_object
+from api.batches.output import batch_output_lines
+from api.batches.selectors import batch_get
 from api.common.errors import InvalidRequest, JobNotCancellable, ServiceError
 from api.models import ACTIVE_STATUSES, ApiKey, Job, JobStatus
-from api.openai_api.batch_objects import batch_object
-from api.selectors.batches import batch_get
-from api.selectors.files import file_get, file_open
-from api.services.batch_feed import batch_progress_send
-from api.services.batch_output import batch_output_lines
-from api.services.files import file_create_output
 from api.services.jobs import job_build, job_cancel
 from api.webhooks.services import webhook_enqueue
 from api.webhooks.targets import webhook_url_check

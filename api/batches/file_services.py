@@ -17,10 +17,10 @@ from django.core.files import File as DjangoFile
 from django.core.files.storage import Storage, storages
 from django.db import transaction
 
-from api.batch_lines import FileTooLarge, validate_file
+from api.batches.file_selectors import file_get
+from api.batches.lines import FileTooLarge, validate_file
 from api.batches.models import BATCH_TERMINAL_STATUSES, Batch, File, FilePurpose
 from api.common.errors import InvalidRequest, ServiceError
-from api.selectors.files import file_get
 
 logger = logging.getLogger(__name__)
 
@@ -39,7 +39,7 @@ def files_storage() -> Storage:
 
 
 def file_create(*, owner: AbstractBaseUser, upload: DjangoFile, purpose: str) -> File:
-    """Check ``upload`` as a batch input (api/batch_lines.py) and store it. Raises InvalidRequest
+    """Check ``upload`` as a batch input (api/batches/lines.py) and store it. Raises InvalidRequest
     for another purpose, FileTooLarge past FILES_MAX_BYTES or FILES_MAX_LINES, and FileInvalid
     naming its first bad lines."""
     if purpose != FilePurpose.BATCH:

@@ -38,7 +38,7 @@ logger = logging.getLogger(__name__)
 BATCH_PROGRESS_TASK = "api.tasks.batch_progress"
 
 # A key's batch jobs that the feeder has sent and that have not finished, and those it has not
-# sent: as the partial indexes of api/models.py state them, so that each query uses its index.
+# sent: as the partial indexes of api/jobs/models.py state them, so that each query uses its index.
 IN_FLIGHT = Q(batch__isnull=False) & (Q(status=JobStatus.IN_PROGRESS) | Q(status=JobStatus.QUEUED, dispatch_count__gt=0))
 HELD = Q(batch__isnull=False, status=JobStatus.QUEUED, dispatch_count=0)
 
