@@ -16,6 +16,9 @@ from django.utils import timezone
 
 from api.batches import admin as batch_admin  # noqa: F401  (register the files' and batches' admin)
 from api.common.errors import ServiceError
+from api.jobs.services.cancel import job_cancel
+from api.jobs.services.deletion import job_delete
+from api.jobs.services.requeue import job_requeue
 from api.keys.quotas import usage_rollup
 from api.keys.services import (
     api_key_generate_secret,
@@ -25,8 +28,6 @@ from api.keys.services import (
     api_key_set_secret,
 )
 from api.models import ApiKey, Job, UsageRecord
-from api.services.job_deletion import job_delete
-from api.services.jobs import job_cancel, job_requeue
 from api.serving.catalog import configured_models
 from api.webhooks import admin as webhook_admin  # noqa: F401  (register the webhook deliveries' admin)
 
@@ -155,7 +156,7 @@ class JobAdmin(admin.ModelAdmin):
     @admin.action(description="Delete the content of selected finished jobs (as their owner's DELETE)")
     def delete_job_content(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
         # Unlike the admin's own delete, the rows stay with their counts: the keys' quotas and usage
-        # are unchanged (api/services/job_deletion.py).
+        # are unchanged (api/jobs/services/deletion.py).
         self._apply(request, queryset, partial(job_delete, owner=None), "Deleted the content of")
 
     def _apply(self, request: HttpRequest, queryset: QuerySet[Job], service, verb: str) -> None:

@@ -44,11 +44,12 @@ from api.common.errors import (
 )
 from api.common.exception_handler import exception_handler
 from api.common.parsers import parse_json
+from api.jobs.serializers import JobCreateSerializer
+from api.jobs.services.cancel import job_cancel
+from api.jobs.services.submission import JobRequest, job_create
 from api.keys.authentication import authenticate_api_key, authenticate_api_key_for_job, bearer_token
 from api.keys.revocation import KeyRevocationEvents
 from api.models import ApiKey, Job
-from api.serializers import JobCreateSerializer
-from api.services.jobs import JobRequest, job_cancel, job_create
 from api.streaming.follow import FollowsJob
 
 logger = logging.getLogger(__name__)

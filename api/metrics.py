@@ -18,7 +18,7 @@ from django.db import DatabaseError
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from api.selectors.jobs import job_status_counts, job_throughput
+from api.jobs.selectors import job_status_counts, job_throughput
 from api.serving.workers import worker_list
 from engine_worker.protocol import WorkerHeartbeat
 

@@ -3,7 +3,7 @@
 ``GET /api/v1/jobs/{job_id}/events`` (server-sent events, api/sse.py) is a Channels consumer, not
 a DRF view, so the generator does not see it; a hook adds it to every schema it builds, the
 offline docs page included. Another states the job body's rules that its serializer checks in
-code (api/serializers.py): exactly one of ``prompt`` and ``messages``, no unknown field, and
+code (api/jobs/serializers.py): exactly one of ``prompt`` and ``messages``, no unknown field, and
 ``top_p`` above 0.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-# An Idempotency-Key as api/services/jobs.py accepts it: 1 to 255 printable ASCII characters.
+# An Idempotency-Key as api/jobs/services/submission.py accepts it: 1 to 255 printable ASCII characters.
 IDEMPOTENCY_KEY_SCHEMA: dict[str, Any] = {"type": "string", "pattern": "^[ -~]{1,255}$"}
 
 

@@ -24,10 +24,11 @@ from api.batches import feed as batch_feed
 from api.batches import services as batches
 from api.batches.models import Batch, BatchStatus
 from api.batches.selectors import batches_unfinished
+from api.jobs.services import deletion as job_deletion
+from api.jobs.services import lifecycle as job_lifecycle
+from api.jobs.services.dispatch import job_send
 from api.keys import quotas
 from api.models import JobStatus
-from api.services import job_deletion, job_lifecycle
-from api.services.jobs import job_send
 from api.serving.catalog import LEGACY_QUEUE, configured_models, model_queue
 from api.webhooks import delivery as webhook_delivery
 from api.webhooks import services as webhooks
@@ -133,7 +134,7 @@ def purge_jobs() -> int:
 @shared_task(name="api.tasks.drop_job_stream", ignore_result=True)
 def drop_job_stream(job_id: str) -> None:
     """Delete a deleted job's Redis stream again, after the output batch that may have been on its
-    way when the job was deleted (api/services/job_deletion.py)."""
+    way when the job was deleted (api/jobs/services/deletion.py)."""
     job_deletion.drop_stream(job_id)
 
 

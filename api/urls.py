@@ -4,9 +4,9 @@ from django.urls import path
 from drf_spectacular.renderers import OpenApiJsonRenderer
 from drf_spectacular.views import SpectacularAPIView
 
+from api.jobs.views import JobCancelView, JobDetailView, JobListCreateView
 from api.keys.views import ApiKeyListView, ApiKeyRevokeView, UsageView, WebhookSecretRotateView
 from api.serving.views import ModelListView
-from api.views.jobs import JobCancelView, JobDetailView, JobListCreateView
 from api.views.service import HealthView, api_docs
 
 urlpatterns = [

@@ -191,7 +191,7 @@ MODEL_PATH = env_str("MODEL_PATH", str(_DEMO_MODEL if (_DEMO_MODEL / "model.safe
 # ``name=path`` (or a bare path, named after its folder); empty means the one model at MODEL_PATH.
 MODEL_NAME = env_str("MODEL_NAME", "")
 MODELS = env_model_list("MODELS")
-# Prefix-affinity routing of a model's jobs over its live workers (api/services/job_routing.py);
+# Prefix-affinity routing of a model's jobs over its live workers (api/jobs/services/queue_routing.py);
 # off, every job goes to the model's shared queue.
 ROUTING_AFFINITY = env_bool("ROUTING_AFFINITY", True)
 
@@ -218,7 +218,7 @@ JOB_STREAM_TTL_S = env_int("JOB_STREAM_TTL_S", 6 * 3600, minimum=1)
 # The event streams (SSE, OpenAI's) send a comment this often, so proxies keep idle ones open.
 SSE_KEEPALIVE_S = env_float("SSE_KEEPALIVE_S", 15.0, minimum=0.01)
 # Finished jobs' rows are deleted this many days after they ended (0: kept). At least 2, so the
-# quotas and the usage roll-up never lose rows they still read (api/services/job_deletion.py).
+# quotas and the usage roll-up never lose rows they still read (api/jobs/services/deletion.py).
 JOB_RETENTION_DAYS = env_int("JOB_RETENTION_DAYS", 0, minimum=0)
 if 0 < JOB_RETENTION_DAYS < 2:
     raise ImproperlyConfigured(f"JOB_RETENTION_DAYS={JOB_RETENTION_DAYS} must be 0 (keep every job) or >= 2")

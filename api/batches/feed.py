@@ -28,9 +28,9 @@ from django.utils import timezone
 from kombu.exceptions import KombuError
 
 from api.batches.models import BatchStatus
+from api.jobs.services.dispatch import job_dispatch
 from api.keys.quotas import quota_key_usage
 from api.models import ApiKey, Job, JobStatus
-from api.services.jobs import job_dispatch
 from inference_service.celery import app as celery_app
 
 logger = logging.getLogger(__name__)

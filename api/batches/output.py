@@ -20,7 +20,7 @@ from typing import IO, Any
 from api.batches.lines import BATCH_ENDPOINTS
 from api.batches.models import Batch, BatchStatus
 from api.common.errors import error_body
-from api.job_logprobs import chat_logprobs, job_logprobs, text_logprobs
+from api.jobs.logprobs import chat_logprobs, job_logprobs, text_logprobs
 from api.models import Job, JobStatus
 from api.openai_api.requests import Kind
 from api.openai_api.responses import completion_body, ending_error

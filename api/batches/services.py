@@ -32,8 +32,9 @@ from api.batches.objects import batch_object
 from api.batches.output import batch_output_lines
 from api.batches.selectors import batch_get
 from api.common.errors import InvalidRequest, JobNotCancellable, ServiceError
+from api.jobs.services.cancel import job_cancel
+from api.jobs.services.submission import job_build
 from api.models import ACTIVE_STATUSES, ApiKey, Job, JobStatus
-from api.services.jobs import job_build, job_cancel
 from api.webhooks.services import webhook_enqueue
 from api.webhooks.targets import webhook_url_check
 from inference_service.celery import app as celery_app

@@ -16,7 +16,7 @@ from api.batches.objects import batch_object, list_object, paging_parameters, qu
 from api.batches.selectors import batch_get, batch_list
 from api.batches.services import COMPLETION_WINDOWS, batch_cancel, batch_create
 from api.common.serializers import REQUEST_ERRORS, ErrorSerializer, RejectUnknownFieldsMixin, StrictCharField
-from api.job_metadata import MetadataField
+from api.jobs.metadata import MetadataField
 
 BATCHES_PAGE_MAX = 100  # OpenAI's limit for GET /v1/batches
 BATCHES_PAGE_DEFAULT = 20

@@ -80,7 +80,7 @@ class Job(models.Model):
     prompt_token_ids = models.JSONField(default=list)
     # max_tokens and the sampling settings (SAMPLING_DEFAULTS' keys); stop is a list of strings.
     params = models.JSONField(default=dict)
-    # The client's own labels (api/job_metadata.py): returned with the job, a filter of the list.
+    # The client's own labels (api/jobs/metadata.py): returned with the job, a filter of the list.
     metadata = models.JSONField(default=dict, blank=True)
     # Called once the job ends (api/webhooks/job_events.py); empty: none.
     webhook_url = models.CharField(max_length=2048, blank=True, default="")
@@ -92,7 +92,7 @@ class Job(models.Model):
     # What the model generated, exactly: it may hold NUL, which PostgreSQL's text refuses.
     output_text = LosslessTextField(blank=True)
     # With params["logprobs"] set: [token id, log probability, [[token id, log probability], ...]]
-    # per completion token, written with the final (api/job_logprobs.py renders it).
+    # per completion token, written with the final (api/jobs/logprobs.py renders it).
     logprobs = models.JSONField(null=True, blank=True)
     finish_reason = models.CharField(max_length=16, null=True, blank=True)
     error = models.TextField(null=True, blank=True)
@@ -102,7 +102,7 @@ class Job(models.Model):
 
     worker_id = models.CharField(max_length=128, null=True, blank=True)
     # The worker prefix-affinity routing sent it to (null: the model's shared queue); with
-    # worker_id, what the router counts as a worker's load (api/services/job_routing.py).
+    # worker_id, what the router counts as a worker's load (api/jobs/services/queue_routing.py).
     routed_worker = models.CharField(max_length=128, null=True, blank=True)
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     dispatch_count = models.PositiveIntegerField(default=0)
@@ -117,7 +117,7 @@ class Job(models.Model):
     first_token_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     # Set when the owner deleted the job: its content is gone, its counts stay for the quotas and
-    # usage (services/job_deletion.py), and every user-facing read treats it as not found.
+    # usage (services/deletion.py), and every user-facing read treats it as not found.
     deleted_at = models.DateTimeField(null=True, blank=True, editable=False)
     # A line of a batch (api/batches/models.py): its batch and the line's custom_id. Such a job is
     # sent to the engine by the batch feeder (api/batches/feed.py), not on its creation.

@@ -62,7 +62,7 @@ class ApiKey(models.Model):
     # Signs the webhooks of the key's jobs (api/webhooks/signing.py). Kept as is, since signing
     # needs it (as Stripe and Svix keep theirs); shown once, when it is made or rotated.
     webhook_secret = models.CharField(max_length=100, default=new_webhook_secret, editable=False)
-    # The models the key may use, by name; empty: every model (api/services/jobs.py checks it).
+    # The models the key may use, by name; empty: every model (api/jobs/services/submission.py checks it).
     allowed_models = models.JSONField(default=list, blank=True)
 
     class Meta:

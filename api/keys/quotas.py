@@ -4,7 +4,7 @@ day (the database), and the daily usage roll-up.
 A key's usage is counted from its jobs, as the engine reported them. A job queued or running is
 one concurrent job and reserves prompt + max_tokens of the day's tokens; a finished one charges
 its prompt and completion tokens. Tokens count on the UTC day the job was created. A deleted job
-keeps its counts (job_deletion.py), so a delete never gives tokens back. A batch's jobs
+keeps its counts (api/jobs/services/deletion.py), so a delete never gives tokens back. A batch's jobs
 (api/batches/feed.py) are not concurrent jobs of their key, and reserve tokens only once
 the feeder has sent them to the engine (``dispatch_count`` > 0); the feeder holds them back while
 the key's daily tokens would not cover them.

@@ -42,13 +42,13 @@ from api.common.exception_handler import exception_handler
 from api.common.parsers import RequestTooLarge, StrictJSONParser
 from api.consumers import cancel_job, db_thread, scope_api_key
 from api.http_stream import HttpStreamMixin, encode_headers
-from api.job_logprobs import chat_logprobs, job_logprobs, text_logprobs
+from api.jobs.logprobs import chat_logprobs, job_logprobs, text_logprobs
+from api.jobs.services.submission import JobSubmission, job_create
 from api.keys.authentication import authenticate_api_key
 from api.models import ApiKey, Job
 from api.openai_api.continuity import Diverged, StreamContinuity
 from api.openai_api.requests import Kind, OpenAIRequest, openai_request
 from api.openai_api.responses import ChunkWriter, StreamRestarted, completion_body, ending_error
-from api.services.jobs import JobSubmission, job_create
 from api.streaming.follow import FollowsJob
 
 logger = logging.getLogger(__name__)

@@ -32,9 +32,9 @@ from api.common.serializers import (
     StrictFloatField,
     StrictIntegerField,
 )
-from api.job_metadata import MetadataField
-from api.serializers import JobCreateSerializer, LogitBiasField, StopField
-from api.services.jobs import JobRequest
+from api.jobs.metadata import MetadataField
+from api.jobs.serializers import JobCreateSerializer, LogitBiasField, StopField
+from api.jobs.services.submission import JobRequest
 from api.serving.catalog import model_resolve
 
 # OpenAI's default for /v1/completions; chat leaves it to the service's DEFAULT_MAX_TOKENS.

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from api.common.errors import ServiceError
-from api.job_logprobs import chat_logprobs, text_logprobs
+from api.jobs.logprobs import chat_logprobs, text_logprobs
 from api.openai_api.requests import Kind
 
 

@@ -10,7 +10,7 @@ from typing import Any
 import redis
 
 from api.common.redis_keys import WORKER_HISTORY_S
-from api.selectors.jobs import job_status_counts, job_throughput
+from api.jobs.selectors import job_status_counts, job_throughput
 from api.serving.worker_history import recent_rate, worker_history
 from api.serving.workers import worker_list
 

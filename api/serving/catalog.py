@@ -6,7 +6,7 @@ named after its folder. The web side tokenizes for each with its own tokenizer
 
 Queues: each model has a shared queue, ``engine.<model>``, which all its workers consume, and each
 worker its own, ``engine.<model>.<worker id>``, to which prefix-affinity routing sends the jobs
-it should run (api/services/job_routing.py). Workers also consume ``engine``, the one queue of
+it should run (api/jobs/services/queue_routing.py). Workers also consume ``engine``, the one queue of
 the service before it served several models, so that messages sent there still run (a message
 for another model's job is forwarded to that model's queue).
 """

@@ -57,7 +57,7 @@ class PromptTokenizer:
         return bool(self._tokenizer.chat_template)
 
     def decode_tokens(self, token_ids: list[int]) -> str:
-        """The text of some token ids (a log probability's ``token``: api/job_logprobs.py)."""
+        """The text of some token ids (a log probability's ``token``: api/jobs/logprobs.py)."""
         return self._tokenizer.decode(token_ids)
 
     def token_bytes(self, token_id: int) -> bytes:

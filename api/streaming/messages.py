@@ -26,7 +26,7 @@ def delta_message(job_id: str, seq: int, text: str, completion_tokens: int | Non
     if completion_tokens is not None:
         message["completion_tokens"] = completion_tokens
     if logprobs is not None:
-        from api.job_logprobs import job_logprobs  # the tokenizer: web processes only
+        from api.jobs.logprobs import job_logprobs  # the tokenizer: web processes only
 
         message["logprobs"] = job_logprobs(logprobs, model=model)
     return message

@@ -4,7 +4,7 @@ Every service that moves a job to a terminal status calls :func:`job_webhooks_en
 transaction of that change: the engine worker's finals (job_lifecycle.jobs_complete), a failure
 (job_fail), the cancel of a queued job (jobs.job_cancel), the cancel of a job whose worker died
 (job_lifecycle.job_requeue) and expiry (jobs_expire_queued). The delivery commits with the status.
-A cancel sends its Celery message on commit; the transitions of job_lifecycle.py, made by the
+A cancel sends its Celery message on commit; the transitions of api/jobs/services/lifecycle.py, made by the
 engine workers and the light worker's periodic tasks, leave theirs to ``send_due_webhooks``
 (api/webhooks/services.py says why).
 
@@ -24,9 +24,9 @@ import datetime as dt
 import uuid
 from collections.abc import Iterable
 
+from api.jobs.selectors import job_detail
+from api.jobs.serializers import JobSerializer
 from api.models import TERMINAL_STATUSES, Job
-from api.selectors.jobs import job_detail
-from api.serializers import JobSerializer
 from api.webhooks.models import WebhookDelivery
 from api.webhooks.services import webhook_body, webhooks_enqueue
 

@@ -29,8 +29,8 @@ from api.common.redis_keys import (
     worker_evict_channel,
     worker_heartbeat_key,
 )
-from api.selectors.jobs import job_queued_count
-from api.services import job_lifecycle
+from api.jobs.selectors import job_queued_count
+from api.jobs.services import lifecycle as job_lifecycle
 from api.worker.history import history_record, history_sample
 from engine_worker.protocol import to_dict
 from engine_worker.runtime import Host

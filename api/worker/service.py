@@ -16,8 +16,8 @@ from typing import Any
 import redis
 from django.db import DatabaseError, close_old_connections
 
+from api.jobs.services import lifecycle as job_lifecycle
 from api.models import JobStatus
-from api.services import job_lifecycle
 from api.worker.admission import stream_restart
 from api.worker.config import WorkerConfig
 from api.worker.control import WorkerControl

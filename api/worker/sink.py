@@ -35,7 +35,7 @@ from django.db import DatabaseError, InterfaceError, OperationalError, close_old
 
 from api.batches.feed import batch_jobs_ended
 from api.common.redis_keys import job_stream_key
-from api.services import job_lifecycle
+from api.jobs.services import lifecycle as job_lifecycle
 from api.streaming import messages
 from engine_worker.protocol import FinalResult, OutputChunk, StepBatch
 

@@ -12,7 +12,7 @@ from django.conf import settings
 from rest_framework.test import APIClient
 
 from api.common.redis_client import get_redis
-from api.services.jobs import RUN_JOB_TASK
+from api.jobs.services.dispatch import RUN_JOB_TASK
 from inference_service.celery import app as celery_app
 from tests.api.factories import make_api_key, make_user
 

@@ -270,7 +270,7 @@ def test_held_jobs_are_left_to_the_feeder_by_the_reconciler_and_the_queue_expiry
 
     from django.utils import timezone
 
-    from api.services import job_lifecycle
+    from api.jobs.services import lifecycle as job_lifecycle
 
     batch_id = _batch(api_client, [chat_line("a"), chat_line("b")])["id"]
     batch_start(batch_id=batch_id)

@@ -14,9 +14,9 @@ from django.utils import timezone
 
 from api import tasks
 from api.common.redis_keys import job_stream_key
+from api.jobs.services import lifecycle as lc
+from api.jobs.services.cancel import job_cancel
 from api.models import Job, JobStatus
-from api.services import job_lifecycle as lc
-from api.services.jobs import job_cancel
 from tests.api.factories import make_job
 
 

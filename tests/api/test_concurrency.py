@@ -9,9 +9,9 @@ import pytest
 from django.db import connection
 
 from api.common.errors import QuotaExceeded
+from api.jobs.services.submission import JobRequest, job_create
 from api.keys import quotas
 from api.models import Job
-from api.services.jobs import JobRequest, job_create
 from tests.api.factories import make_api_key
 
 pytestmark = pytest.mark.skipif(connection.vendor != "postgresql", reason="needs row locks (Postgres)")
@@ -88,7 +88,7 @@ def test_a_submission_waiting_for_the_keys_lock_counts_the_job_committed_by_its_
         finally:
             connection.close()
 
-    with mock.patch("api.services.jobs.quota_gate", side_effect=gate_then_hold):
+    with mock.patch("api.jobs.services.submission.quota_gate", side_effect=gate_then_hold):
         holder = threading.Thread(target=submit, name="holder")
         holder.start()
         assert holding.wait(10)

@@ -97,7 +97,7 @@ def test_without_redis_the_socket_gets_an_error_and_close_code_4503_not_a_crash(
 def test_a_watcher_of_a_queued_job_gets_its_final_as_soon_as_it_is_cancelled(redis_client):
     from channels.db import database_sync_to_async
 
-    from api.services.jobs import job_cancel
+    from api.jobs.services.cancel import job_cancel
 
     api_key, secret = make_api_key()
     job = make_job(api_key=api_key)

@@ -9,8 +9,8 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
+from api.jobs.services import lifecycle as lc
 from api.models import JobStatus
-from api.services import job_lifecycle as lc
 from engine_worker.protocol import FinalResult
 from tests.api.factories import make_job
 

@@ -8,8 +8,8 @@ import asyncio
 import pytest
 from rest_framework.test import APIClient
 
+from api.jobs.services import lifecycle as job_lifecycle
 from api.models import ApiKey, Job
-from api.services import job_lifecycle
 from api.tasks import reconcile_jobs
 from tests.api.factories import heartbeat, make_api_key, make_job, publish_heartbeat
 from tests.api.openai_client import request
@@ -142,7 +142,7 @@ def test_the_reconciler_sends_a_job_routed_to_a_dead_worker_to_its_models_shared
 
 
 def test_a_chunk_with_log_probabilities_is_rendered_with_its_own_models_tokenizer(two_models, monkeypatch):
-    from api import job_logprobs
+    from api.jobs import logprobs as job_logprobs
     from api.serving.catalog import model_path
     from api.streaming import messages
     from engine_worker.protocol import OutputChunk

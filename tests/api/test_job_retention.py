@@ -9,9 +9,9 @@ import pytest
 from django.utils import timezone
 
 from api import tasks
+from api.jobs.services.deletion import jobs_purge_finished
 from api.keys.quotas import quota_key_usage
 from api.models import Job, JobStatus, UsageRecord
-from api.services.job_deletion import jobs_purge_finished
 from tests.api.factories import make_api_key, make_job
 from tests.api.test_project import _settings_in_subprocess
 
@@ -48,7 +48,7 @@ def test_the_purge_works_in_batches(monkeypatch, redis_client):
     api_key, _ = make_api_key()
     for _ in range(5):
         _ended(api_key, 9)
-    monkeypatch.setattr("api.services.job_deletion.PURGE_BATCH", 2)
+    monkeypatch.setattr("api.jobs.services.deletion.PURGE_BATCH", 2)
 
     assert jobs_purge_finished(older_than_days=2) == 5 and not Job.objects.exists()
 

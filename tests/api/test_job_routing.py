@@ -1,12 +1,12 @@
-"""Prefix-affinity routing over a model's live workers (api/services/job_routing.py), with real
+"""Prefix-affinity routing over a model's live workers (api/jobs/services/queue_routing.py), with real
 Redis (heartbeats, the prefix map) and the database (the workers' loads)."""
 
 from __future__ import annotations
 
 import pytest
 
+from api.jobs.services.queue_routing import BLOCK_TOKENS, MAX_EXTRA_JOBS, Route, job_route
 from api.models import Job, JobStatus
-from api.services.job_routing import BLOCK_TOKENS, MAX_EXTRA_JOBS, Route, job_route
 from api.serving.workers import worker_ids_forget
 from tests.api.factories import heartbeat, make_job, publish_heartbeat
 

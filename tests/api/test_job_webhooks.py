@@ -10,9 +10,10 @@ import pytest
 from django.db import transaction
 from django.utils import timezone
 
+from api.jobs.services import lifecycle as job_lifecycle
+from api.jobs.services.cancel import job_cancel
+from api.jobs.services.requeue import job_requeue
 from api.models import JobStatus
-from api.services import job_lifecycle
-from api.services.jobs import job_cancel, job_requeue
 from api.webhooks.job_events import job_webhooks_enqueue
 from api.webhooks.models import WebhookDelivery
 from api.webhooks.services import DELIVER_WEBHOOK_TASK

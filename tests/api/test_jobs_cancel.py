@@ -8,8 +8,8 @@ import pytest
 import redis
 
 from api.common import redis_keys
+from api.jobs.services.cancel import job_cancel
 from api.models import Job, JobStatus
-from api.services.jobs import job_cancel
 from tests.api.factories import make_api_key, make_job
 
 pytestmark = pytest.mark.django_db

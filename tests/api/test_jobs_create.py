@@ -5,9 +5,9 @@ import datetime as dt
 import pytest
 from django.utils import timezone
 
+from api.jobs.services.dispatch import RUN_JOB_TASK
+from api.jobs.services.lifecycle import jobs_needing_dispatch
 from api.models import Job, JobStatus
-from api.services.job_lifecycle import jobs_needing_dispatch
-from api.services.jobs import RUN_JOB_TASK
 from api.serving.tokenization import get_tokenizer
 from api.tasks import run_job
 from inference_service.celery import app

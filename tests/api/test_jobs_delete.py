@@ -10,9 +10,9 @@ from django.utils import timezone
 
 from api.common import redis_keys
 from api.common.errors import JobNotRequeueable
+from api.jobs.services.deletion import DROP_JOB_STREAM_TASK
+from api.jobs.services.requeue import job_requeue
 from api.models import Job, JobStatus
-from api.services.job_deletion import DROP_JOB_STREAM_TASK
-from api.services.jobs import job_requeue
 from inference_service.asgi import application
 from inference_service.celery import app as celery_app
 from tests.api.factories import make_api_key, make_job

@@ -9,9 +9,9 @@ import time
 import pytest
 from channels.db import database_sync_to_async
 
-from api.job_logprobs import chat_logprobs, job_logprobs, text_logprobs
+from api.jobs.logprobs import chat_logprobs, job_logprobs, text_logprobs
+from api.jobs.services import lifecycle as job_lifecycle
 from api.models import Job, JobStatus
-from api.services import job_lifecycle
 from api.serving.tokenization import get_tokenizer
 from engine_worker.protocol import FinalResult
 from tests.api.factories import make_api_key, make_job

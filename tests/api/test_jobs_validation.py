@@ -221,7 +221,7 @@ def test_fuzzed_bad_bodies_never_produce_a_500(api_client, api_key):
 def test_an_unexpected_error_is_a_500_in_the_envelope_not_an_html_page(api_client):
     from unittest import mock
 
-    with mock.patch("api.views.jobs.job_list", side_effect=RuntimeError("bug")):
+    with mock.patch("api.jobs.views.job_list", side_effect=RuntimeError("bug")):
         response = api_client.get("/api/v1/jobs")
 
     assert_error(response, 500, code="internal_error")

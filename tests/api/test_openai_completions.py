@@ -9,8 +9,8 @@ import asyncio
 import pytest
 from channels.db import database_sync_to_async
 
+from api.jobs.services.lifecycle import job_spec
 from api.models import Job, JobStatus
-from api.services.job_lifecycle import job_spec
 from tests.api.factories import make_api_key
 from tests.api.openai_client import Exchange, run_job
 
@@ -193,7 +193,7 @@ def test_a_job_cancelled_elsewhere_ends_the_request_with_a_409():
         exchange = Exchange(TEXT, {"model": "tiny", "prompt": "Once"}, secret=secret)
         await exchange.send()
         job = await _job_created(api_key.owner_id)
-        from api.services.jobs import job_cancel
+        from api.jobs.services.cancel import job_cancel
 
         await database_sync_to_async(job_cancel)(job_id=str(job.id), owner=api_key.owner)
         return await exchange.read()
@@ -228,7 +228,7 @@ def _restarted_stream(second_attempt: list[str]):
     """A streamed chat whose job streams "Once", then restarts on another worker, whose attempt
     streams ``second_attempt`` and finishes. Returns the job and the response."""
     from api.common.redis_client import get_redis
-    from api.services.job_lifecycle import job_claim
+    from api.jobs.services.lifecycle import job_claim
     from api.worker.admission import stream_restart
     from api.worker.sink import RedisJobSink
     from engine_worker.protocol import FinalResult, OutputChunk, StepBatch
@@ -262,7 +262,7 @@ def _restarted_stream(second_attempt: list[str]):
         while b"Once" not in seen:
             seen += await exchange.next_body()
         # The first worker died; the job was handed on and another worker starts it from scratch.
-        from api.services.job_lifecycle import job_requeue
+        from api.jobs.services.lifecycle import job_requeue
 
         await database_sync_to_async(job_requeue)(job_id=str(job.id), worker_id=WORKER, redispatch_after_s=0)
         await publish(str(job.id), "w-second", second_attempt, claim=True, final=True)

@@ -16,8 +16,8 @@ from django.db.migrations.executor import MigrationExecutor
 
 from api.common.redis_keys import job_stream_key
 from api.jobs.fields import decode_text, encode_text
+from api.jobs.services import lifecycle as lc
 from api.models import Job, JobStatus
-from api.services import job_lifecycle as lc
 from api.worker.sink import RedisJobSink
 from engine_worker.protocol import FinalResult, OutputChunk, StepBatch
 from tests.api.factories import make_job
@@ -72,7 +72,7 @@ def test_finals_and_progress_holding_nul_are_stored_next_to_ordinary_jobs_and_re
 
 @pytest.mark.django_db
 def test_a_job_streaming_nul_ends_with_the_same_text_in_the_row_and_the_stream_next_to_ordinary_jobs(redis_client):
-    from api.selectors.jobs import job_streamed_text
+    from api.jobs.selectors import job_streamed_text
 
     nul, ordinary = (make_job(status=JobStatus.IN_PROGRESS, worker_id="w") for _ in range(2))
     sink = RedisJobSink(worker_id="w", redis_client=redis_client, progress_interval_s=0.0)

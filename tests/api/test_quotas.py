@@ -8,9 +8,9 @@ import redis
 from django.utils import timezone
 
 from api.common.errors import AuthenticationFailed, QuotaExceeded
+from api.jobs.services.submission import JobRequest, job_create
 from api.keys.quotas import quota_key_usage, usage_rollup
 from api.models import ApiKey, Job, JobStatus, UsageRecord
-from api.services.jobs import JobRequest, job_create
 from api.serving.tokenization import get_tokenizer
 from tests.api.factories import make_api_key, make_job
 

@@ -12,8 +12,8 @@ import pytest
 from django.db import DataError, OperationalError
 
 from api.common.redis_keys import job_stream_key
+from api.jobs.services import lifecycle as job_lifecycle
 from api.models import Job, JobStatus
-from api.services import job_lifecycle
 from api.worker.sink import OUTPUT_NOT_STORED, RedisJobSink
 from engine_worker.protocol import FinalResult, OutputChunk, StepBatch
 from tests.api.factories import make_job

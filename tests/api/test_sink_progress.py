@@ -7,8 +7,8 @@ from unittest import mock
 
 import pytest
 
+from api.jobs.services import lifecycle as job_lifecycle
 from api.models import Job, JobStatus
-from api.services import job_lifecycle
 from api.worker import sink as sink_module
 from api.worker.sink import RedisJobSink
 from engine_worker.protocol import OutputChunk, StepBatch

@@ -17,9 +17,9 @@ import json
 from django.contrib.auth.models import User
 from django.utils import timezone
 from api.common.errors import QuotaExceeded
-from api.selectors.jobs import job_queue_position
+from api.jobs.selectors import job_queue_position
 from api.keys.services import api_key_create
-from api.services.jobs import JobRequest, job_create
+from api.jobs.services.submission import JobRequest, job_create
 from api.keys.quotas import quota_key_usage
 from api.keys.authentication import authenticate_api_key
 from api.models import ApiKey

@@ -17,9 +17,9 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 from standardwebhooks.webhooks import Webhook
 
+from api.jobs.services.cancel import job_cancel
 from api.keys.services import api_key_revoke
 from api.models import JobStatus
-from api.services.jobs import job_cancel
 from api.tasks import deliver_webhook, send_due_webhooks
 from api.webhooks.delivery import RETRY_MAX_DELAY_S, webhook_retry_delay
 from api.webhooks.models import WebhookDelivery, WebhookDeliveryStatus

@@ -7,8 +7,8 @@ from typing import Any
 
 from django.utils import timezone
 
+from api.jobs.services.dispatch import job_dispatch
 from api.models import ApiKey, Job, JobStatus
-from api.services.jobs import job_dispatch
 from api.serving.tokenization import get_tokenizer
 from tests.api.factories import make_api_key
 from tests.integration.procs import wait_for

@@ -66,7 +66,7 @@ def test_duplicate_delivery_of_a_running_job_does_nothing(workers, redis_db):
     workers.start("w-dup")
     job_id = queue_job("Once upon a time", max_tokens=200)
     wait_status(job_id, (JobStatus.IN_PROGRESS, JobStatus.COMPLETED))
-    from api.services.jobs import job_dispatch
+    from api.jobs.services.dispatch import job_dispatch
 
     job_dispatch(job_id=job_id)  # a second delivery while (or after) it runs
     done = wait_status(job_id, (JobStatus.COMPLETED,))

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from django.conf import settings
 
+from api.jobs.services.submission import JobRequest, job_create
 from api.models import Job, JobStatus
-from api.services.jobs import JobRequest, job_create
 from api.serving.workers import worker_ids_forget
 from api.tasks import reconcile_jobs
 from tests.api.factories import make_api_key

@@ -15,7 +15,7 @@ from api.common.serializers import (
     StrictIntegerField,
     check_text,
 )
-from api.job_metadata import MetadataField
+from api.jobs.metadata import MetadataField
 from api.models import JobStatus
 from api.webhooks.targets import MAX_WEBHOOK_URL_LENGTH
 
@@ -59,7 +59,7 @@ class StopField(serializers.Field):
 class LogitBiasField(serializers.Field):
     """``logit_bias``: an object of token ids (decimal strings, as JSON keys are) to biases in
     [-100, 100]; stored with the same string keys. Whether each id is in the model's vocabulary is
-    checked by the submission (services/jobs.py), which knows the model."""
+    checked by the submission (services/submission.py), which knows the model."""
 
     default_error_messages = {"invalid": "Must be an object mapping token ids to numbers."}
     _bias = StrictFloatField(min_value=-LOGIT_BIAS_LIMIT, max_value=LOGIT_BIAS_LIMIT)
@@ -178,7 +178,7 @@ class TimingsSerializer(serializers.Serializer):
 
 
 class JobSerializer(serializers.Serializer):
-    """A job as GET /jobs/<id> shows it (built by api.selectors.jobs.job_detail)."""
+    """A job as GET /jobs/<id> shows it (built by api.jobs.selectors.job_detail)."""
 
     id = serializers.UUIDField()
     object = serializers.CharField(default="job")

@@ -43,7 +43,7 @@ logger = logging.getLogger(__name__)
 _CONTENT_PARAMS = ("stop",)
 PURGE_BATCH = 1000
 STREAM_REDROP_S = 10
-# Sent by name, as the web side sends every task (services/jobs.py); it runs drop_stream below.
+# Sent by name, as the web side sends every task (dispatch.py); it runs drop_stream below.
 DROP_JOB_STREAM_TASK = "api.tasks.drop_job_stream"
 
 

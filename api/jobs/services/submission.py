@@ -1,12 +1,6 @@
-"""Jobs on the web side: create (validate, tokenize, quota, insert, dispatch on commit), cancel,
-requeue. Worker-side transitions (claim, progress, completion) live in job_lifecycle.py.
-
-A job reaches an engine worker as one Celery message, ``api.tasks.run_job`` with its id, on its
-model's shared queue or on one of its workers' own queues (api/serving/catalog.py; prefix-affinity
-routing chooses, api/services/job_routing.py), sent once the row that says it is queued has
-committed. The message is sent by task name: the task runs in the engine workers, and nothing
-of theirs is imported here. A send that fails leaves the job queued, and the reconciler
-(api/tasks.py) sends it again: the row is the truth, the broker only delivers.
+"""A job's submission: validate, tokenize, check the key's quotas, insert the queued row and
+dispatch it once the row has committed (dispatch.py). The state changes after that, made by the
+engine workers and the reconciler, are lifecycle.py's.
 """
 
 from __future__ import annotations
@@ -14,48 +8,34 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import uuid
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, NamedTuple
 
-import redis
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import IntegrityError, transaction
-from django.db.models import F
-from django.utils import timezone
 
-from api.common import redis_keys
 from api.common.errors import (
     AuthenticationFailed,
     IdempotencyKeyReused,
     InvalidRequest,
-    JobNotCancellable,
-    JobNotFound,
-    JobNotRequeueable,
     MaxTokensTooLarge,
     ModelNotAllowed,
     PromptTooLong,
     TokenIdOutOfRange,
 )
-from api.common.redis_client import get_redis
+from api.jobs.selectors import job_queue_position
+from api.jobs.services.dispatch import job_dispatch
+from api.jobs.services.queue_routing import job_route
 from api.keys.quotas import RateLimitState, quota_consume_request, quota_gate
-from api.models import SAMPLING_DEFAULTS, ApiKey, Job, JobStatus
-from api.selectors.jobs import job_queue_position
-from api.services.job_deletion import drop_stream
-from api.services.job_routing import job_route
-from api.serving.catalog import ConfiguredModel, default_model_name, model_queue, model_resolve
+from api.models import SAMPLING_DEFAULTS, ApiKey, Job
+from api.serving.catalog import ConfiguredModel, model_resolve
 from api.serving.tokenization import get_tokenizer
-from api.streaming.job_end import stream_job_end
-from api.webhooks.job_events import job_webhooks_enqueue
 from api.webhooks.targets import webhook_url_check
-from inference_service.celery import app as celery_app
 
 logger = logging.getLogger(__name__)
 
-RUN_JOB_TASK = "api.tasks.run_job"
-REQUEUEABLE_STATUSES = (JobStatus.FAILED, JobStatus.EXPIRED, JobStatus.CANCELLED)
 MAX_IDEMPOTENCY_KEY_LENGTH = 255
 
 
@@ -245,122 +225,3 @@ def _tokenize(request: JobRequest, model: ConfiguredModel) -> tuple[list[int], s
     if request.messages is not None:
         return tokenizer.encode_messages(request.messages), "messages"
     return tokenizer.encode_prompt(request.prompt or ""), "prompt"
-
-
-def job_send(job_id: str, *, queue: str | None = None) -> None:
-    """Put one ``run_job`` message for ``job_id`` on ``queue``; without one, on the shared queue of
-    the job's model (every send but a new job's: a worker that died or stopped must not be sent
-    anything). Raises what the broker raises."""
-    if queue is None:
-        model = Job.objects.filter(id=job_id).values_list("model", flat=True).first()
-        queue = model_queue(model or default_model_name())  # a deleted row: its message claims nothing
-    celery_app.send_task(RUN_JOB_TASK, args=[str(job_id)], queue=queue)
-
-
-def job_dispatch(*, job_id: str, counted: bool = False, queue: str | None = None) -> bool:
-    """Send a queued job to ``queue`` (default: its model's shared queue) and count the send in its
-    ``dispatch_count``. Never raises: with the broker down the job stays queued and the reconciler
-    sends it later. Returns whether the message was sent.
-
-    ``counted``: the row's ``dispatch_count`` already includes this send (job_create inserts it
-    so, which saves an UPDATE per submission); it is taken back if the send fails."""
-    try:
-        job_send(job_id, queue=queue)
-    except Exception:  # noqa: BLE001 - any broker failure; the DB row is the truth
-        logger.warning("Dispatch of job %s failed; the reconciler will retry", job_id, exc_info=True)
-        if counted:
-            Job.objects.filter(id=job_id, dispatch_count__gt=0).update(dispatch_count=F("dispatch_count") - 1)
-        return False
-    if not counted:
-        Job.objects.filter(id=job_id).update(dispatch_count=F("dispatch_count") + 1)
-    return True
-
-
-def job_cancel(*, job_id: uuid.UUID | str, owner: AbstractBaseUser | None = None) -> Job:
-    """Cancel a job. A queued job becomes ``cancelled`` at once and never reaches the engine
-    (workers claim only ``queued`` rows). A running job gets ``cancel_requested`` and the workers
-    are told on ``engine:cancel``; the worker that holds it aborts it and records the end.
-    Cancelling a cancelled job is a no-op; cancelling another finished job raises
-    JobNotCancellable. ``owner`` restricts the lookup (None: any job, for operators)."""
-    jobs = (Job.objects.filter(id=job_id) if owner is None
-            else Job.objects.filter(id=job_id, owner=owner, deleted_at__isnull=True))
-    ended_in_queue = False
-    # A job can move queued -> in_progress between our two UPDATEs; loop until one of them wins
-    # or the job is finished. Each pass is one conditional UPDATE, so there is no lost update.
-    for _ in range(3):
-        now = timezone.now()
-        with transaction.atomic():
-            # It never ran: nothing is charged (a finished job's usage is what the engine processed).
-            ended_in_queue = bool(jobs.filter(status=JobStatus.QUEUED).update(
-                status=JobStatus.CANCELLED, cancel_requested=True, finished_at=now, prompt_tokens=0, cached_tokens=0,
-            ))
-            if ended_in_queue:
-                job_webhooks_enqueue(job_ids=[job_id])
-        if ended_in_queue:
-            break
-        if jobs.filter(status=JobStatus.IN_PROGRESS).update(cancel_requested=True):
-            transaction.on_commit(partial(_publish_cancel, str(job_id)))
-            break
-        job = jobs.first()
-        if job is None:
-            raise JobNotFound(job_id)
-        if job.status == JobStatus.CANCELLED:
-            break
-        if job.is_finished:
-            raise JobNotCancellable(status=job.status)
-    job = jobs.first()
-    if job is None:
-        raise JobNotFound(job_id)
-    if ended_in_queue:  # no worker will publish its final: tell its watchers here
-        transaction.on_commit(partial(stream_job_end, job=job))
-    return job
-
-
-def _publish_cancel(job_id: str) -> None:
-    try:
-        get_redis().publish(redis_keys.CANCEL_CHANNEL, json.dumps({"job_id": job_id}))
-    except redis.RedisError:
-        # The worker also sees cancel_requested on the row when it next checks its jobs.
-        logger.warning("Could not publish the cancel of job %s", job_id, exc_info=True)
-
-
-def job_requeue(*, job_id: uuid.UUID | str) -> Job:
-    """Operator action: put a failed, expired or cancelled job back in the queue from scratch
-    (output, counts and timings reset) and dispatch it. A job its owner deleted has no prompt
-    left and is never requeued. Running jobs are never requeued here: the
-    reconciler does that when their worker's lease expires."""
-    now = timezone.now()
-    # The prompt's ids never change (a deleted job's are gone, and it is not requeued).
-    prompt = Job.objects.filter(id=job_id).values_list("prompt_token_ids", flat=True).first()
-    updated = Job.objects.filter(id=job_id, status__in=REQUEUEABLE_STATUSES, deleted_at__isnull=True).update(
-        status=JobStatus.QUEUED,
-        output_text="",
-        logprobs=None,
-        finish_reason=None,
-        error=None,
-        prompt_tokens=len(prompt or []),
-        cached_tokens=0,
-        completion_tokens=0,
-        worker_id=None,
-        routed_worker=None,
-        lease_expires_at=None,
-        cancel_requested=False,
-        last_seq=0,
-        queued_at=now,
-        started_at=None,
-        first_token_at=None,
-        finished_at=None,
-    )
-    job = Job.objects.filter(id=job_id).first()
-    if job is None:
-        raise JobNotFound(job_id)
-    if not updated:
-        raise JobNotRequeueable(status="deleted" if job.deleted_at is not None else job.status)
-    transaction.on_commit(partial(_restart, str(job.id)))
-    return job
-
-
-def _restart(job_id: str) -> None:
-    # The old run's chunks would replay as this run's: drop them before the new run starts.
-    drop_stream(job_id)
-    job_dispatch(job_id=job_id)

@@ -45,7 +45,7 @@ import redis
 from django.conf import settings
 
 from api.common.redis_client import get_redis
-from api.selectors.jobs import job_worker_loads
+from api.jobs.selectors import job_worker_loads
 from api.serving.catalog import model_queue, worker_queue
 from api.serving.workers import worker_capacities
 

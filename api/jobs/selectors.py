@@ -20,7 +20,7 @@ from django.utils import timezone
 from api.common import redis_keys
 from api.common.errors import JobNotFound
 from api.common.redis_client import get_redis
-from api.job_logprobs import job_logprobs
+from api.jobs.logprobs import job_logprobs
 from api.models import Job, JobStatus
 from api.serving.workers import model_served
 
@@ -74,7 +74,7 @@ def job_queue_position(*, job: Job) -> int | None:
 
 def job_worker_loads(*, model: str, worker_ids: Iterable[str]) -> dict[str, int]:
     """Each of ``worker_ids``' active jobs of ``model``: those it runs, and those queued for it by
-    prefix-affinity routing (api/services/job_routing.py)."""
+    prefix-affinity routing (api/jobs/services/queue_routing.py)."""
     loads = dict.fromkeys(worker_ids, 0)
     rows = (Job.objects.filter(model=model, status__in=(JobStatus.QUEUED, JobStatus.IN_PROGRESS))  # job_model_active
             .annotate(worker=Coalesce("worker_id", "routed_worker")).filter(worker__in=list(loads))

@@ -11,11 +11,9 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from api.common.serializers import PAGE_NOT_FOUND, REQUEST_ERRORS, ErrorSerializer, paginated_list
-from api.job_metadata import metadata_filters
-from api.keys.quotas import quota_request_rate_state
-from api.schema_hooks import IDEMPOTENCY_KEY_SCHEMA
-from api.selectors.jobs import job_detail, job_get, job_list, job_queue_position
-from api.serializers import (
+from api.jobs.metadata import metadata_filters
+from api.jobs.selectors import job_detail, job_get, job_list, job_queue_position
+from api.jobs.serializers import (
     JOBS_MAX_PAGE_SIZE,
     JobCreatedSerializer,
     JobCreateSerializer,
@@ -23,8 +21,11 @@ from api.serializers import (
     JobListQuerySerializer,
     JobSerializer,
 )
-from api.services.job_deletion import job_delete
-from api.services.jobs import JobRequest, job_cancel, job_create
+from api.jobs.services.cancel import job_cancel
+from api.jobs.services.deletion import job_delete
+from api.jobs.services.submission import JobRequest, job_create
+from api.keys.quotas import quota_request_rate_state
+from api.schema_hooks import IDEMPOTENCY_KEY_SCHEMA
 from api.serving.workers import model_served
 
 ERRORS = {

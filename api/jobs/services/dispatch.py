@@ -1,0 +1,50 @@
+"""How a job reaches an engine worker: one Celery message, ``api.tasks.run_job`` with its id, on
+its model's shared queue or on one of its workers' own queues (api/serving/catalog.py;
+prefix-affinity routing chooses, queue_routing.py), sent once the row that says it is queued has
+committed. The message is sent by task name: the task runs in the engine workers, and nothing of
+theirs is imported here. A send that fails leaves the job queued, and the reconciler sends it
+again: the row is the truth, the broker only delivers.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from django.db.models import F
+
+from api.models import Job
+from api.serving.catalog import default_model_name, model_queue
+from inference_service.celery import app as celery_app
+
+logger = logging.getLogger(__name__)
+
+RUN_JOB_TASK = "api.tasks.run_job"
+
+
+def job_send(job_id: str, *, queue: str | None = None) -> None:
+    """Put one ``run_job`` message for ``job_id`` on ``queue``; without one, on the shared queue of
+    the job's model (every send but a new job's: a worker that died or stopped must not be sent
+    anything). Raises what the broker raises."""
+    if queue is None:
+        model = Job.objects.filter(id=job_id).values_list("model", flat=True).first()
+        queue = model_queue(model or default_model_name())  # a deleted row: its message claims nothing
+    celery_app.send_task(RUN_JOB_TASK, args=[str(job_id)], queue=queue)
+
+
+def job_dispatch(*, job_id: str, counted: bool = False, queue: str | None = None) -> bool:
+    """Send a queued job to ``queue`` (default: its model's shared queue) and count the send in its
+    ``dispatch_count``. Never raises: with the broker down the job stays queued and the reconciler
+    sends it later. Returns whether the message was sent.
+
+    ``counted``: the row's ``dispatch_count`` already includes this send (job_create inserts it
+    so, which saves an UPDATE per submission); it is taken back if the send fails."""
+    try:
+        job_send(job_id, queue=queue)
+    except Exception:  # noqa: BLE001 - any broker failure; the DB row is the truth
+        logger.warning("Dispatch of job %s failed; the reconciler will retry", job_id, exc_info=True)
+        if counted:
+            Job.objects.filter(id=job_id, dispatch_count__gt=0).update(dispatch_count=F("dispatch_count") - 1)
+        return False
+    if not counted:
+        Job.objects.filter(id=job_id).update(dispatch_count=F("dispatch_count") + 1)
+    return True
