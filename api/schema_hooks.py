@@ -1,6 +1,6 @@
 """drf-spectacular hooks: what the OpenAPI schema cannot learn from the DRF views.
 
-``GET /api/v1/jobs/{job_id}/events`` (server-sent events, api/sse.py) is a Channels consumer, not
+``GET /api/v1/jobs/{job_id}/events`` (server-sent events, api/streaming/sse.py) is a Channels consumer, not
 a DRF view, so the generator does not see it; a hook adds it to every schema it builds, the
 offline docs page included. Another states the job body's rules that its serializer checks in
 code (api/jobs/serializers.py): exactly one of ``prompt`` and ``messages``, no unknown field, and

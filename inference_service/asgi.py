@@ -1,5 +1,5 @@
 """ASGI entry point (daphne): HTTP to Django's own handler, except the job event streams; WebSockets
-to the Channels consumers of api.routing.
+to the Channels consumers of api.streaming.routing.
 
 Loading it is a web process's start: it also loads the prompt tokenizer (api/serving/tokenization.py), so
 that no client's first submission waits seconds for it.
@@ -20,8 +20,8 @@ from django.conf import settings  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 from django.urls import re_path  # noqa: E402
 
-from api.routing import http_stream_urlpatterns, websocket_urlpatterns  # noqa: E402
 from api.serving.tokenization import load_tokenizer_at_start  # noqa: E402
+from api.streaming.routing import http_stream_urlpatterns, websocket_urlpatterns  # noqa: E402
 
 load_tokenizer_at_start()
 

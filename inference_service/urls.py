@@ -13,8 +13,8 @@ urlpatterns = [
     path("admin/engine/cache/evict", CacheEntryEvictView.as_view(), name="engine-cache-evict"),
     path("admin/", admin.site.urls),
     path("api/v1/", include("api.urls")),
-    path("v1/", include("api.openai_urls")),
-    path("metrics", metrics, name="metrics"),  # Prometheus  # OpenAI-compatible (completions: api.routing)
+    path("v1/", include("api.openai_api.urls")),  # OpenAI-compatible (completions: api.streaming.routing)
+    path("metrics", metrics, name="metrics"),  # Prometheus
 ]
 
 handler404 = "api.common.exception_handler.json_not_found"

@@ -40,8 +40,6 @@ from rest_framework import exceptions as drf_exceptions
 from api.common.errors import JobNotFound, ServiceError, ServiceUnavailable, error_body
 from api.common.exception_handler import exception_handler
 from api.common.parsers import RequestTooLarge, StrictJSONParser
-from api.consumers import cancel_job, db_thread, scope_api_key
-from api.http_stream import HttpStreamMixin, encode_headers
 from api.jobs.logprobs import chat_logprobs, job_logprobs, text_logprobs
 from api.jobs.services.submission import JobSubmission, job_create
 from api.keys.authentication import authenticate_api_key
@@ -49,7 +47,9 @@ from api.models import ApiKey, Job
 from api.openai_api.continuity import Diverged, StreamContinuity
 from api.openai_api.requests import Kind, OpenAIRequest, openai_request
 from api.openai_api.responses import ChunkWriter, StreamRestarted, completion_body, ending_error
+from api.streaming.consumers import cancel_job, db_thread, scope_api_key
 from api.streaming.follow import FollowsJob
+from api.streaming.http_stream import HttpStreamMixin, encode_headers
 
 logger = logging.getLogger(__name__)
 

@@ -1,2 +1,4 @@
-"""Following a job's stream on the web side: the relay that reads a job's Redis stream for one
-client, the message shapes of that stream, and the end of a job that never reached a worker."""
+"""Following a job's stream: the WebSocket consumers and the server-sent events that clients
+follow a job with (consumers.py, sse.py), the relay that reads a job's Redis stream for one
+client, the message shapes of that stream, the end of a job that never reached a worker, and
+routing.py, which mounts the Channels consumers (the OpenAI completions' too)."""

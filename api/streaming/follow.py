@@ -1,6 +1,6 @@
 """A consumer that follows one job's stream: its relay runs as a task of the consumer.
 
-The WebSocket (api/consumers.py), server-sent events (api/sse.py) and OpenAI's completions
+The WebSocket (api/streaming/consumers.py), server-sent events (api/streaming/sse.py) and OpenAI's completions
 (api/openai_api/consumer.py) all mix this in. ``open_relay`` looks at the stream first (so a
 consumer can still refuse with a clear error when Redis is down, before it promises a stream),
 ``follow`` runs the relay until the job's final has been sent, and ``stop_following`` (from

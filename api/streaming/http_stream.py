@@ -1,4 +1,4 @@
-"""What the long-lived HTTP responses share: the job event stream (api/sse.py) and OpenAI's
+"""What the long-lived HTTP responses share: the job event stream (api/streaming/sse.py) and OpenAI's
 completions (api/openai_api/consumer.py), both Channels ``AsyncHttpConsumer`` s that answer for as
 long as a job runs."""
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from django.urls import path, re_path
 
-from api.consumers import GenerateConsumer, JobStreamConsumer, UnknownPathConsumer
 from api.openai_api.consumer import ChatCompletionConsumer, TextCompletionConsumer
-from api.sse import JobEventsConsumer
+from api.streaming.consumers import GenerateConsumer, JobStreamConsumer, UnknownPathConsumer
+from api.streaming.sse import JobEventsConsumer
 
 websocket_urlpatterns = [
     path("ws/v1/jobs/<uuid:job_id>/", JobStreamConsumer.as_asgi()),

@@ -1,5 +1,5 @@
 """The OpenAI-compatible API's Django routes (its completions are Channels consumers, mounted in
-api.routing)."""
+api.streaming.routing)."""
 
 from __future__ import annotations
 

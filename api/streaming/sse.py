@@ -35,10 +35,10 @@ from channels.exceptions import StopConsumer
 from channels.generic.http import AsyncHttpConsumer
 
 from api.common.errors import ApiKeyRevoked, JobNotFound, ServiceError, ServiceUnavailable, error_body
-from api.consumers import authorize_job, scope_api_key
-from api.http_stream import HttpStreamMixin
 from api.keys.revocation import KeyRevocationEvents
+from api.streaming.consumers import authorize_job, scope_api_key
 from api.streaming.follow import FollowsJob
+from api.streaming.http_stream import HttpStreamMixin
 
 FINAL_ID_SUFFIX = ":final"
 RETRY_MS = 1000  # how soon an EventSource reconnects after a dropped connection
