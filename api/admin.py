@@ -1,5 +1,5 @@
 """Operators' admin: keys (revoke), jobs (cancel, requeue, delete content), usage. The engine
-dashboard is a separate staff view (api.views.dashboard), linked from every admin page."""
+dashboard is a separate staff view (api.dashboard.views), linked from every admin page."""
 
 from __future__ import annotations
 

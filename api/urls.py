@@ -7,7 +7,7 @@ from drf_spectacular.views import SpectacularAPIView
 from api.jobs.views import JobCancelView, JobDetailView, JobListCreateView
 from api.keys.views import ApiKeyListView, ApiKeyRevokeView, UsageView, WebhookSecretRotateView
 from api.serving.views import ModelListView
-from api.views.service import HealthView, api_docs
+from api.system.views import HealthView, api_docs
 
 urlpatterns = [
     path("jobs", JobListCreateView.as_view(), name="jobs"),

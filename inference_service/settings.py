@@ -175,8 +175,8 @@ SPECTACULAR_SETTINGS = {
     "VERSION": "1.0.0",
     "SERVE_INCLUDE_SCHEMA": False,
     "COMPONENT_SPLIT_REQUEST": True,
-    "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums", "api.schema_hooks.add_job_events",
-                           "api.schema_hooks.add_job_create_rules",
+    "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums", "api.system.schema_hooks.add_job_events",
+                           "api.system.schema_hooks.add_job_create_rules",
                            "api.openai_api.schema.add_openai_completions"],
 }
 

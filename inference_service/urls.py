@@ -3,8 +3,8 @@ from __future__ import annotations
 from django.contrib import admin
 from django.urls import include, path
 
-from api.views.dashboard import CacheEntryEvictView, engine_dashboard, engine_dashboard_data
-from api.views.metrics import metrics
+from api.dashboard.views import CacheEntryEvictView, engine_dashboard, engine_dashboard_data
+from api.system.metrics_view import metrics
 
 urlpatterns = [
     # Before admin.site.urls, whose catch-all would otherwise answer these paths.

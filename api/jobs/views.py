@@ -25,8 +25,8 @@ from api.jobs.services.cancel import job_cancel
 from api.jobs.services.deletion import job_delete
 from api.jobs.services.submission import JobRequest, job_create
 from api.keys.quotas import quota_request_rate_state
-from api.schema_hooks import IDEMPOTENCY_KEY_SCHEMA
 from api.serving.workers import model_served
+from api.system.schema_hooks import IDEMPOTENCY_KEY_SCHEMA
 
 ERRORS = {
     **REQUEST_ERRORS,

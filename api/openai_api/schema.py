@@ -1,6 +1,6 @@
 """The OpenAI-compatible completions in the OpenAPI schema (a drf-spectacular postprocessing hook).
 
-Like the job event stream (api/schema_hooks.py), they are Channels consumers that the schema
+Like the job event stream (api/system/schema_hooks.py), they are Channels consumers that the schema
 generator cannot see. The request bodies list the fields api/openai_api/requests.py accepts; the
 responses are OpenAI's shapes (api/openai_api/responses.py).
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from api.schema_hooks import IDEMPOTENCY_KEY_SCHEMA, error_response
+from api.system.schema_hooks import IDEMPOTENCY_KEY_SCHEMA, error_response
 
 _NUMBER = {"type": "number", "nullable": True}
 _INTEGER = {"type": "integer", "nullable": True}

@@ -68,7 +68,7 @@ def test_with_redis_down_the_job_figures_still_come_and_redis_reads_as_down(sett
     settings.METRICS_TOKEN = TOKEN
     make_job(status=JobStatus.QUEUED)
 
-    with mock.patch("api.metrics.worker_list", side_effect=redis.ConnectionError("down")):
+    with mock.patch("api.system.metrics.worker_list", side_effect=redis.ConnectionError("down")):
         response = _scrape()
 
     samples = _samples(response)

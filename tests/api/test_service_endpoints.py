@@ -66,7 +66,7 @@ def test_health_is_503_without_a_live_worker(db, redis_client):
 def test_health_is_503_when_redis_is_unreachable(db, redis_client):
     broken = mock.Mock()
     broken.ping.side_effect = redis.ConnectionError("down")
-    with mock.patch("api.views.service.get_redis", return_value=broken):
+    with mock.patch("api.system.views.get_redis", return_value=broken):
         response = APIClient().get("/api/v1/health")
 
     assert response.status_code == 503

@@ -17,8 +17,8 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from api.common.errors import error_body
-from api.selectors.dashboard import engine_overview
-from api.services.cache_entries import cache_entry_evict
+from api.dashboard.selectors import engine_overview
+from api.dashboard.services import cache_entry_evict
 
 
 def engine_dashboard(request: HttpRequest) -> HttpResponse:

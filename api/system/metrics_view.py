@@ -1,4 +1,4 @@
-"""``GET /metrics``: the service's Prometheus metrics (api/metrics.py).
+"""``GET /metrics``: the service's Prometheus metrics (api/system/metrics.py).
 
 A scraper authenticates with ``Authorization: Bearer <METRICS_TOKEN>``; a staff user's admin
 session works too (to look at it in a browser). With no ``METRICS_TOKEN`` set, only staff can read
@@ -16,7 +16,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from api.common.errors import error_body
 from api.keys.authentication import bearer_token
-from api.metrics import registry
+from api.system.metrics import registry
 
 
 @require_GET

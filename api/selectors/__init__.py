@@ -1,1 +1,0 @@
-"""Reads. Views, consumers and the admin fetch data through these functions."""

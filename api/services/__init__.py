@@ -1,1 +1,0 @@
-"""Writes. Every change of state goes through a function in this package."""

@@ -1,1 +1,0 @@
-"""HTTP views: parse input, call one service or selector, render."""
