@@ -25,7 +25,9 @@ app.conf.beat_schedule = {
     # Webhook retries that came due, and deliveries whose message was lost (api/webhooks/services.py).
     "send-due-webhooks": {"task": "api.tasks.send_due_webhooks", "schedule": 2.0},
 }
-app.autodiscover_tasks()
+# Each domain of the app keeps its tasks in its own tasks.py; the tasks' names (``api.tasks.<name>``,
+# what the routes above and every message name) stay those of the module they came from.
+app.autodiscover_tasks(["api.jobs", "api.keys", "api.webhooks", "api.batches"])
 
 
 @worker_init.connect

@@ -9,7 +9,7 @@ urgent by its priority (BATCH_JOB_PRIORITY is less urgent than any key's class),
 batch jobs waiting there, and a key's batch cannot take more of the engine than the cap.
 
 It runs on the light worker: after a batch starts, whenever batch jobs end (the engine worker's
-sink asks for it, :func:`batch_jobs_ended`), and on beat's tick (api/tasks.py), which also covers
+sink asks for it, :func:`batch_jobs_ended`), and on beat's tick (api/batches/tasks.py), which also covers
 a lost message. A sent job is an ordinary queued job from then on: the reconciler sends it again
 if its message is lost, and hands it on if its worker dies.
 """

@@ -6,7 +6,7 @@ written) → ``completed``; or ``failed`` (a line could not become a job), ``can
 ``cancelled``, and ``expired`` (the completion window ended first). Every change is a conditional
 UPDATE or happens under the batch's row lock, and every step can run again: the start, the
 progress and the end are Celery tasks on the light worker, and beat's tick
-(api/tasks.py ``tick_batches``) runs again whatever a lost message or a dead process left undone.
+(api/batches/tasks.py ``tick_batches``) runs again whatever a lost message or a dead process left undone.
 """
 
 from __future__ import annotations
@@ -90,7 +90,7 @@ class _LinesRefused(Exception):
 def batch_start(*, batch_id: str) -> bool:
     """``validating`` → ``in_progress``: every line of the input becomes a held job of the batch
     (one transaction), or, if any line cannot, the batch fails naming the lines. Returns whether
-    the batch started (the caller then feeds its key: api/tasks.py). Does nothing for a batch no
+    the batch started (the caller then feeds its key: api/batches/tasks.py). Does nothing for a batch no
     longer validating."""
     try:
         with transaction.atomic():

@@ -13,8 +13,8 @@ from rest_framework.test import APIClient
 from api.batches.feed import BATCH_PROGRESS_TASK, batch_feed
 from api.batches.models import Batch, BatchStatus, File
 from api.batches.services import START_BATCH_TASK, batch_advance, batch_start
+from api.batches.tasks import tick_batches
 from api.models import Job, JobStatus
-from api.tasks import tick_batches
 from api.webhooks.models import WebhookDelivery
 from tests.api.batch_helpers import chat_line, finish, upload
 from tests.api.factories import make_api_key

@@ -12,8 +12,8 @@ from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
 from django.utils import timezone
 
-from api import tasks
 from api.common.redis_keys import job_stream_key
+from api.jobs import tasks
 from api.jobs.services import lifecycle as lc
 from api.jobs.services.cancel import job_cancel
 from api.models import Job, JobStatus

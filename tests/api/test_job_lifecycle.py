@@ -178,7 +178,7 @@ def test_queued_jobs_need_dispatch_only_after_their_claim_deadline():
 
 
 def test_reconciler_requeues_expired_leases_and_redispatches_lost_jobs(monkeypatch):
-    from api import tasks
+    from api.jobs import tasks
 
     sent: list[str] = []
     monkeypatch.setattr(tasks, "dispatch_job", sent.append)
@@ -194,7 +194,7 @@ def test_reconciler_requeues_expired_leases_and_redispatches_lost_jobs(monkeypat
 
 
 def test_expire_jobs_expires_only_long_queued_jobs(settings):
-    from api import tasks
+    from api.jobs import tasks
 
     settings.JOB_QUEUE_TIMEOUT_S = 60
     stale = make_job(queued_at=timezone.now() - dt.timedelta(seconds=120), prompt_tokens=3)

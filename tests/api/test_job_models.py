@@ -9,8 +9,8 @@ import pytest
 from rest_framework.test import APIClient
 
 from api.jobs.services import lifecycle as job_lifecycle
+from api.jobs.tasks import reconcile_jobs
 from api.models import ApiKey, Job
-from api.tasks import reconcile_jobs
 from tests.api.factories import heartbeat, make_api_key, make_job, publish_heartbeat
 from tests.api.openai_client import request
 
@@ -129,7 +129,7 @@ def test_a_worker_claims_only_its_own_models_jobs(db):
 
 def test_the_reconciler_sends_a_job_routed_to_a_dead_worker_to_its_models_shared_queue(
         two_models, db, broker, monkeypatch):
-    from api import tasks
+    from api.jobs import tasks
 
     monkeypatch.setattr(tasks, "_declare_engine_queues", lambda: None)
     job = make_job(model="tiny-b", routed_worker="w-dead", dispatch_count=1)

@@ -8,7 +8,7 @@ import datetime as dt
 import pytest
 from django.utils import timezone
 
-from api import tasks
+from api.jobs import tasks
 from api.jobs.services.deletion import jobs_purge_finished
 from api.keys.quotas import quota_key_usage
 from api.models import Job, JobStatus, UsageRecord

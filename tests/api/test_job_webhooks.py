@@ -141,7 +141,7 @@ def test_nothing_is_recorded_or_sent_when_the_transaction_rolls_back(broker):
 
 
 def test_the_hourly_purge_deletes_ended_deliveries_as_old_as_purged_jobs_and_keeps_pending_ones(settings):
-    from api.tasks import purge_jobs
+    from api.jobs.tasks import purge_jobs
     from api.webhooks.models import WebhookDeliveryStatus
 
     settings.JOB_RETENTION_DAYS = 2

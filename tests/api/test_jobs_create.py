@@ -7,9 +7,9 @@ from django.utils import timezone
 
 from api.jobs.services.dispatch import RUN_JOB_TASK
 from api.jobs.services.lifecycle import jobs_needing_dispatch
+from api.jobs.tasks import run_job
 from api.models import Job, JobStatus
 from api.serving.tokenization import get_tokenizer
-from api.tasks import run_job
 from inference_service.celery import app
 from tests.api.factories import make_api_key, make_job
 

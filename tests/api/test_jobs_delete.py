@@ -63,7 +63,7 @@ def test_deleting_a_finished_job_clears_its_content_and_the_job_is_not_found_aft
 
 
 def test_the_later_drop_deletes_a_stream_that_a_late_output_batch_made_again(redis_client):
-    from api.tasks import drop_job_stream
+    from api.jobs.tasks import drop_job_stream
 
     assert drop_job_stream.name == DROP_JOB_STREAM_TASK in celery_app.tasks  # the name the delete sends
     redis_client.xadd(redis_keys.job_stream_key("j-1"), {"seq": "9", "text": "late"})

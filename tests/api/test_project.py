@@ -146,6 +146,18 @@ def test_celery_routes_jobs_to_the_engine_queue_and_schedules_reconciliation():
     assert app.conf.task_default_queue == "celery"
 
 
+def test_a_worker_registers_every_task_under_the_name_its_messages_carry():
+    from inference_service.celery import app
+
+    app.loader.import_default_modules()  # what a worker does when it starts: the domains' tasks.py
+    assert {name for name in app.tasks if name.startswith("api.")} == {
+        "api.tasks.run_job", "api.tasks.reconcile_jobs", "api.tasks.expire_jobs", "api.tasks.purge_jobs",
+        "api.tasks.drop_job_stream", "api.tasks.rollup_usage", "api.tasks.deliver_webhook",
+        "api.tasks.send_due_webhooks", "api.tasks.start_batch", "api.tasks.batch_progress",
+        "api.tasks.tick_batches",
+    }
+
+
 @pytest.mark.django_db
 def test_models_and_migrations_are_in_sync():
     from io import StringIO

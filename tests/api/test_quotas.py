@@ -120,7 +120,7 @@ def test_usage_rollup_sums_engine_counts_per_key_and_day_idempotently(api_key):
 
 
 def test_the_beat_usage_task_fills_todays_usage_records(api_key):
-    from api.tasks import rollup_usage
+    from api.keys.tasks import rollup_usage
 
     make_job(api_key=api_key, status=JobStatus.COMPLETED, prompt_tokens=7, completion_tokens=9)
     assert rollup_usage() >= 1

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from api import tasks
+from api.jobs import tasks
 from api.worker import service as worker
 
 

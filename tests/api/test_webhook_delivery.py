@@ -20,10 +20,10 @@ from standardwebhooks.webhooks import Webhook
 from api.jobs.services.cancel import job_cancel
 from api.keys.services import api_key_revoke
 from api.models import JobStatus
-from api.tasks import deliver_webhook, send_due_webhooks
 from api.webhooks.delivery import RETRY_MAX_DELAY_S, webhook_retry_delay
 from api.webhooks.models import WebhookDelivery, WebhookDeliveryStatus
 from api.webhooks.services import DELIVER_WEBHOOK_TASK, webhook_enqueue
+from api.webhooks.tasks import deliver_webhook, send_due_webhooks
 from api.worker.sink import RedisJobSink
 from engine_worker.protocol import FinalResult, StepBatch
 from tests.api.factories import make_api_key, make_job

@@ -57,7 +57,7 @@ import logging, time
 import django
 django.setup()
 from django.db import close_old_connections
-from api.tasks import reconcile_jobs
+from api.jobs.tasks import reconcile_jobs
 log = logging.getLogger("drill-reconciler")
 while True:
     try:

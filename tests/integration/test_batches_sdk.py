@@ -14,9 +14,10 @@ import openai
 import pytest
 from standardwebhooks.webhooks import Webhook
 
+from api.batches.tasks import tick_batches
 from api.common.redis_keys import job_stream_key
+from api.jobs.tasks import reconcile_jobs
 from api.models import ApiKey, Job
-from api.tasks import reconcile_jobs, tick_batches
 from tests.api.factories import make_api_key
 from tests.api.webhook_receiver import WebhookReceiver
 from tests.integration.procs import START_TIMEOUT_S, Proc, free_port, port_open, start_daphne, wait_for

@@ -14,8 +14,8 @@ import time
 import pytest
 
 from api.common.redis_keys import job_stream_key, worker_heartbeat_key
+from api.jobs.tasks import reconcile_jobs
 from api.models import JobStatus
-from api.tasks import reconcile_jobs
 from tests.integration.jobs import job, queue_job, wait_status
 from tests.integration.procs import wait_for
 

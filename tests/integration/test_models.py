@@ -11,9 +11,9 @@ import pytest
 from django.conf import settings
 
 from api.jobs.services.submission import JobRequest, job_create
+from api.jobs.tasks import reconcile_jobs
 from api.models import Job, JobStatus
 from api.serving.workers import worker_ids_forget
-from api.tasks import reconcile_jobs
 from tests.api.factories import make_api_key
 from tests.conftest import TINY_MODEL_DIR
 from tests.integration.jobs import FINISHED, job, wait_status

@@ -12,8 +12,8 @@ import openai
 import pytest
 
 from api.common.redis_keys import job_stream_key
+from api.jobs.tasks import reconcile_jobs
 from api.models import Job, JobStatus
-from api.tasks import reconcile_jobs
 from tests.api.factories import make_api_key
 from tests.integration.jobs import wait_status
 from tests.integration.procs import START_TIMEOUT_S, free_port, port_open, start_daphne, wait_for

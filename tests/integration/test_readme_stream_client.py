@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 import pytest
 import websockets
 
+from api.jobs.tasks import reconcile_jobs
 from api.models import JobStatus
-from api.tasks import reconcile_jobs
 from tests.api.factories import make_api_key
 from tests.integration.jobs import job, queue_job, wait_status
 from tests.integration.procs import START_TIMEOUT_S, free_port, port_open, start_daphne, wait_for

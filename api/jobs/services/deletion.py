@@ -15,7 +15,7 @@ the cache evicts them; they are never served as text, and only to a prompt that 
 
 Retention (``JOB_RETENTION_DAYS``, off at 0) deletes the rows of jobs that finished that many days
 ago, tombstones included. It is at least 2 days, so the rows a quota or the usage roll-up still
-reads (today's, and yesterday's in the first hour of a day: api/tasks.py) are never among them;
+reads (today's, and yesterday's in the first hour of a day: api/keys/tasks.py) are never among them;
 the usage records of those days stay.
 """
 

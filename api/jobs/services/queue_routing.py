@@ -31,7 +31,7 @@ than the others; any other job goes to the least-loaded worker.
 
 A worker that dies stops heartbeating: it is never chosen again, and its prefixes go to the
 others. A message already sent to its queue is never consumed; the job stays queued, and the
-reconciler sends it to the model's shared queue once its claim deadline passes (api/tasks.py).
+reconciler sends it to the model's shared queue once its claim deadline passes (api/jobs/tasks.py).
 """
 
 from __future__ import annotations

@@ -68,7 +68,7 @@ def _build(config: WorkerConfig) -> worker.EngineWorkerService:
     """The service, its engine in a child process (which loads the model: this process never
     evaluates an mlx array), its outputs written by this process's I/O thread."""
     from api.common.redis_client import get_redis
-    from api.tasks import dispatch_job
+    from api.jobs.tasks import dispatch_job
     from api.worker.sink import RedisJobSink
     from engine_worker.runtime import ChildSpec, EngineProcess
 

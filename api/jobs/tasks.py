@@ -1,36 +1,28 @@
-"""Celery tasks.
+"""The jobs' Celery tasks.
 
 ``run_job`` runs on engine workers (their model's queues, the solo pool: api/worker/consumer.py):
 it claims the job and starts it in the worker's engine (api/worker/service.py). A duplicate
 delivery finds the job already claimed and does nothing; a job whose message was lost is still
-queued in the database, and the reconciler sends it again, to its model's shared queue. ``reconcile_jobs``, ``expire_jobs``, ``rollup_usage`` and
-``purge_jobs`` run on the light worker under beat, as does ``drop_job_stream`` when a delete
-schedules it. So do the webhooks: ``deliver_webhook`` makes one attempt of a delivery, and
-``send_due_webhooks`` (beat) sends those whose retry is due or whose message was lost
-(api/webhooks/services.py). And the batches' tasks (api/batches/services.py): ``start_batch`` when one is created,
-``batch_progress`` when its jobs end, and ``tick_batches`` under beat.
+queued in the database, and the reconciler sends it again, to its model's shared queue.
+``reconcile_jobs``, ``expire_jobs`` and ``purge_jobs`` run on the light worker under beat, as does
+``drop_job_stream`` when a delete schedules it.
+
+Every task keeps the name it had when all of them lived in ``api/tasks.py`` (``api.tasks.<name>``):
+the name is what a message carries, so workers old and new take each other's messages.
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import logging
 
 from celery import shared_task
 from django.conf import settings
-from django.utils import timezone
 
-from api.batches import feed as batch_feed
-from api.batches import services as batches
-from api.batches.models import Batch, BatchStatus
-from api.batches.selectors import batches_unfinished
 from api.jobs.services import deletion as job_deletion
 from api.jobs.services import lifecycle as job_lifecycle
 from api.jobs.services.dispatch import job_send
-from api.keys import quotas
 from api.models import JobStatus
 from api.serving.catalog import LEGACY_QUEUE, configured_models, model_queue
-from api.webhooks import delivery as webhook_delivery
 from api.webhooks import services as webhooks
 from api.worker import service as worker
 
@@ -106,17 +98,6 @@ def expire_jobs() -> int:
     return expired
 
 
-@shared_task(name="api.tasks.rollup_usage", ignore_result=True)
-def rollup_usage() -> int:
-    """Refresh today's per-key UsageRecord rows from the engine's token counts on the jobs; in the
-    first hour of a UTC day also yesterday's, so jobs that finished after midnight are counted."""
-    now = timezone.now()
-    rows = quotas.usage_rollup(day=now.date())
-    if now.hour == 0:
-        rows += quotas.usage_rollup(day=now.date() - dt.timedelta(days=1))
-    return rows
-
-
 @shared_task(name="api.tasks.purge_jobs", ignore_result=True)
 def purge_jobs() -> int:
     """Delete finished jobs older than JOB_RETENTION_DAYS (kept forever when it is 0), and the
@@ -136,51 +117,3 @@ def drop_job_stream(job_id: str) -> None:
     """Delete a deleted job's Redis stream again, after the output batch that may have been on its
     way when the job was deleted (api/jobs/services/deletion.py)."""
     job_deletion.drop_stream(job_id)
-
-
-@shared_task(name="api.tasks.deliver_webhook", ignore_result=True)
-def deliver_webhook(delivery_id: str, attempt: int) -> str | None:
-    """Attempt ``attempt + 1`` of a webhook delivery (nothing if it was made already)."""
-    return webhook_delivery.webhook_deliver(delivery_id=delivery_id, attempt=int(attempt))
-
-
-@shared_task(name="api.tasks.send_due_webhooks", ignore_result=True)
-def send_due_webhooks() -> int:
-    """Send the webhook deliveries whose next attempt is due."""
-    return webhooks.webhooks_send_due()
-
-
-@shared_task(name="api.tasks.start_batch", ignore_result=True)
-def start_batch(batch_id: str) -> bool:
-    """Turn a new batch's lines into its jobs and send the first of them to the engine (here: a
-    message to another task would only add its latency)."""
-    started = batches.batch_start(batch_id=batch_id)
-    api_key_id = Batch.objects.filter(id=batch_id).values_list("api_key_id", flat=True).first()
-    if started and api_key_id is not None:
-        batch_feed.batch_feed(api_key_id=api_key_id)
-    return started
-
-
-@shared_task(name="api.tasks.batch_progress", ignore_result=True)
-def batch_progress(api_key_id: int | None, batch_id: str) -> None:
-    """Some of a batch's jobs ended, or it started or was cancelled: send the key's next jobs, and
-    end the batch if none of its jobs is left to run."""
-    if api_key_id is not None:
-        batch_feed.batch_feed(api_key_id=api_key_id)
-    batches.batch_advance(batch_id=batch_id)
-
-
-@shared_task(name="api.tasks.tick_batches", ignore_result=True)
-def tick_batches() -> int:
-    """What the batches' messages do, for every batch that has not ended: the net under a lost
-    message or a light worker that died in the middle of one. Returns how many it looked at."""
-    unfinished = batches_unfinished()
-    for batch_id, _key, status in unfinished:
-        if status == BatchStatus.VALIDATING:
-            batches.batch_start(batch_id=batch_id)
-    for api_key_id in batch_feed.batch_keys_to_feed():
-        batch_feed.batch_feed(api_key_id=api_key_id)
-    for batch_id, _key, status in unfinished:
-        if status != BatchStatus.VALIDATING:
-            batches.batch_advance(batch_id=batch_id)
-    return len(unfinished)
