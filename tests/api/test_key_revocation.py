@@ -13,8 +13,8 @@ from channels.testing import ApplicationCommunicator, WebsocketCommunicator
 from django.test import Client
 from django.utils import timezone
 
-from api.admin import QUOTA_FIELDS
 from api.common.redis_keys import job_stream_key
+from api.keys.admin import QUOTA_FIELDS
 from api.keys.services import api_key_revoke
 from api.models import ApiKey, Job, JobStatus
 from api.streaming import messages
