@@ -28,7 +28,7 @@ from django.utils import timezone
 from kombu.exceptions import KombuError
 
 from api.batches.models import BatchStatus
-from api.jobs.services.dispatch import job_dispatch
+from api.jobs.services.dispatch import job_dispatch_counted
 from api.keys.quotas import quota_key_usage
 from api.models import ApiKey, Job, JobStatus
 from inference_service.celery import app as celery_app
@@ -82,7 +82,7 @@ def batch_feed(*, api_key_id: int) -> list[str]:
 
 def _send(job_ids: list[str]) -> None:
     for job_id in job_ids:
-        job_dispatch(job_id=job_id, counted=True)
+        job_dispatch_counted(job_id=job_id, precounted=True)
 
 
 def batch_keys_to_feed() -> list[int]:

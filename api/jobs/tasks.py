@@ -20,9 +20,7 @@ from django.conf import settings
 
 from api.jobs.services import deletion as job_deletion
 from api.jobs.services import lifecycle as job_lifecycle
-from api.jobs.services.dispatch import job_send
-from api.models import JobStatus
-from api.serving.catalog import LEGACY_QUEUE, configured_models, model_queue
+from api.jobs.services import reconciler
 from api.webhooks import services as webhooks
 from api.worker import service as worker
 
@@ -41,52 +39,11 @@ def run_job(job_id: str) -> bool:
     return service.admit(str(job_id))
 
 
-def dispatch_job(job_id: str) -> None:
-    """Send ``job_id`` to its model's shared queue (after the row that says it is queued is
-    committed); never to one worker's queue, since that worker may be dead or stopping."""
-    job_send(job_id)
-
-
-def _declare_engine_queues() -> None:
-    """Re-create the bindings of the models' shared queues in the broker. With Redis, a FLUSHALL
-    (or a fresh Redis) drops kombu's bindings, and kombu then routes published messages to a
-    dead-letter queue until someone declares the queue again; producers only declare once per
-    process. (A worker's own queue is not declared here: the reconciler never sends to one.)"""
-    from inference_service.celery import app
-
-    with app.connection_for_write() as conn:
-        for name in [LEGACY_QUEUE, *(model_queue(m.name) for m in configured_models())]:
-            app.amqp.queues[name](conn.default_channel).declare()
-
-
 @shared_task(name="api.tasks.reconcile_jobs", ignore_result=True)
 def reconcile_jobs() -> dict[str, int]:
-    """Re-dispatch queued jobs that no worker claimed in time (their message was lost), and hand
-    back running jobs whose worker's lease expired (the worker died) so they run again; such a
-    job whose cancellation was requested ends cancelled instead (job_lifecycle.job_requeue).
-    Every job goes to its model's shared queue: one routed to a worker that died is taken by
-    another."""
-    after_s = float(settings.JOB_REDISPATCH_AFTER_S)
-    requeued = cancelled = 0
-    for job_id in job_lifecycle.jobs_with_expired_lease():
-        status = job_lifecycle.job_requeue(job_id=job_id, worker_id=None, redispatch_after_s=0.0)
-        if status == JobStatus.QUEUED:
-            requeued += 1
-            logger.warning("job %s: worker lease expired; back in the queue", job_id)
-        elif status == JobStatus.CANCELLED:
-            cancelled += 1
-            logger.warning("job %s: worker lease expired with its cancellation requested; cancelled", job_id)
-    stale = job_lifecycle.jobs_needing_dispatch(queued_grace_s=after_s)
-    if stale:
-        _declare_engine_queues()
-    dispatched = 0
-    for job_id in stale:
-        if job_lifecycle.job_mark_dispatched(job_id=job_id, redispatch_after_s=after_s):
-            dispatch_job(job_id)
-            dispatched += 1
-    if requeued or dispatched or cancelled:
-        logger.info("reconciler: %s jobs requeued, %s cancelled, %s dispatched", requeued, cancelled, dispatched)
-    return {"requeued": requeued, "cancelled": cancelled, "dispatched": dispatched}
+    """Send again the queued jobs nobody claimed in time, and hand back the running jobs whose
+    worker's lease expired (api/jobs/services/reconciler.py)."""
+    return reconciler.jobs_reconcile(redispatch_after_s=float(settings.JOB_REDISPATCH_AFTER_S))
 
 
 @shared_task(name="api.tasks.expire_jobs", ignore_result=True)

@@ -136,7 +136,7 @@ class EngineWorkerService:
     def _hand_back(self, job_ids: list[str]) -> list[str]:
         released = self.host.hand_back(job_ids) if job_ids else []
         for job_id in set(job_ids):
-            status = job_lifecycle.job_requeue(
+            status = job_lifecycle.job_hand_back(
                 job_id=job_id, worker_id=self.worker_id, redispatch_after_s=self.config.redispatch_after_s)
             if status == JobStatus.QUEUED:  # a cancelled one ends instead
                 self._redispatch(job_id)

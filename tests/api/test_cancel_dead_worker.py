@@ -15,6 +15,7 @@ from django.utils import timezone
 from api.common.redis_keys import job_stream_key
 from api.jobs import tasks
 from api.jobs.services import lifecycle as lc
+from api.jobs.services import reconciler
 from api.jobs.services.cancel import job_cancel
 from api.models import Job, JobStatus
 from tests.api.factories import make_job
@@ -23,8 +24,8 @@ from tests.api.factories import make_job
 @pytest.fixture
 def no_broker(monkeypatch):
     sent: list[str] = []
-    monkeypatch.setattr(tasks, "dispatch_job", sent.append)
-    monkeypatch.setattr(tasks, "_declare_engine_queues", lambda: None)
+    monkeypatch.setattr(reconciler, "job_dispatch", lambda *, job_id: sent.append(job_id))
+    monkeypatch.setattr(reconciler, "engine_queues_declare", lambda: None)
     return sent
 
 
@@ -62,7 +63,7 @@ def test_a_cancelled_job_whose_worker_died_ends_cancelled_and_frees_its_keys_slo
 @pytest.mark.django_db
 def test_a_job_handed_back_on_shutdown_after_its_cancel_was_requested_ends_cancelled():
     job = _running_on_a_stuck_worker()
-    assert lc.job_requeue(job_id=str(job.id), worker_id="stuck", redispatch_after_s=5) == JobStatus.CANCELLED
+    assert lc.job_hand_back(job_id=str(job.id), worker_id="stuck", redispatch_after_s=5) == JobStatus.CANCELLED
     job.refresh_from_db()
     assert job.status == JobStatus.CANCELLED
     assert lc.job_claim(job_id=str(job.id), worker_id="w2", lease_s=30) is None
@@ -72,8 +73,8 @@ def test_a_job_handed_back_on_shutdown_after_its_cancel_was_requested_ends_cance
 def test_a_job_handed_back_without_a_cancel_goes_back_to_the_queue():
     job = make_job()
     lc.job_claim(job_id=str(job.id), worker_id="w1", lease_s=30)
-    assert lc.job_requeue(job_id=str(job.id), worker_id="w1", redispatch_after_s=5) == JobStatus.QUEUED
-    assert lc.job_requeue(job_id=str(job.id), worker_id="w1", redispatch_after_s=5) is None
+    assert lc.job_hand_back(job_id=str(job.id), worker_id="w1", redispatch_after_s=5) == JobStatus.QUEUED
+    assert lc.job_hand_back(job_id=str(job.id), worker_id="w1", redispatch_after_s=5) is None
     job.refresh_from_db()
     assert (job.status, job.worker_id) == (JobStatus.QUEUED, None)
 
@@ -84,7 +85,7 @@ def test_a_job_handed_back_and_then_cancelled_in_the_queue_keeps_its_text_with_i
     lc.job_claim(job_id=str(job.id), worker_id="w1", lease_s=30)
     lc.jobs_record_progress(worker_id="w1", progress=[
         lc.Progress(job_id=str(job.id), text="partial", last_seq=2, completion_tokens=3, first_token_at=1_800_000_000.0)])
-    assert lc.job_requeue(job_id=str(job.id), worker_id="w1", redispatch_after_s=5) == JobStatus.QUEUED
+    assert lc.job_hand_back(job_id=str(job.id), worker_id="w1", redispatch_after_s=5) == JobStatus.QUEUED
 
     job_cancel(job_id=job.id)
 
@@ -99,7 +100,7 @@ def test_the_next_claim_of_a_handed_back_job_clears_its_text_and_first_token_tim
     lc.job_claim(job_id=str(job.id), worker_id="w1", lease_s=30)
     lc.jobs_record_progress(worker_id="w1", progress=[
         lc.Progress(job_id=str(job.id), text="partial", last_seq=2, completion_tokens=3, first_token_at=1_800_000_000.0)])
-    lc.job_requeue(job_id=str(job.id), worker_id="w1", redispatch_after_s=5)
+    lc.job_hand_back(job_id=str(job.id), worker_id="w1", redispatch_after_s=5)
 
     claimed = lc.job_claim(job_id=str(job.id), worker_id="w2", lease_s=30)
 

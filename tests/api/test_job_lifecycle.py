@@ -146,11 +146,11 @@ def test_an_abort_final_arriving_after_its_owner_deleted_the_cancelled_job_write
 def test_requeue_by_lease_only_after_the_lease_expired():
     job = make_job()
     lc.job_claim(job_id=str(job.id), worker_id="w1", lease_s=30)
-    assert not lc.job_requeue(job_id=str(job.id), worker_id=None, redispatch_after_s=0)
+    assert not lc.job_hand_back(job_id=str(job.id), worker_id=None, redispatch_after_s=0)
     assert lc.job_renew_leases(worker_id="w1", job_ids=[str(job.id)], lease_s=30) == 1
     type(job).objects.filter(id=job.id).update(lease_expires_at=timezone.now() - dt.timedelta(seconds=1))
     assert lc.jobs_with_expired_lease() == [str(job.id)]
-    assert lc.job_requeue(job_id=str(job.id), worker_id=None, redispatch_after_s=0)
+    assert lc.job_hand_back(job_id=str(job.id), worker_id=None, redispatch_after_s=0)
     job.refresh_from_db()
     assert job.status == JobStatus.QUEUED and job.worker_id is None
     # The dead worker's late final changes nothing.
@@ -179,10 +179,11 @@ def test_queued_jobs_need_dispatch_only_after_their_claim_deadline():
 
 def test_reconciler_requeues_expired_leases_and_redispatches_lost_jobs(monkeypatch):
     from api.jobs import tasks
+    from api.jobs.services import reconciler
 
     sent: list[str] = []
-    monkeypatch.setattr(tasks, "dispatch_job", sent.append)
-    monkeypatch.setattr(tasks, "_declare_engine_queues", lambda: None)
+    monkeypatch.setattr(reconciler, "job_dispatch", lambda *, job_id: sent.append(job_id))
+    monkeypatch.setattr(reconciler, "engine_queues_declare", lambda: None)
     dead = make_job()
     lc.job_claim(job_id=str(dead.id), worker_id="dead", lease_s=30)
     type(dead).objects.filter(id=dead.id).update(lease_expires_at=timezone.now() - dt.timedelta(seconds=1))

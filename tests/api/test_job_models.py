@@ -129,9 +129,9 @@ def test_a_worker_claims_only_its_own_models_jobs(db):
 
 def test_the_reconciler_sends_a_job_routed_to_a_dead_worker_to_its_models_shared_queue(
         two_models, db, broker, monkeypatch):
-    from api.jobs import tasks
+    from api.jobs.services import reconciler
 
-    monkeypatch.setattr(tasks, "_declare_engine_queues", lambda: None)
+    monkeypatch.setattr(reconciler, "engine_queues_declare", lambda: None)
     job = make_job(model="tiny-b", routed_worker="w-dead", dispatch_count=1)
     Job.objects.filter(id=job.id).update(lease_expires_at=job.created_at)  # its claim deadline passed
 

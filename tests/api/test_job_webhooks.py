@@ -110,7 +110,7 @@ def test_expiry_records_job_expired_for_each_expired_job(broker):
 def test_a_dead_workers_cancelled_job_and_its_late_final_make_one_delivery(broker):
     job = _running(cancel_requested=True, lease_expires_at=timezone.now() - dt.timedelta(seconds=1))
 
-    assert job_lifecycle.job_requeue(job_id=str(job.id), worker_id=None, redispatch_after_s=0) == JobStatus.CANCELLED
+    assert job_lifecycle.job_hand_back(job_id=str(job.id), worker_id=None, redispatch_after_s=0) == JobStatus.CANCELLED
     # The worker was not dead after all: its abort final still lands on the cancelled row.
     assert job_lifecycle.jobs_complete(results=[_final(job, "abort")], worker_id=WORKER) == [str(job.id)]
     job_webhooks_enqueue(job_ids=[job.id])  # and any other path that records the same end

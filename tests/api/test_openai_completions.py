@@ -262,9 +262,9 @@ def _restarted_stream(second_attempt: list[str]):
         while b"Once" not in seen:
             seen += await exchange.next_body()
         # The first worker died; the job was handed on and another worker starts it from scratch.
-        from api.jobs.services.lifecycle import job_requeue
+        from api.jobs.services.lifecycle import job_hand_back
 
-        await database_sync_to_async(job_requeue)(job_id=str(job.id), worker_id=WORKER, redispatch_after_s=0)
+        await database_sync_to_async(job_hand_back)(job_id=str(job.id), worker_id=WORKER, redispatch_after_s=0)
         await publish(str(job.id), "w-second", second_attempt, claim=True, final=True)
         return job, await exchange.read()
 

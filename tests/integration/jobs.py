@@ -7,7 +7,7 @@ from typing import Any
 
 from django.utils import timezone
 
-from api.jobs.services.dispatch import job_dispatch
+from api.jobs.services.dispatch import job_dispatch_counted
 from api.models import ApiKey, Job, JobStatus
 from api.serving.tokenization import get_tokenizer
 from tests.api.factories import make_api_key
@@ -33,7 +33,7 @@ def queue_job(prompt: str, *, max_tokens: int, ignore_eos: bool = True, dispatch
             "lease_expires_at": timezone.now() + dt.timedelta(seconds=60)} if held_by else {}),
     )
     if dispatch and not held_by:
-        assert job_dispatch(job_id=str(job.id))
+        assert job_dispatch_counted(job_id=str(job.id))
     return str(job.id)
 
 

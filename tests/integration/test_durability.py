@@ -66,9 +66,9 @@ def test_duplicate_delivery_of_a_running_job_does_nothing(workers, redis_db):
     workers.start("w-dup")
     job_id = queue_job("Once upon a time", max_tokens=200)
     wait_status(job_id, (JobStatus.IN_PROGRESS, JobStatus.COMPLETED))
-    from api.jobs.services.dispatch import job_dispatch
+    from api.jobs.services.dispatch import job_dispatch_counted
 
-    job_dispatch(job_id=job_id)  # a second delivery while (or after) it runs
+    job_dispatch_counted(job_id=job_id)  # a second delivery while (or after) it runs
     done = wait_status(job_id, (JobStatus.COMPLETED,))
     time.sleep(1.0)
     again = job(job_id)

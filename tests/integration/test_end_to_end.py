@@ -189,8 +189,8 @@ def test_a_client_waiting_longer_than_the_redis_socket_timeout_still_gets_the_st
 
 def _hand_back(job_id: str) -> None:
     """The stalled worker hands the job back, as on its shutdown."""
-    from api.jobs.services.dispatch import job_dispatch
-    from api.jobs.services.lifecycle import job_requeue
+    from api.jobs.services.dispatch import job_dispatch_counted
+    from api.jobs.services.lifecycle import job_hand_back
 
-    assert job_requeue(job_id=job_id, worker_id="w-stalled", redispatch_after_s=30)
-    assert job_dispatch(job_id=job_id)
+    assert job_hand_back(job_id=job_id, worker_id="w-stalled", redispatch_after_s=30)
+    assert job_dispatch_counted(job_id=job_id)

@@ -300,7 +300,7 @@ def job_fail_held(*, job_id: str, worker_id: str, error: str) -> Job | None:
     return Job.objects.filter(id=job_id).first()
 
 
-def job_requeue(*, job_id: str, worker_id: str | None, redispatch_after_s: float) -> JobStatus | None:
+def job_hand_back(*, job_id: str, worker_id: str | None, redispatch_after_s: float) -> JobStatus | None:
     """A running job leaves its worker (handed back on shutdown, or its lease expired). With
     ``worker_id``, only if that worker still holds it; without, only if its lease has expired.
 

@@ -13,7 +13,7 @@ from api.common.errors import (
     JobNotRequeueable,
 )
 from api.jobs.services.deletion import drop_stream
-from api.jobs.services.dispatch import job_dispatch
+from api.jobs.services.dispatch import job_dispatch_counted
 from api.models import Job, JobStatus
 
 REQUEUEABLE_STATUSES = (JobStatus.FAILED, JobStatus.EXPIRED, JobStatus.CANCELLED)
@@ -58,4 +58,4 @@ def job_requeue(*, job_id: uuid.UUID | str) -> Job:
 def _restart(job_id: str) -> None:
     # The old run's chunks would replay as this run's: drop them before the new run starts.
     drop_stream(job_id)
-    job_dispatch(job_id=job_id)
+    job_dispatch_counted(job_id=job_id)

@@ -26,7 +26,7 @@ from api.common.errors import (
     TokenIdOutOfRange,
 )
 from api.jobs.selectors import job_queue_position
-from api.jobs.services.dispatch import job_dispatch
+from api.jobs.services.dispatch import job_dispatch_counted
 from api.jobs.services.queue_routing import job_route
 from api.keys.quotas import RateLimitState, quota_consume_request, quota_gate
 from api.models import SAMPLING_DEFAULTS, ApiKey, Job
@@ -117,14 +117,14 @@ def job_create(
     route = job_route(model=job.model, prompt_token_ids=job.prompt_token_ids)
     job.routed_worker = route.worker_id
     job.idempotency_key = idempotency_key
-    job.dispatch_count = 1  # the send on commit; job_dispatch takes it back if the send fails
+    job.dispatch_count = 1  # the send on commit; job_dispatch_counted takes it back if the send fails
     try:
         with transaction.atomic():
             job.save(force_insert=True)
             # Locks the key's row and counts this job in: a QuotaExceeded rolls the insert back.
             quota_gate(api_key_id=api_key.id, prompt_tokens=len(job.prompt_token_ids), max_tokens=job.max_tokens,
                        now=job.created_at)
-            transaction.on_commit(partial(job_dispatch, job_id=str(job.id), counted=True, queue=route.queue))
+            transaction.on_commit(partial(job_dispatch_counted, job_id=str(job.id), precounted=True, queue=route.queue))
     except ApiKey.DoesNotExist:
         # The key was deleted after this request authenticated with it: as for any unknown key.
         raise AuthenticationFailed("Invalid API key.", code="invalid_api_key") from None

@@ -68,7 +68,7 @@ def _build(config: WorkerConfig) -> worker.EngineWorkerService:
     """The service, its engine in a child process (which loads the model: this process never
     evaluates an mlx array), its outputs written by this process's I/O thread."""
     from api.common.redis_client import get_redis
-    from api.jobs.tasks import dispatch_job
+    from api.jobs.services.dispatch import job_dispatch
     from api.worker.sink import RedisJobSink
     from engine_worker.runtime import ChildSpec, EngineProcess
 
@@ -84,4 +84,4 @@ def _build(config: WorkerConfig) -> worker.EngineWorkerService:
     return worker.EngineWorkerService(
         config=config, make_host=make_host, sink=RedisJobSink(worker_id=config.worker_id, redis_client=redis_client,
                                                            model=config.model_name),
-        redis_client=redis_client, dispatch=dispatch_job)
+        redis_client=redis_client, dispatch=lambda job_id: job_dispatch(job_id=job_id))
