@@ -15,7 +15,7 @@ SCRIPT = """
 import json, time
 from django.contrib.auth.models import User
 from api.models import Job
-from api.services import job_lifecycle as lc
+from api.jobs.services import lifecycle as lc
 from api.keys.services import api_key_create
 from api.webhooks.models import WebhookDelivery
 from engine_worker.protocol import FinalResult

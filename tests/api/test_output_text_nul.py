@@ -115,7 +115,7 @@ def test_migration_0008_keeps_every_existing_row_s_text_exactly():
 SQLITE_SCRIPT = """
 import json, time
 from api.models import Job
-from api.services import job_lifecycle as lc
+from api.jobs.services import lifecycle as lc
 from engine_worker.protocol import FinalResult
 from tests.api.factories import make_job
 jobs = [make_job(status="in_progress", worker_id="w") for _ in range(3)]

@@ -39,7 +39,7 @@ except QuotaExceeded as exc:
 usage = quota_key_usage(api_key=key, now=timezone.now())
 active, tokens = usage.active_jobs, usage.tokens_used
 positions = [job_queue_position(job=job) for job in jobs]
-from api.services import job_lifecycle as lc
+from api.jobs.services import lifecycle as lc
 claimed = [lc.job_claim(job_id=str(jobs[0].id), worker_id="w", lease_s=30)]
 claim_same = model_to_dict(claimed[0]) == model_to_dict(Job.objects.get(id=jobs[0].id)) and \
     claimed[0].started_at == Job.objects.get(id=jobs[0].id).started_at is not None
