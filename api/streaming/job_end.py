@@ -13,9 +13,9 @@ import logging
 import redis
 
 from api.common.redis_client import get_redis
-from api.common.redis_keys import job_stream_key
 from api.models import Job
 from api.streaming import messages
+from api.streaming.append import stream_append
 
 logger = logging.getLogger(__name__)
 
@@ -24,11 +24,9 @@ def stream_job_end(*, job: Job) -> None:
     """Append the final of ``job`` (finished, its row as stored) to its stream. Best effort: with
     Redis down the watchers still end from the row (relay.py)."""
     message = messages.final_from_job(job)
-    key = job_stream_key(str(job.id))
     try:
         pipe = get_redis().pipeline(transaction=False)
-        pipe.xadd(key, messages.final_entry_from_message(message), maxlen=messages.STREAM_MAXLEN, approximate=True)
-        pipe.expire(key, messages.stream_ttl_s())
+        stream_append(pipe, job_id=str(job.id), entries=[messages.final_entry_from_message(message)])
         pipe.execute()
     except (redis.RedisError, OSError, TimeoutError):
         logger.warning("Could not publish the end of job %s to its watchers", job.id, exc_info=True)

@@ -11,8 +11,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from django.conf import settings
-
 from api.common.redis_keys import JOB_STREAM_FIELD_SEQ, JOB_STREAM_FIELD_TEXT
 from api.models import JobStatus
 from engine_worker.protocol import FinalResult, OutputChunk
@@ -106,14 +104,3 @@ def entry_to_message(job_id: str, fields: dict[str, str]) -> dict[str, Any]:
     return delta_message(job_id, int(fields[JOB_STREAM_FIELD_SEQ]), fields.get(JOB_STREAM_FIELD_TEXT, ""),
                          int(tokens) if tokens else None, json.loads(logprobs) if logprobs else None,
                          fields.get("model"))
-
-
-def stream_ttl_s() -> int:
-    """How long a job's stream stays replayable after its last write (``JOB_STREAM_TTL_S``);
-    after that a client that resumes gets the job's end from the database."""
-    return int(settings.JOB_STREAM_TTL_S)
-
-
-# Bounds a stream's length (approximately); one entry per engine step per job, so a job under the
-# 4096-token cap writes at most ~4097 entries.
-STREAM_MAXLEN = 10_000

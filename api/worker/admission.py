@@ -15,6 +15,7 @@ import redis
 from api.common.redis_keys import job_stream_key
 from api.models import Job
 from api.streaming import messages
+from api.streaming.append import stream_append
 
 logger = logging.getLogger(__name__)
 
@@ -35,8 +36,7 @@ def stream_restart(*, redis_client: redis.Redis, job: Job) -> int:
         reset_seq = max(stream_seq, job.last_seq) + 1
         pipe = redis_client.pipeline(transaction=True)
         pipe.delete(key)
-        pipe.xadd(key, messages.reset_entry(reset_seq), maxlen=messages.STREAM_MAXLEN, approximate=True)
-        pipe.expire(key, messages.stream_ttl_s())
+        stream_append(pipe, job_id=str(job.id), entries=[messages.reset_entry(reset_seq)])
         pipe.execute()
     except redis.RedisError:
         logger.warning("job %s: could not restart its stream", job.id, exc_info=True)

@@ -34,9 +34,9 @@ import redis
 from django.db import DatabaseError, InterfaceError, OperationalError, close_old_connections
 
 from api.batches.feed import batch_jobs_ended
-from api.common.redis_keys import job_stream_key
 from api.jobs.services import lifecycle as job_lifecycle
 from api.streaming import messages
+from api.streaming.append import stream_append
 from engine_worker.protocol import FinalResult, OutputChunk, StepBatch
 
 logger = logging.getLogger(__name__)
@@ -197,20 +197,15 @@ class RedisJobSink:
     def _write_streams(self, chunks: list[OutputChunk], finals: list[dict[str, Any]]) -> None:
         if not (chunks or finals):
             return
-        ttl = messages.stream_ttl_s()
-        pipe = self._redis.pipeline(transaction=False)
-        keys = set()
+        entries: dict[str, list[dict[str, str]]] = {}
         for chunk in chunks:
-            key = job_stream_key(chunk.job_id)
-            pipe.xadd(key, messages.chunk_entry(chunk, model=self._model), maxlen=messages.STREAM_MAXLEN, approximate=True)
-            keys.add(key)
+            entries.setdefault(chunk.job_id, []).append(messages.chunk_entry(chunk, model=self._model))
         for final in finals:
-            key = job_stream_key(final["job_id"])
-            pipe.xadd(key, messages.final_entry_from_message(final), maxlen=messages.STREAM_MAXLEN, approximate=True)
-            keys.add(key)
-        for key in keys:
-            pipe.expire(key, ttl)
+            entries.setdefault(final["job_id"], []).append(messages.final_entry_from_message(final))
+        pipe = self._redis.pipeline(transaction=False)
+        for job_id, job_entries in entries.items():
+            stream_append(pipe, job_id=job_id, entries=job_entries)
         try:
             pipe.execute()
         except redis.RedisError:
-            logger.exception("stream write failed for %s jobs; polling and the final in the DB still work", len(keys))
+            logger.exception("stream write failed for %s jobs; polling and the final in the DB still work", len(entries))
