@@ -19,7 +19,7 @@ from api.common.redis_keys import job_stream_key
 from api.jobs.tasks import reconcile_jobs
 from api.models import ApiKey, Job
 from tests.api.factories import make_api_key
-from tests.api.webhook_receiver import WebhookReceiver
+from tests.api.webhooks.receiver import WebhookReceiver
 from tests.integration.procs import START_TIMEOUT_S, Proc, free_port, port_open, start_daphne, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]

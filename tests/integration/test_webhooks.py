@@ -14,7 +14,7 @@ from standardwebhooks.webhooks import Webhook
 from api.models import ApiKey
 from api.webhooks.models import WebhookDelivery, WebhookDeliveryStatus
 from tests.api.factories import make_api_key
-from tests.api.webhook_receiver import WebhookReceiver
+from tests.api.webhooks.receiver import WebhookReceiver
 from tests.integration.client import ServiceClient
 from tests.integration.procs import START_TIMEOUT_S, Proc, free_port, port_open, start_daphne, wait_for
 

@@ -13,7 +13,7 @@ from api.jobs.services.deletion import jobs_purge_finished
 from api.keys.quotas import quota_key_usage
 from api.models import Job, JobStatus, UsageRecord
 from tests.api.factories import make_api_key, make_job
-from tests.api.test_project import _settings_in_subprocess
+from tests.inference_service.test_project import _settings_in_subprocess
 
 pytestmark = pytest.mark.django_db
 

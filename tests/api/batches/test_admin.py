@@ -11,7 +11,7 @@ from api.batches.file_services import file_create
 from api.batches.models import Batch, BatchStatus, File
 from api.batches.services import batch_create, batch_start
 from api.models import Job, JobStatus
-from tests.api.batch_helpers import chat_line, finish, upload
+from tests.api.batches.helpers import chat_line, finish, upload
 from tests.api.factories import make_api_key, make_user
 
 pytestmark = pytest.mark.django_db

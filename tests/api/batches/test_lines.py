@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from api.batches.lines import FileInvalid, FileTooLarge, parse_line, validate_file
-from tests.api.batch_helpers import chat_line, jsonl
+from tests.api.batches.helpers import chat_line, jsonl
 
 pytestmark = pytest.mark.django_db
 

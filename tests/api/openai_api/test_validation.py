@@ -9,7 +9,7 @@ import pytest
 
 from api.models import Job
 from tests.api.factories import make_api_key
-from tests.api.openai_client import request
+from tests.api.openai_api.client import request
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),  # the consumer's DB calls run on other threads

@@ -10,7 +10,7 @@ from django.core.files.storage import storages
 from rest_framework.test import APIClient
 
 from api.batches.models import File
-from tests.api.batch_helpers import chat_line, jsonl, upload
+from tests.api.batches.helpers import chat_line, jsonl, upload
 from tests.api.factories import make_api_key
 
 

@@ -12,7 +12,7 @@ from api.jobs.services import lifecycle as job_lifecycle
 from api.jobs.tasks import reconcile_jobs
 from api.models import ApiKey, Job
 from tests.api.factories import heartbeat, make_api_key, make_job, publish_heartbeat
-from tests.api.openai_client import request
+from tests.api.openai_api.client import request
 
 pytestmark = pytest.mark.django_db
 

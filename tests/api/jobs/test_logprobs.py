@@ -15,7 +15,7 @@ from api.models import Job, JobStatus
 from api.serving.tokenization import get_tokenizer
 from engine_worker.protocol import FinalResult
 from tests.api.factories import make_api_key, make_job
-from tests.api.openai_client import Exchange, run_job
+from tests.api.openai_api.client import Exchange, run_job
 
 # Token ids of the tiny model with their own texts (byte-level BPE).
 STORED = ((77, -0.25, ((77, -0.25), (42, -2.5))), (42, -1.0, ((42, -1.0), (77, -1.5))))

@@ -9,7 +9,7 @@ import shutil
 import pytest
 
 from api.models import Job
-from tests.api.test_jobs_validation import assert_error
+from tests.api.jobs.test_validation import assert_error
 
 pytestmark = pytest.mark.django_db
 

@@ -5,7 +5,6 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from api.common import redis_keys
 from api.models import JobStatus
 from tests.api.factories import make_job
 
@@ -28,11 +27,3 @@ def test_rate_of_a_running_job_is_measured_until_now():
 def test_usage_totals_prompt_and_completion_tokens():
     job = make_job(prompt_tokens=7, completion_tokens=5, cached_tokens=3)
     assert job.total_tokens == 12 and job.max_tokens == 16
-
-
-def test_redis_names_shared_with_the_worker_are_stable():
-    job_id = "8b4f0f3e-0000-4000-8000-000000000000"
-    assert redis_keys.job_stream_key(job_id) == f"job:{job_id}:chunks"
-    assert redis_keys.worker_heartbeat_key("w-1") == "engine:workers:w-1"
-    assert redis_keys.CANCEL_CHANNEL == "engine:cancel"
-    assert (redis_keys.JOB_STREAM_FIELD_SEQ, redis_keys.JOB_STREAM_FIELD_TEXT) == ("seq", "text")

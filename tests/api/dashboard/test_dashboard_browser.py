@@ -25,9 +25,9 @@ from django.test import Client
 
 from engine_worker.protocol import JobSpec
 from tests.api.factories import heartbeat, make_user, publish_heartbeat
-from tests.api.live_worker import SHARED_PREFIX, live_worker
+from tests.api.worker.live_worker import SHARED_PREFIX, live_worker
 
-ARTIFACTS = Path(os.environ.get("TEST_ARTIFACTS_DIR") or Path(__file__).resolve().parents[2] / "var" / "test-artifacts")
+ARTIFACTS = Path(os.environ.get("TEST_ARTIFACTS_DIR") or Path(__file__).resolve().parents[3] / "var" / "test-artifacts")
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
 

@@ -12,7 +12,7 @@ from channels.db import database_sync_to_async
 from api.jobs.services.lifecycle import job_spec
 from api.models import Job, JobStatus
 from tests.api.factories import make_api_key
-from tests.api.openai_client import Exchange, run_job
+from tests.api.openai_api.client import Exchange, run_job
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),  # the consumer's DB calls run on other threads
@@ -232,7 +232,7 @@ def _restarted_stream(second_attempt: list[str]):
     from api.worker.admission import stream_restart
     from api.worker.sink import RedisJobSink
     from engine_worker.protocol import FinalResult, OutputChunk, StepBatch
-    from tests.api.openai_client import WORKER
+    from tests.api.openai_api.client import WORKER
 
     api_key, secret = make_api_key()
 

@@ -27,7 +27,7 @@ from api.webhooks.tasks import deliver_webhook, send_due_webhooks
 from api.worker.sink import RedisJobSink
 from engine_worker.protocol import FinalResult, StepBatch
 from tests.api.factories import make_api_key, make_job
-from tests.api.webhook_receiver import WebhookReceiver
+from tests.api.webhooks.receiver import WebhookReceiver
 from tests.integration.procs import free_port
 
 pytestmark = pytest.mark.django_db(transaction=True)  # deliveries are sent on commit

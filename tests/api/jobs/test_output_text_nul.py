@@ -22,7 +22,7 @@ from api.worker.sink import RedisJobSink
 from engine_worker.protocol import FinalResult, OutputChunk, StepBatch
 from tests.api.factories import make_job
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 # NUL, the escape character alone, escaped-looking sequences, and both at the ends.
 TRICKY = ["\x00", "a\x00b", "\uffff", "\uffff0", "\uffff\uffff", "\x00\uffff\x00", "0\uffff", "x\uffff\x00\uffff0\x00"]
 

@@ -13,7 +13,7 @@ from django.test import Client
 from api.common.redis_keys import worker_evict_channel
 from api.serving.workers import worker_list
 from tests.api.factories import heartbeat, make_user, publish_heartbeat
-from tests.api.live_worker import live_worker, wait_until
+from tests.api.worker.live_worker import live_worker, wait_until
 
 URL = "/admin/engine/cache/evict"
 KEY = "07c1c96c835529d3562b0677"

@@ -18,7 +18,7 @@ from api.webhooks.targets import WebhookUrlRefused, webhook_target, webhook_url_
 from inference_service.asgi import application
 from inference_service.env import env_networks
 from tests.api.factories import make_api_key
-from tests.api.openai_client import Exchange, request
+from tests.api.openai_api.client import Exchange, request
 
 PUBLIC = "http://93.184.216.34/hooks"
 

@@ -16,7 +16,7 @@ from api.batches.services import START_BATCH_TASK, batch_advance, batch_start
 from api.batches.tasks import tick_batches
 from api.models import Job, JobStatus
 from api.webhooks.models import WebhookDelivery
-from tests.api.batch_helpers import chat_line, finish, upload
+from tests.api.batches.helpers import chat_line, finish, upload
 from tests.api.factories import make_api_key
 
 

@@ -97,7 +97,7 @@ def test_the_job_body_schema_refuses_what_the_api_refuses(schema, api_client):
 
 
 def test_the_openai_bodies_and_idempotency_keys_schemas_refuse_what_the_api_refuses(schema, api_client):
-    """The API's side of these bodies is in tests/api/test_openai_validation.py (BAD)."""
+    """The API's side of these bodies is in tests/api/openai_api/test_validation.py (BAD)."""
     def validator(path: str) -> OAS30Validator:
         body = schema["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]
         return OAS30Validator({**body, "components": schema["components"]})
