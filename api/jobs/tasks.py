@@ -7,8 +7,9 @@ queued in the database, and the reconciler sends it again, to its model's shared
 ``reconcile_jobs``, ``expire_jobs`` and ``purge_jobs`` run on the light worker under beat, as does
 ``drop_job_stream`` when a delete schedules it.
 
-Every task keeps the name it had when all of them lived in ``api/tasks.py`` (``api.tasks.<name>``):
-the name is what a message carries, so workers old and new take each other's messages.
+Every task of the app is named ``api.tasks.<name>``, whichever domain's tasks.py defines it: the
+name is what a message carries, so it stays when code moves, and workers of any version take
+each other's messages.
 """
 
 from __future__ import annotations

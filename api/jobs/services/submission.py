@@ -124,7 +124,8 @@ def job_create(
             # Locks the key's row and counts this job in: a QuotaExceeded rolls the insert back.
             quota_gate(api_key_id=api_key.id, prompt_tokens=len(job.prompt_token_ids), max_tokens=job.max_tokens,
                        now=job.created_at)
-            transaction.on_commit(partial(job_dispatch_counted, job_id=str(job.id), precounted=True, queue=route.queue))
+            transaction.on_commit(partial(job_dispatch_counted, job_id=str(job.id), precounted=True,
+                                          queue=route.queue))
     except ApiKey.DoesNotExist:
         # The key was deleted after this request authenticated with it: as for any unknown key.
         raise AuthenticationFailed("Invalid API key.", code="invalid_api_key") from None
