@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 
 import pytest
 from django.test import Client
 
+from api.common.redis_client import get_redis
 from api.common.redis_keys import worker_evict_channel
 from api.serving.workers import worker_list
 from tests.api.factories import heartbeat, make_user, publish_heartbeat
@@ -41,14 +43,24 @@ def post(client: Client, body: dict, **extra) -> object:
 
 
 def next_message(pubsub, timeout: float = 1.0) -> dict | None:
-    """The next published message's body (None within ``timeout``); skips the subscription's
-    confirmation, which get_message answers with None too."""
+    """The next message published on the subscribed channel before this call, or None if there
+    was none. A marker is published now: a subscriber gets a channel's messages in the order they
+    were published, so anything the requests before this call published comes before the marker,
+    and None needs no waiting. (get_message answers the subscription's confirmation with None:
+    skipped, as are the markers of earlier calls.) ``timeout`` bounds the wait for the marker."""
+    marker = {"marker": uuid.uuid4().hex}
+    for channel in pubsub.channels:
+        get_redis().publish(channel, json.dumps(marker))
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         message = pubsub.get_message(timeout=0.1)
         if message:
-            return json.loads(message["data"])
-    return None
+            body = json.loads(message["data"])
+            if body == marker:
+                return None
+            if "marker" not in body:  # else an earlier call's marker
+                return body
+    raise AssertionError(f"the marker published on {list(pubsub.channels)} did not come back in {timeout} s")
 
 
 def test_a_staff_evict_is_published_on_that_workers_own_channel(staff, listening):

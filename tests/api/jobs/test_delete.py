@@ -157,7 +157,7 @@ def test_a_deleted_jobs_websocket_is_refused_as_for_an_unknown_job(redis_client)
         await communicator.connect(timeout=10)
         message = await communicator.receive_json_from(timeout=10)
         closed = await communicator.receive_output(timeout=10)
-        await communicator.wait()
+        await communicator.disconnect()
         return message, closed
 
     message, closed = asyncio.run(scenario())

@@ -86,7 +86,7 @@ def test_without_redis_the_socket_gets_an_error_and_close_code_4503_not_a_crash(
         assert (await communicator.connect(timeout=10))[0]
         message = await communicator.receive_json_from(timeout=10)
         closed = await communicator.receive_output(timeout=10)
-        await communicator.wait(timeout=10)
+        await communicator.disconnect(timeout=10)
         return message, closed
 
     message, closed = asyncio.run(scenario())
@@ -103,7 +103,7 @@ def test_a_watcher_of_a_queued_job_gets_its_final_as_soon_as_it_is_cancelled(red
     job = make_job(api_key=api_key)
     job_id = str(job.id)
 
-    async def scenario() -> tuple[dict, float]:
+    async def scenario() -> tuple[dict, float, dict]:
         communicator = WebsocketCommunicator(application, f"/ws/v1/jobs/{job_id}/?api_key={secret}")
         connected, _ = await communicator.connect(timeout=10)
         assert connected
@@ -114,10 +114,12 @@ def test_a_watcher_of_a_queued_job_gets_its_final_as_soon_as_it_is_cancelled(red
         # Well under the relay's own check of the database (3 s of silence, relay.py).
         final = await communicator.receive_json_from(timeout=1.0)
         waited = asyncio.get_running_loop().time() - started
-        await communicator.wait(timeout=5)  # the server closes after the final
-        return final, waited
+        closed = await communicator.receive_output(timeout=5)  # the server closes after the final
+        await communicator.disconnect()
+        return final, waited, closed
 
-    final, waited = asyncio.run(scenario())
+    final, waited, closed = asyncio.run(scenario())
 
     assert final["type"] == "final" and final["job_id"] == job_id and final["status"] == "cancelled"
     assert waited < 1.0
+    assert closed["type"] == "websocket.close"

@@ -26,7 +26,7 @@ def test_an_unknown_websocket_path_is_answered_with_an_error_and_4404(path):
         connected, _ = await communicator.connect(timeout=10)
         message = await communicator.receive_json_from(timeout=10)
         closed = await communicator.receive_output(timeout=10)
-        await communicator.wait()
+        await communicator.disconnect()
         return connected, message, closed
 
     connected, message, closed = asyncio.run(scenario())
@@ -45,7 +45,7 @@ def test_the_known_paths_still_reach_their_consumers():
                                                           f"?api_key={secret}")
         await communicator.connect(timeout=10)
         message = await communicator.receive_json_from(timeout=10)
-        await communicator.wait()
+        await communicator.disconnect()
         return message
 
     # The job consumer's own answer: a well-formed id that is nobody's job.
