@@ -201,7 +201,10 @@ def test_a_final_that_never_reached_the_stream_comes_from_the_row(redis_client):
     assert client.text == "Once upon" and client.sent[-1]["type"] == "final"
 
 
-def test_a_job_deleted_while_it_is_followed_raises_job_not_found(redis_client):
+def test_a_job_deleted_while_it_is_followed_raises_job_not_found(redis_client, monkeypatch):
+    from api.streaming import relay as relay_module
+
+    monkeypatch.setattr(relay_module, "BLOCK_S", 0.05)  # the relay's checks of the row, sooner
     job = make_job(status=JobStatus.IN_PROGRESS)
 
     async def delete() -> None:
