@@ -2,6 +2,8 @@
 autodiscovery imports this module, which imports theirs. The engine dashboard is a separate staff
 view (api/dashboard/views.py), linked from every admin page."""
 
+from __future__ import annotations
+
 from api.batches import admin as batches_admin
 from api.jobs import admin as jobs_admin
 from api.keys import admin as keys_admin

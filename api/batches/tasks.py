@@ -4,16 +4,12 @@ stay ``api.tasks.<name>`` (api/jobs/tasks.py says why)."""
 
 from __future__ import annotations
 
-import logging
-
 from celery import shared_task
 
 from api.batches import feed as batch_feed
 from api.batches import services as batches
 from api.batches.models import Batch, BatchStatus
 from api.batches.selectors import batches_unfinished
-
-logger = logging.getLogger(__name__)
 
 
 @shared_task(name="api.tasks.start_batch", ignore_result=True)

@@ -4,14 +4,11 @@ current. Its name stays ``api.tasks.rollup_usage`` (api/jobs/tasks.py says why).
 from __future__ import annotations
 
 import datetime as dt
-import logging
 
 from celery import shared_task
 from django.utils import timezone
 
 from api.keys import quotas
-
-logger = logging.getLogger(__name__)
 
 
 @shared_task(name="api.tasks.rollup_usage", ignore_result=True)

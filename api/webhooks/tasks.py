@@ -4,14 +4,10 @@ delivery, and ``send_due_webhooks`` (beat) sends those whose retry is due or who
 
 from __future__ import annotations
 
-import logging
-
 from celery import shared_task
 
 from api.webhooks import delivery as webhook_delivery
 from api.webhooks import services as webhooks
-
-logger = logging.getLogger(__name__)
 
 
 @shared_task(name="api.tasks.deliver_webhook", ignore_result=True)

@@ -13,10 +13,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from api.common import redis_keys
-from api.common.errors import (
-    JobNotCancellable,
-    JobNotFound,
-)
+from api.common.errors import JobNotCancellable, JobNotFound
 from api.common.redis_client import get_redis
 from api.models import Job, JobStatus
 from api.streaming.job_end import stream_job_end

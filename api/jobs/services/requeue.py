@@ -8,10 +8,7 @@ from functools import partial
 from django.db import transaction
 from django.utils import timezone
 
-from api.common.errors import (
-    JobNotFound,
-    JobNotRequeueable,
-)
+from api.common.errors import JobNotFound, JobNotRequeueable
 from api.jobs.services.deletion import drop_stream
 from api.jobs.services.dispatch import job_dispatch_counted
 from api.models import Job, JobStatus

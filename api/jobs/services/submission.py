@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, NamedTuple
@@ -33,8 +32,6 @@ from api.models import SAMPLING_DEFAULTS, ApiKey, Job
 from api.serving.catalog import ConfiguredModel, model_resolve
 from api.serving.tokenization import get_tokenizer
 from api.webhooks.targets import webhook_url_check
-
-logger = logging.getLogger(__name__)
 
 MAX_IDEMPOTENCY_KEY_LENGTH = 255
 
