@@ -202,7 +202,7 @@ def test_stream_interval_folds_deltas_but_never_delays_first_tokens_or_finals(en
     for i, final in enumerate(finals):
         assert "".join(c.text for c in sink.chunks(f"i-{i}")) == final.text
     for previous, now, batch in zip(sink.times, sink.times[1:], sink.batches[1:], strict=False):
-        ordinary = not (batch.first_tokens or batch.finals or batch.started)  # starts are commands: urgent
+        ordinary = not (batch.first_tokens or batch.finals)
         if ordinary:
             assert now - previous >= 0.29, "a plain delta batch came sooner than the interval"
     first_batch_of = {ft.job_id: n for n, b in enumerate(sink.batches) for ft in b.first_tokens}
