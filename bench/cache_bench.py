@@ -28,8 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import dump_json_line, ensure_default_model, environment, load_model, median  # noqa: E402
 
 from engine_worker.cache import build_prefix_cache  # noqa: E402
-from engine_worker.config import SchedulerConfig  # noqa: E402
-from engine_worker.request import Request, SamplingParams  # noqa: E402
+from engine_worker.common.config import SchedulerConfig  # noqa: E402
+from engine_worker.common.request import Request, SamplingParams  # noqa: E402
 from engine_worker.scheduler import Scheduler  # noqa: E402
 
 

@@ -113,8 +113,8 @@ def run_raw(model, prompts, max_tokens, completion_batch_size, prefill_batch_siz
 
 def import_engine():
     """The engine's public classes, through the seed's import path."""
+    from engine_worker.common.request import SamplingParams
     from engine_worker.engine_core import EngineConfig, EngineCore, SchedulerConfig
-    from engine_worker.request import SamplingParams
 
     return EngineCore, EngineConfig, SchedulerConfig, SamplingParams
 

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine_worker.errors import InvalidRequest, PromptTooLong, TokenizationError, UnsupportedInput
+from engine_worker.common.errors import InvalidRequest, PromptTooLong, TokenizationError, UnsupportedInput
+from engine_worker.common.request import Request
 from engine_worker.logprobs import MAX_TOP_LOGPROBS
-from engine_worker.request import Request
 
 
 class RequestValidator:
     """Turns a request's prompt into token ids and refuses what cannot run.
 
-    Every refusal is a :class:`~engine_worker.errors.RequestError` naming the request; the
+    Every refusal is a :class:`~engine_worker.common.errors.RequestError` naming the request; the
     scheduler finishes that request alone with ``finish_reason="error"``.
     """
 

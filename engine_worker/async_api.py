@@ -14,9 +14,9 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
-from engine_worker.config import EngineConfig
+from engine_worker.common.config import EngineConfig
+from engine_worker.common.request import Request, RequestOutput, SamplingParams
 from engine_worker.output_sinks import AsyncCollector, SyncWaiter
-from engine_worker.request import Request, RequestOutput, SamplingParams
 
 logger = logging.getLogger(__name__)
 
@@ -49,8 +49,8 @@ class AsyncRequestAPI:
 
         ``prefix_boundary`` is recorded on the request for the prefix cache. ``images``/``videos``
         make the request finish with ``finish_reason="error"`` (this engine serves text models).
-        Raises :class:`~engine_worker.errors.DuplicateRequest` while the id is in use and
-        :class:`~engine_worker.errors.EngineClosed` after ``close()``.
+        Raises :class:`~engine_worker.common.errors.DuplicateRequest` while the id is in use and
+        :class:`~engine_worker.common.errors.EngineClosed` after ``close()``.
         """
         request = Request(
             request_id or str(uuid.uuid4()), prompt, sampling_params or SamplingParams(),

@@ -8,9 +8,9 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
-from engine_worker.config import EngineConfig
+from engine_worker.common.config import EngineConfig
+from engine_worker.common.request import RequestOutput, SamplingParams
 from engine_worker.engine import EngineCore
-from engine_worker.request import RequestOutput, SamplingParams
 
 
 class AsyncEngineCore:

@@ -35,14 +35,14 @@ from typing import Any
 from engine_worker import memory
 from engine_worker.async_api import AsyncRequestAPI
 from engine_worker.cache_protocol import PrefixCacheBackend
-from engine_worker.config import EngineConfig, SchedulerConfig
-from engine_worker.errors import DuplicateRequest, EngineClosed, EngineFatalError
+from engine_worker.common.config import EngineConfig, SchedulerConfig
+from engine_worker.common.errors import DuplicateRequest, EngineClosed, EngineFatalError
+from engine_worker.common.request import Request, RequestOutput, SamplingParams
 from engine_worker.generator import release_thread_streams
 from engine_worker.heap import freeze_startup_heap
 from engine_worker.memory_budget import MemoryBudget
 from engine_worker.output_sinks import AsyncCollector, SyncWaiter
 from engine_worker.ownership import acquire_model, release_model
-from engine_worker.request import Request, RequestOutput, SamplingParams
 from engine_worker.scheduler import Scheduler, SchedulerOutput
 
 logger = logging.getLogger(__name__)

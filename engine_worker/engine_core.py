@@ -8,7 +8,7 @@ module only gathers them under the seed's import path (``from vllm_mlx.engine_co
 from __future__ import annotations
 
 from engine_worker.async_engine import AsyncEngineCore
-from engine_worker.config import EngineConfig, SchedulerConfig, SchedulingPolicy
+from engine_worker.common.config import EngineConfig, SchedulerConfig, SchedulingPolicy
 from engine_worker.engine import EngineCore
 from engine_worker.ownership import ModelInUse
 

@@ -19,7 +19,7 @@ from engine_worker.mlx_core import mx
 from mlx_lm.generate import BatchGenerator
 from mlx_lm.models.cache import KVCache, RotatingKVCache, make_prompt_cache
 
-from engine_worker.config import SchedulerConfig
+from engine_worker.common.config import SchedulerConfig
 
 logger = logging.getLogger(__name__)
 

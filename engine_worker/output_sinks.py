@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 
-from engine_worker.request import RequestOutput, replace_new
+from engine_worker.common.request import RequestOutput, replace_new
 
 
 def merge_outputs(outputs: list[RequestOutput]) -> RequestOutput:

@@ -6,7 +6,7 @@ import logging
 import weakref
 from typing import Any
 
-from engine_worker.errors import EngineError
+from engine_worker.common.errors import EngineError
 
 logger = logging.getLogger(__name__)
 

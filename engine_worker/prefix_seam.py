@@ -20,8 +20,8 @@ import engine_worker.mlx_core  # noqa: F401  (OpenBLAS before mlx-lm loads mlx)
 from mlx_lm.models.cache import can_trim_prompt_cache, trim_prompt_cache
 
 from engine_worker.cache_protocol import NoPrefixCache, PrefixCacheBackend
-from engine_worker.config import SchedulerConfig
-from engine_worker.request import Request
+from engine_worker.common.config import SchedulerConfig
+from engine_worker.common.request import Request
 
 logger = logging.getLogger(__name__)
 

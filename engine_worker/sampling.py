@@ -16,7 +16,7 @@ from engine_worker.mlx_core import mx
 from mlx_lm.generate import StopSequences
 from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p, make_logits_processors, make_sampler
 
-from engine_worker.request import SamplingParams
+from engine_worker.common.request import SamplingParams
 
 Sampler = Callable[[mx.array], mx.array]
 

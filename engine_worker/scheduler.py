@@ -30,16 +30,16 @@ from engine_worker.admission import RequestValidator
 from engine_worker.admission_pacer import AdmissionPacer
 from engine_worker.cache_lifecycle import CacheLifecycle
 from engine_worker.cache_protocol import PrefixCacheBackend
-from engine_worker.config import DEFAULT_GPU_MEMORY_UTILIZATION, SchedulerConfig, SchedulingPolicy
+from engine_worker.common.config import DEFAULT_GPU_MEMORY_UTILIZATION, SchedulerConfig, SchedulingPolicy
+from engine_worker.common.errors import DuplicateRequest, RequestError
+from engine_worker.common.request import Request, RequestOutput, RequestStatus, step_output
 from engine_worker.detokenizer import detokenizer_factory
-from engine_worker.errors import DuplicateRequest, RequestError
 from engine_worker.generator import BatchRunner
 from engine_worker.loader import context_length, vocab_size
 from engine_worker.logprobs import token_logprobs
 from engine_worker.memory_budget import MemoryBudget
 from engine_worker.memory_guard import MemoryGuard
 from engine_worker.prefix_seam import PrefixSeam, default_backend
-from engine_worker.request import Request, RequestOutput, RequestStatus, step_output
 from engine_worker.sampling import SamplingFactory, eos_token_ids
 from engine_worker.scheduler_exits import BatchExits
 from engine_worker.scheduler_memory import BatchMemory, sequence_tokens

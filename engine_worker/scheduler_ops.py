@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING, Any
 from engine_worker import memory
 from engine_worker.cache_lifecycle import CacheLifecycle
 from engine_worker.cache_protocol import PrefixCacheBackend
+from engine_worker.common.request import Request, RequestOutput
 from engine_worker.generator import BatchRunner
 from engine_worker.prefix_seam import PrefixSeam
-from engine_worker.request import Request, RequestOutput
 from engine_worker.stats import SchedulerCounters, request_rows
 from engine_worker.text_stream import TextStream
 from engine_worker.waiting_queue import WaitingQueue

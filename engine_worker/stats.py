@@ -7,8 +7,8 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from engine_worker.config import SchedulerConfig
-from engine_worker.request import Request
+from engine_worker.common.config import SchedulerConfig
+from engine_worker.common.request import Request
 
 logger = logging.getLogger(__name__)
 

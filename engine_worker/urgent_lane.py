@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from engine_worker.config import SchedulerConfig
+from engine_worker.common.config import SchedulerConfig
 from engine_worker.generator import BatchRunner, MlxBatchRunner, StepResult
 
 LANE_UID_BASE = 1 << 40

@@ -6,8 +6,8 @@ import bisect
 import itertools
 from collections.abc import Iterator
 
-from engine_worker.config import SchedulingPolicy
-from engine_worker.request import Request
+from engine_worker.common.config import SchedulingPolicy
+from engine_worker.common.request import Request
 
 
 class WaitingQueue:

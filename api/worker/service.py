@@ -21,7 +21,7 @@ from api.services import job_lifecycle
 from api.worker.admission import stream_restart
 from api.worker.config import WorkerConfig
 from api.worker.control import WorkerControl
-from engine_worker.errors import RequestError
+from engine_worker.common.errors import RequestError
 from engine_worker.runtime import Host, OutputSink
 
 logger = logging.getLogger(__name__)

@@ -28,7 +28,7 @@ import numpy as np
 from engine_worker.cache.index import as_token_array, common_prefix_len
 from engine_worker.cache.scheduler_hooks import store_prompt_snapshot
 from engine_worker.cache_protocol import PrefixCacheBackend
-from engine_worker.request import Request
+from engine_worker.common.request import Request
 
 # A follower waits for its leader's prefill only to skip at least this many prompt tokens, so
 # short prompts and a conversation's next turn (its history already cached) never wait. Also the

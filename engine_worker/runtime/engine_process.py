@@ -306,9 +306,9 @@ class _ConnectionSink:
 def serve(conn: Any, spec: ChildSpec) -> None:
     """The child's main: load the model, run the engine, obey the parent's messages until
     :class:`Stop` (or the parent is gone). Runs in a spawned process."""
-    from engine_worker.config import EngineConfig
+    from engine_worker.common.config import EngineConfig
+    from engine_worker.common.errors import RequestError
     from engine_worker.engine import EngineCore
-    from engine_worker.errors import RequestError
     from engine_worker.loader import context_length, load_model
     from engine_worker.runtime.host import JobHost
 

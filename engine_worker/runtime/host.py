@@ -20,8 +20,8 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from engine_worker.common.request import Request, RequestOutput
 from engine_worker.protocol import JobSpec, WorkerHeartbeat
-from engine_worker.request import Request, RequestOutput
 from engine_worker.runtime.convert import spec_to_request
 from engine_worker.runtime.heartbeat import build_heartbeat
 from engine_worker.runtime.io_thread import Cancel, Forget, IOThread, Track

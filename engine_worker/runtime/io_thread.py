@@ -21,8 +21,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from engine_worker.common.request import RequestOutput
 from engine_worker.protocol import FinalResult, StepBatch
-from engine_worker.request import RequestOutput
 from engine_worker.runtime.coalesce import ChunkCoalescer
 from engine_worker.runtime.sink import OutputSink
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from api.worker.config import WorkerConfig
 from api.worker.service import EngineWorkerService
-from engine_worker.config import EngineConfig
+from engine_worker.common.config import EngineConfig
 from engine_worker.engine_core import EngineCore
 from engine_worker.protocol import FinalResult, JobSpec
 from engine_worker.runtime import JobHost, MemorySink

@@ -10,7 +10,7 @@ from api.models import JobStatus
 from api.streaming import messages
 from api.worker.config import WorkerConfig
 from api.worker.service import EngineWorkerService
-from engine_worker.errors import EngineClosed, InvalidRequest
+from engine_worker.common.errors import EngineClosed, InvalidRequest
 from engine_worker.protocol import OutputChunk
 from engine_worker.runtime import JobHost, MemorySink
 from tests.api.factories import make_job

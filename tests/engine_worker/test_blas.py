@@ -69,7 +69,7 @@ def _run(code: str) -> subprocess.CompletedProcess:
 
 
 def test_the_web_sides_imports_of_the_engine_package_load_neither_mlx_nor_openblas():
-    done = _run("import engine_worker.protocol, engine_worker.runtime, engine_worker.errors\n" + _LOADED)
+    done = _run("import engine_worker.protocol, engine_worker.runtime, engine_worker.common.errors\n" + _LOADED)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["False", "False", "not", "attempted"]
 

@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from engine_worker.config import EngineConfig, SchedulerConfig, SchedulingPolicy
+from engine_worker.common.config import EngineConfig, SchedulerConfig, SchedulingPolicy
 
 SEED_SCHEDULER_DEFAULTS = {
     "max_num_seqs": 256, "max_num_batched_tokens": 8192, "policy": SchedulingPolicy.FCFS,

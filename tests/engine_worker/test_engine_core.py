@@ -8,10 +8,10 @@ import time
 
 import pytest
 
-from engine_worker.config import EngineConfig
+from engine_worker.common.config import EngineConfig
+from engine_worker.common.errors import DuplicateRequest, EngineClosed
+from engine_worker.common.request import Request
 from engine_worker.engine_core import AsyncEngineCore, EngineCore
-from engine_worker.errors import DuplicateRequest, EngineClosed
-from engine_worker.request import Request
 from engine_worker.urgent_lane import LanedRunner
 from tests.engine_worker.engine_helpers import greedy, prompt_ids, solo_tokens
 
@@ -215,7 +215,7 @@ def test_a_model_owned_by_an_open_engine_is_refused_without_force(engine, tiny_m
 
 
 async def test_a_fatal_engine_error_finishes_every_request_with_an_error_and_refuses_new_ones(engine, tiny_model):
-    from engine_worker.errors import EngineFatalError
+    from engine_worker.common.errors import EngineFatalError
 
     _, tokenizer = tiny_model
 

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
+from engine_worker.common.errors import EngineClosed
+from engine_worker.common.request import Request, SamplingParams
 from engine_worker.engine_core import EngineCore
-from engine_worker.errors import EngineClosed
 from engine_worker.model import DEMO_MODEL_DIR
-from engine_worker.request import Request, SamplingParams
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -6,10 +6,10 @@ import mlx.core as mx
 import pytest
 
 from engine_worker import memory
-from engine_worker.config import EngineConfig, SchedulerConfig
+from engine_worker.common.config import EngineConfig, SchedulerConfig
+from engine_worker.common.request import SamplingParams
 from engine_worker.engine_core import EngineCore
 from engine_worker.memory_budget import MemoryBudget, ModelDims, weights_bytes
-from engine_worker.request import SamplingParams
 
 GB = 1 << 30
 
@@ -125,7 +125,7 @@ def test_kv_bytes_show_while_requests_run(tiny_model):
 
     model, tokenizer = tiny_model
     scheduler = Scheduler(model, tokenizer, SchedulerConfig(enable_prefix_cache=False))
-    from engine_worker.request import Request
+    from engine_worker.common.request import Request
 
     scheduler.add_request(Request("a", list(range(5, 40)), SamplingParams(max_tokens=8, temperature=0.0)))
     scheduler.step()

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
+from engine_worker.common.request import RequestOutput
 from engine_worker.output_sinks import AsyncCollector, SyncWaiter
-from engine_worker.request import RequestOutput
 
 
 def _out(n: int, finished: bool = False) -> RequestOutput:

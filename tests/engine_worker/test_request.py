@@ -9,8 +9,7 @@ import threading
 
 import pytest
 
-from engine_worker.output_sinks import merge_outputs
-from engine_worker.request import (
+from engine_worker.common.request import (
     OutputText,
     Request,
     RequestOutput,
@@ -18,6 +17,7 @@ from engine_worker.request import (
     SamplingParams,
     step_output,
 )
+from engine_worker.output_sinks import merge_outputs
 
 
 def _running(tokens: list[int], pieces: list[str]) -> Request:

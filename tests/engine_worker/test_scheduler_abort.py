@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from engine_worker.config import SchedulerConfig
-from engine_worker.request import Request, RequestStatus
+from engine_worker.common.config import SchedulerConfig
+from engine_worker.common.request import Request, RequestStatus
 from engine_worker.scheduler import Scheduler
 from tests.engine_worker.engine_helpers import final, greedy, prompt_ids, run_scheduler, solo_tokens
 

@@ -4,8 +4,8 @@ place of the least urgent decoding one, which waits and resumes with the same gr
 
 from __future__ import annotations
 
-from engine_worker.config import SchedulerConfig, SchedulingPolicy
-from engine_worker.request import Request
+from engine_worker.common.config import SchedulerConfig, SchedulingPolicy
+from engine_worker.common.request import Request
 from engine_worker.scheduler import Scheduler
 from tests.engine_worker.engine_helpers import final, greedy, prompt_ids, run_scheduler, solo_tokens
 

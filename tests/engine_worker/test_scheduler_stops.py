@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from engine_worker.request import Request, SamplingParams
+from engine_worker.common.request import Request, SamplingParams
 from engine_worker.scheduler import Scheduler
 from tests.engine_worker.engine_helpers import final, force_tokens, greedy, prompt_ids, run_scheduler
 

@@ -7,7 +7,7 @@ import inspect
 import time
 
 from engine_worker import engine_core, scheduler
-from engine_worker.config import EngineConfig, SchedulerConfig, SchedulingPolicy
+from engine_worker.common.config import EngineConfig, SchedulerConfig, SchedulingPolicy
 from engine_worker.request import Request, RequestOutput, RequestStatus, SamplingParams
 
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from engine_worker import memory
-from engine_worker.config import SchedulerConfig
-from engine_worker.request import Request
+from engine_worker.common.config import SchedulerConfig
+from engine_worker.common.request import Request
 from engine_worker.scheduler import Scheduler
 from engine_worker.stats import running_row
 from tests.engine_worker.engine_helpers import greedy, prompt_ids

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from engine_worker.config import SchedulingPolicy
-from engine_worker.request import Request
+from engine_worker.common.config import SchedulingPolicy
+from engine_worker.common.request import Request
 from engine_worker.waiting_queue import WaitingQueue
 
 

@@ -13,7 +13,7 @@ from engine_worker.cache import (
     build_prefix_cache,
 )
 from engine_worker.cache_protocol import PrefixCacheBackend
-from engine_worker.config import SchedulerConfig
+from engine_worker.common.config import SchedulerConfig
 
 
 @pytest.mark.parametrize(

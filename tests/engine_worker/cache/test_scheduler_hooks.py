@@ -5,7 +5,7 @@ from __future__ import annotations
 from engine_worker.cache import MemoryAwarePrefixCache, MemoryCacheConfig
 from engine_worker.cache.scheduler_hooks import SSDWaitPolicy, store_removed_prefix
 from engine_worker.cache_protocol import NoPrefixCache
-from engine_worker.config import SchedulerConfig
+from engine_worker.common.config import SchedulerConfig
 from engine_worker.prefix_seam import default_backend
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from engine_worker.request import RequestOutput
+from engine_worker.common.request import RequestOutput
 from engine_worker.runtime.coalesce import ChunkCoalescer
 
 

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from engine_worker.errors import EngineClosed, InvalidRequest, RequestError
+from engine_worker.common.errors import EngineClosed, InvalidRequest, RequestError
 from engine_worker.protocol import FinalResult, FirstToken, JobSpec, OutputChunk, StepBatch
 from engine_worker.runtime import ChildSpec, EngineProcess, MemorySink
 from engine_worker.runtime.engine_process import Evict, Refused, Submit, _obey

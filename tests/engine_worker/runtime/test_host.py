@@ -7,10 +7,10 @@ import time
 
 import pytest
 
-from engine_worker.config import EngineConfig, SchedulerConfig
+from engine_worker.common.config import EngineConfig, SchedulerConfig
+from engine_worker.common.request import SamplingParams
 from engine_worker.engine_core import EngineCore
 from engine_worker.protocol import JobSpec, StepBatch
-from engine_worker.request import SamplingParams
 from engine_worker.runtime import JobHost, MemorySink
 
 PROMPTS = ["The quick brown fox", "Once upon a time", "def main():", "In the beginning"]

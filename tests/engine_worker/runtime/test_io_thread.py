@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from engine_worker.request import RequestOutput
+from engine_worker.common.request import RequestOutput
 from engine_worker.runtime.io_thread import IOThread, Track
 from engine_worker.runtime.sink import MemorySink
 
