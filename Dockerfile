@@ -2,7 +2,7 @@
 # all run it (docker-compose.yml builds it once, as mlx-inference-service:local).
 FROM python:3.11-slim
 
-# The fast BLAS for mlx on Linux (engine_worker/blas.py): Debian's OpenBLAS, which picks its
+# The fast BLAS for mlx on Linux (engine_worker/runner/blas.py): Debian's OpenBLAS, which picks its
 # kernels for the CPU at run time, and the Fortran runtime that cmeel-openblas (a pip dependency,
 # built for AVX-512 CPUs) needs. Without them mlx falls back to its reference BLAS, many times
 # slower.

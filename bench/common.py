@@ -1,7 +1,7 @@
 """Helpers shared by the benchmark scripts: model loading, deterministic prompts, statistics.
 
 Importing this module puts the repository on ``sys.path`` and imports mlx through
-:mod:`engine_worker.mlx_core`, so OpenBLAS is loaded first (unless ``MLX_DISABLE_OPENBLAS=1``).
+:mod:`engine_worker.runner.mlx_core`, so OpenBLAS is loaded first (unless ``MLX_DISABLE_OPENBLAS=1``).
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from engine_worker.mlx_core import mx  # noqa: E402
+from engine_worker.runner.mlx_core import mx  # noqa: E402
 
-from engine_worker.blas import blas_status  # noqa: E402
+from engine_worker.runner.blas import blas_status  # noqa: E402
 
 DEFAULT_MODEL = REPO / "var" / "models" / "tiny"
 

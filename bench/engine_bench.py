@@ -44,7 +44,7 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parent
 sys.path[:0] = [str(BENCH), str(BENCH.parent)]  # common and engine_worker
 
-from engine_worker.mlx_core import mx  # noqa: E402
+from engine_worker.runner.mlx_core import mx  # noqa: E402
 
 from common import (  # noqa: E402
     count_params,

@@ -70,7 +70,7 @@ from http_clients import openai_stream, post_job  # noqa: E402
 from engine_worker.common.config import EngineConfig  # noqa: E402
 from engine_worker.common.request import SamplingParams  # noqa: E402
 from engine_worker.engine_core import EngineCore  # noqa: E402
-from engine_worker.loader import load_model  # noqa: E402  (the worker's loader: same dtype)
+from engine_worker.runner.loader import load_model  # noqa: E402  (the worker's loader: same dtype)
 
 
 def candidate_prompts(tokenizer, n: int) -> list[str]:

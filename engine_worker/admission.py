@@ -6,7 +6,7 @@ from typing import Any
 
 from engine_worker.common.errors import InvalidRequest, PromptTooLong, TokenizationError, UnsupportedInput
 from engine_worker.common.request import Request
-from engine_worker.logprobs import MAX_TOP_LOGPROBS
+from engine_worker.runner.logprobs import MAX_TOP_LOGPROBS
 
 
 class RequestValidator:

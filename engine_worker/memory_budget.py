@@ -5,7 +5,7 @@ The budget bounds everything the worker's mlx allocator holds on the device::
     weights + KV of the running batch + a step's working memory + prefix cache + allocator cache <= total
 
 * ``total``: ``EngineConfig.gpu_memory_utilization`` of the device's memory
-  (:func:`engine_worker.memory.device_memory_bytes`: all of a GPU, the GPU's recommended share of
+  (:func:`engine_worker.runner.device_memory.device_memory_bytes`: all of a GPU, the GPU's recommended share of
   unified memory on Apple silicon, RAM on the CPU build).
 * ``weights``: the model's parameter bytes.
 * ``allocator_cache``: the freed buffers mlx keeps for reuse (``mx.set_cache_limit``): the working
@@ -31,7 +31,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from engine_worker.mlx_core import mx
+from engine_worker.runner.mlx_core import mx
 
 from mlx.utils import tree_flatten
 from mlx_lm.models.cache import BatchKVCache, KVCache
@@ -194,7 +194,7 @@ class MemoryBudget:
     def for_model(cls, model: Any, config: Any, fraction: float, device_bytes: int | None = None) -> MemoryBudget:
         """The budget of a worker running ``model`` with the scheduler ``config`` (the seed's
         fields ``completion_batch_size``, ``cache_memory_mb``, ``cache_memory_percent``) on
-        ``fraction`` of ``device_bytes`` (default: :func:`engine_worker.memory.device_memory_bytes`).
+        ``fraction`` of ``device_bytes`` (default: :func:`engine_worker.runner.device_memory.device_memory_bytes`).
 
         Raises ``ValueError`` when the weights do not fit, or when ``cache_memory_mb`` asks for
         more than the weights and the allocator cache leave.
@@ -202,7 +202,7 @@ class MemoryBudget:
         from engine_worker.cache.budget import resolve_budget_bytes
 
         if device_bytes is None:
-            from engine_worker.memory import device_memory_bytes
+            from engine_worker.runner.device_memory import device_memory_bytes
 
             device_bytes, _source = device_memory_bytes()
         total = int(device_bytes * fraction)

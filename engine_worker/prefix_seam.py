@@ -15,7 +15,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-import engine_worker.mlx_core  # noqa: F401  (OpenBLAS before mlx-lm loads mlx)
+import engine_worker.runner.mlx_core  # noqa: F401  (OpenBLAS before mlx-lm loads mlx)
 
 from mlx_lm.models.cache import can_trim_prompt_cache, trim_prompt_cache
 

@@ -25,7 +25,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine_worker import memory
 from engine_worker.admission import RequestValidator
 from engine_worker.admission_pacer import AdmissionPacer
 from engine_worker.cache_lifecycle import CacheLifecycle
@@ -33,20 +32,21 @@ from engine_worker.cache_protocol import PrefixCacheBackend
 from engine_worker.common.config import DEFAULT_GPU_MEMORY_UTILIZATION, SchedulerConfig, SchedulingPolicy
 from engine_worker.common.errors import DuplicateRequest, RequestError
 from engine_worker.common.request import Request, RequestOutput, RequestStatus, step_output
-from engine_worker.detokenizer import detokenizer_factory
-from engine_worker.generator import BatchRunner
-from engine_worker.loader import context_length, vocab_size
-from engine_worker.logprobs import token_logprobs
 from engine_worker.memory_budget import MemoryBudget
 from engine_worker.memory_guard import MemoryGuard
 from engine_worker.prefix_seam import PrefixSeam, default_backend
-from engine_worker.sampling import SamplingFactory, eos_token_ids
+from engine_worker.runner import device_memory
+from engine_worker.runner.detokenizer import detokenizer_factory
+from engine_worker.runner.generator import BatchRunner
+from engine_worker.runner.loader import context_length, vocab_size
+from engine_worker.runner.logprobs import token_logprobs
+from engine_worker.runner.sampling import SamplingFactory, eos_token_ids
+from engine_worker.runner.text_stream import TextStream
+from engine_worker.runner.urgent_lane import LanedRunner, in_lane
 from engine_worker.scheduler_exits import BatchExits
 from engine_worker.scheduler_memory import BatchMemory, sequence_tokens
 from engine_worker.scheduler_ops import SchedulerOps
 from engine_worker.stats import SchedulerCounters, mtp_status
-from engine_worker.text_stream import TextStream
-from engine_worker.urgent_lane import LanedRunner, in_lane
 from engine_worker.waiting_queue import WaitingQueue
 
 logger = logging.getLogger(__name__)
@@ -283,7 +283,7 @@ class Scheduler(BatchExits, BatchMemory, SchedulerOps):
     def _urgent(self, request: Request) -> bool:
         """Under ``PRIORITY``, a request more urgent than the least urgent request in the batch (the
         one a full batch would give way to it) starts in the urgent lane, where its first token does
-        not wait for the batch's steps (:mod:`engine_worker.urgent_lane`)."""
+        not wait for the batch's steps (:mod:`engine_worker.runner.urgent_lane`)."""
         if self.config.policy is not SchedulingPolicy.PRIORITY or not hasattr(self.runner, "insert_urgent"):
             return False
         batch = [r.priority for r in self.running.values() if not in_lane(r.batch_uid)]
@@ -321,7 +321,7 @@ class Scheduler(BatchExits, BatchMemory, SchedulerOps):
                 # device memory, the batch waits again and runs smaller; any other failure fails
                 # the requests in it (each gets an error output). The queue keeps being served.
                 self.counters.num_step_errors += 1
-                if memory.is_allocation_failure(exc):
+                if device_memory.is_allocation_failure(exc):
                     self._recover_from_allocation_failure(exc)
                 else:
                     logger.exception("generation step failed; failing %d running requests", len(self.running))

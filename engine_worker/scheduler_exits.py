@@ -13,10 +13,10 @@ from typing import Any
 
 from engine_worker.cache_lifecycle import CacheLifecycle
 from engine_worker.common.request import Request, RequestOutput, RequestStatus, step_output
-from engine_worker.generator import BatchRunner
 from engine_worker.prefix_seam import PrefixSeam
+from engine_worker.runner.generator import BatchRunner
+from engine_worker.runner.text_stream import TextStream
 from engine_worker.stats import SchedulerCounters
-from engine_worker.text_stream import TextStream
 from engine_worker.waiting_queue import WaitingQueue
 
 logger = logging.getLogger(__name__)

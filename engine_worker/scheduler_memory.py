@@ -11,13 +11,13 @@ import itertools
 import logging
 from typing import TYPE_CHECKING, Any
 
-from engine_worker import memory
 from engine_worker.common.config import SchedulerConfig, SchedulingPolicy
 from engine_worker.common.errors import ExceedsMemoryBudget
 from engine_worker.common.request import Request, RequestStatus
 from engine_worker.memory_budget import MemoryBudget
 from engine_worker.memory_guard import BatchPlan, MemoryGuard
 from engine_worker.prefix_seam import PrefixSeam
+from engine_worker.runner import device_memory
 from engine_worker.stats import SchedulerCounters
 from engine_worker.waiting_queue import WaitingQueue
 
@@ -143,7 +143,7 @@ class BatchMemory:
 
     def _recover_from_allocation_failure(self, exc: BaseException) -> None:
         """A step failed on the device (out of memory, or another failure of its evaluation, which
-        mlx reports with the same exception type: memory.is_allocation_failure). The generator's state is unknown, so it is
+        mlx reports with the same exception type: device_memory.is_allocation_failure). The generator's state is unknown, so it is
         dropped; the allocator's cache and half the prefix cache are freed; the batch waits again,
         ahead of the queue, and the next ones run at most half as large. A batch of one request
         cannot shrink: that request fails alone."""
@@ -159,7 +159,7 @@ class BatchMemory:
                 self._requeue(request)
         self._drop_runner()
         self._cache.set_byte_limit(self._cache.bytes_used // 2)
-        memory.clear_allocator_cache()
+        device_memory.clear_allocator_cache()
 
     def _memory_use(self) -> dict[str, int]:
         """The budget and its parts now: weights, the batch's KV, the prefix cache (the allocator

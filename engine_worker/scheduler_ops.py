@@ -11,14 +11,14 @@ import gc
 import time
 from typing import TYPE_CHECKING, Any
 
-from engine_worker import memory
 from engine_worker.cache_lifecycle import CacheLifecycle
 from engine_worker.cache_protocol import PrefixCacheBackend
 from engine_worker.common.request import Request, RequestOutput
-from engine_worker.generator import BatchRunner
 from engine_worker.prefix_seam import PrefixSeam
+from engine_worker.runner import device_memory
+from engine_worker.runner.generator import BatchRunner
+from engine_worker.runner.text_stream import TextStream
 from engine_worker.stats import SchedulerCounters, request_rows
-from engine_worker.text_stream import TextStream
 from engine_worker.waiting_queue import WaitingQueue
 
 
@@ -66,9 +66,9 @@ class SchedulerOps:
             "total_completion_tokens": c.total_completion_tokens,
             "counters": {**c.as_dict(), "num_cache_errors": self._cache.errors},
         }
-        stats["memory"] = mem = memory.memory_stats()
+        stats["memory"] = mem = device_memory.memory_stats()
         mem.update(self._memory_use())
-        stats.update(memory.seed_memory_keys(mem))
+        stats.update(device_memory.seed_memory_keys(mem))
         if self.mtp_status is not None:
             stats["mtp"] = dict(self.mtp_status)
         cache_stats = self._cache.stats()
@@ -95,7 +95,7 @@ class SchedulerOps:
         result = {"paged_cache": False, "memory_aware_cache": False, "prefix_cache": False}
         if self._cache.clear():
             result[self.prefix_cache.name] = True
-        memory.clear_allocator_cache()
+        device_memory.clear_allocator_cache()
         return result
 
     def clear_prefix_cache(self) -> None:

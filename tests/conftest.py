@@ -23,7 +23,7 @@ def tiny_model_path() -> Path:
 @pytest.fixture(scope="session")
 def tiny_model(tiny_model_path):
     """``(model, tokenizer)`` loaded once through ``mlx_lm.load``."""
-    import engine_worker.mlx_core  # noqa: F401  (OpenBLAS before mlx-lm loads mlx)
+    import engine_worker.runner.mlx_core  # noqa: F401  (OpenBLAS before mlx-lm loads mlx)
 
     from mlx_lm import load
 

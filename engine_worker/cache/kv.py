@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from engine_worker.mlx_core import mx
+from engine_worker.runner.mlx_core import mx
 
 from mlx_lm.models.cache import KVCache, RotatingKVCache
 

@@ -48,7 +48,7 @@ logger = logging.getLogger(__name__)
 class MemoryCacheConfig:
     """The seed's knobs. ``max_memory_mb`` wins over ``max_memory_percent``, a fraction of
     ``total_bytes`` (the engine passes its worker's memory budget; by default the device's
-    memory, see :func:`engine_worker.memory.device_memory_bytes`)."""
+    memory, see :func:`engine_worker.runner.device_memory.device_memory_bytes`)."""
 
     max_memory_mb: float | None = None
     max_memory_percent: float = 0.2

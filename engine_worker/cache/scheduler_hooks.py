@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-import engine_worker.mlx_core  # noqa: F401  (OpenBLAS before mlx-lm loads mlx)
+import engine_worker.runner.mlx_core  # noqa: F401  (OpenBLAS before mlx-lm loads mlx)
 
 from mlx_lm.models.cache import can_trim_prompt_cache
 

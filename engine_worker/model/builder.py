@@ -109,7 +109,7 @@ def model_config(spec: ModelSpec, ids: dict[str, int]) -> dict:
 
 def build_model(out_dir: str | Path, spec: ModelSpec = ModelSpec()) -> Path:
     """Build the model into ``out_dir`` (atomically) and return its path."""
-    from engine_worker.mlx_core import mx
+    from engine_worker.runner.mlx_core import mx
 
     from mlx.utils import tree_map
     from mlx_lm.models import llama

@@ -41,7 +41,7 @@ _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 def heldout_loss(model: Any, tokens: np.ndarray, *, seq: int = 512, batch: int = 16) -> float:
     """Mean next-token cross-entropy (nats) of ``model`` over ``tokens``, in non-overlapping
     windows of ``seq`` predictions (a shorter last window included)."""
-    from engine_worker.mlx_core import mx
+    from engine_worker.runner.mlx_core import mx
 
     import mlx.nn as nn
 
@@ -94,7 +94,7 @@ def sample_checks(text: str, spans: list[tuple[int, int]]) -> dict[str, Any]:
 def greedy_ids(model: Any, tokenizer: Any, prompt: str, n: int = SAMPLE_TOKENS) -> list[int]:
     """``n`` greedy tokens after ``prompt`` (BOS added as the service adds it), never a special
     token, so the sample always has ``n`` tokens."""
-    from engine_worker.mlx_core import mx
+    from engine_worker.runner.mlx_core import mx
 
     from mlx_lm.generate import generate_step
 
@@ -152,7 +152,7 @@ def evaluate(model_dir: str | Path, *, docs: list[code_data.Document] | None = N
     """The goals' figures for the model in ``model_dir`` on ``docs`` (default: corpus plus this
     Python's standard library), with ``passed`` true when every goal is met. ``max_tokens``
     bounds the held-out tokens per source."""
-    from engine_worker.loader import load_model
+    from engine_worker.runner.loader import load_model
 
     model_dir = Path(model_dir)
     model, tokenizer = model_and_tokenizer or load_model(model_dir)

@@ -32,7 +32,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from engine_worker.mlx_core import mx
+from engine_worker.runner.mlx_core import mx
 
 import mlx.nn as nn
 import mlx.optimizers as optim

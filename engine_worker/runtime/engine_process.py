@@ -309,7 +309,7 @@ def serve(conn: Any, spec: ChildSpec) -> None:
     from engine_worker.common.config import EngineConfig
     from engine_worker.common.errors import RequestError
     from engine_worker.engine import EngineCore
-    from engine_worker.loader import context_length, load_model
+    from engine_worker.runner.loader import context_length, load_model
     from engine_worker.runtime.host import JobHost
 
     logging.basicConfig(level=os.environ.get("LOG_LEVEL", "INFO"), format="%(asctime)s %(levelname)s %(name)s %(message)s")

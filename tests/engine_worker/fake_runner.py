@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine_worker.generator import StepResult
+from engine_worker.runner.generator import StepResult
 
 
 @dataclass

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from engine_worker.blas import unsupported_reason
+from engine_worker.runner.blas import unsupported_reason
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -44,8 +44,8 @@ def test_a_matmul_runs_after_the_preload_on_this_machine():
     """In a fresh process, as the worker starts: the preload, then mlx's sgemm. With a library
     built for instructions this CPU lacks, this died with SIGILL."""
     code = (
-        "from engine_worker.mlx_core import mx\n"
-        "from engine_worker.blas import blas_status\n"
+        "from engine_worker.runner.mlx_core import mx\n"
+        "from engine_worker.runner.blas import blas_status\n"
         "a = mx.ones((256, 256))\n"
         "assert (a @ a).sum().item() == 256.0 ** 3, 'wrong product'\n"
         "print(blas_status())\n"
@@ -58,7 +58,7 @@ def test_a_matmul_runs_after_the_preload_on_this_machine():
 # libscipy_openblas) mapped into it?
 _LOADED = (
     "import sys\n"
-    "from engine_worker.blas import blas_status\n"
+    "from engine_worker.runner.blas import blas_status\n"
     "maps = open('/proc/self/maps').read()\n"
     "print('mlx.core' in sys.modules, 'libopenblas.so' in maps, blas_status()['reason'])\n"
 )
@@ -91,8 +91,8 @@ def _mlx_import(node: ast.stmt) -> bool:
 
 def _preload_import(node: ast.stmt) -> bool:
     if isinstance(node, ast.Import):
-        return any(a.name == "engine_worker.mlx_core" for a in node.names)
-    return node.module == "engine_worker.mlx_core"
+        return any(a.name == "engine_worker.runner.mlx_core" for a in node.names)
+    return node.module == "engine_worker.runner.mlx_core"
 
 
 def _late_mlx_imports(body: list[ast.stmt], preloaded: bool) -> list[int]:

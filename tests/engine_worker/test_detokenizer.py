@@ -5,7 +5,7 @@ from __future__ import annotations
 import codecs
 import random
 
-from engine_worker.detokenizer import ByteLevelDetokenizer, MlxDetokenizer, detokenizer_factory
+from engine_worker.runner.detokenizer import ByteLevelDetokenizer, MlxDetokenizer, detokenizer_factory
 
 NIHON_E = [167, 250, 103, 167, 255, 110, 132, 107]  # "日本é", one token per UTF-8 byte
 

@@ -12,7 +12,7 @@ from engine_worker.common.config import EngineConfig
 from engine_worker.common.errors import DuplicateRequest, EngineClosed
 from engine_worker.common.request import Request
 from engine_worker.engine_core import AsyncEngineCore, EngineCore
-from engine_worker.urgent_lane import LanedRunner
+from engine_worker.runner.urgent_lane import LanedRunner
 from tests.engine_worker.engine_helpers import greedy, prompt_ids, solo_tokens
 
 

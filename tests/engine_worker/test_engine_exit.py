@@ -52,7 +52,7 @@ def test_the_readme_engine_example_runs_as_written_and_exits_0_ten_times(tiny_mo
 def test_a_process_that_leaves_its_engine_running_exits_0(tiny_model_path):
     code = f"""
 from engine_worker.engine_core import EngineCore
-from engine_worker.loader import load_model
+from engine_worker.runner.loader import load_model
 from engine_worker.request import SamplingParams
 
 model, tokenizer = load_model({str(tiny_model_path)!r})

@@ -14,8 +14,8 @@ from mlx_lm.utils import save_model
 
 from engine_worker.common.request import SamplingParams
 from engine_worker.engine_core import EngineCore
-from engine_worker.loader import _is_quantized, context_length, load_model, vocab_size
-from engine_worker.memory import device_label
+from engine_worker.runner.device_memory import device_label
+from engine_worker.runner.loader import _is_quantized, context_length, load_model, vocab_size
 
 
 def test_load_model_casts_a_bf16_checkpoint_to_fp32_on_cpu_and_reads_the_context(tiny_model_path, tmp_path):

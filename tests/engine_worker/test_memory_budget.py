@@ -5,11 +5,11 @@ from __future__ import annotations
 import mlx.core as mx
 import pytest
 
-from engine_worker import memory
 from engine_worker.common.config import EngineConfig, SchedulerConfig
 from engine_worker.common.request import SamplingParams
 from engine_worker.engine_core import EngineCore
 from engine_worker.memory_budget import MemoryBudget, ModelDims, weights_bytes
+from engine_worker.runner import device_memory
 
 GB = 1 << 30
 
@@ -37,14 +37,14 @@ def allocator_limits():
 ])
 def test_the_budget_is_a_share_of_the_memory_the_device_reports(monkeypatch, info, expected):
     monkeypatch.setattr(mx, "device_info", lambda: info)
-    assert memory.device_memory_bytes()[0] == expected
+    assert device_memory.device_memory_bytes()[0] == expected
 
 
 def test_on_the_cpu_build_the_budget_is_a_share_of_ram(monkeypatch):
     import os
 
     monkeypatch.setattr(mx, "device_info", lambda: {"architecture": "x86_64"})
-    assert memory.device_memory_bytes() == (os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "physical_ram")
+    assert device_memory.device_memory_bytes() == (os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "physical_ram")
 
 
 def test_an_engine_bounds_mlx_to_its_budget_on_a_cuda_device(tiny_model, monkeypatch, allocator_limits):
@@ -143,4 +143,4 @@ def test_kv_bytes_show_while_requests_run(tiny_model):
     (RecursionError("maximum recursion depth exceeded"), False),  # a RuntimeError subclass
 ])
 def test_allocation_failures_are_told_by_type_not_message(exc, expected):
-    assert memory.is_allocation_failure(exc) is expected
+    assert device_memory.is_allocation_failure(exc) is expected

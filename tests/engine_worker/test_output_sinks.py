@@ -47,8 +47,8 @@ def test_sync_waiter_finishes_when_every_request_has_its_final():
 
 
 def test_merged_outputs_keep_one_log_probability_entry_per_token():
-    from engine_worker.logprobs import TokenLogprob
     from engine_worker.output_sinks import merge_outputs
+    from engine_worker.runner.logprobs import TokenLogprob
 
     a = RequestOutput("r", new_token_ids=[1], new_text="a", completion_tokens=1, new_logprobs=[TokenLogprob(1, -1.0)])
     b = RequestOutput("r", new_token_ids=[2], new_text="b", completion_tokens=2, new_logprobs=[TokenLogprob(2, -2.0)])
@@ -63,7 +63,7 @@ def test_merged_outputs_keep_one_log_probability_entry_per_token():
 def test_a_log_probability_that_is_not_finite_is_reported_as_the_floor():
     import mlx.core as mx
 
-    from engine_worker.logprobs import FLOOR, token_logprobs
+    from engine_worker.runner.logprobs import FLOOR, token_logprobs
 
     row = mx.array([0.0, -float("inf"), -1.0, float("nan")])
     (entry,) = token_logprobs([(row, 1, 4)])

@@ -177,7 +177,7 @@ def test_a_preempted_request_resumes_with_the_tokens_and_text_it_would_have_prod
 def test_a_budgeted_batch_never_holds_more_than_its_budget(tiny_model):
     import mlx.core as mx
 
-    from engine_worker import memory
+    from engine_worker.runner import device_memory
     from tests.engine_worker.test_memory_budget import make_prompts
 
     model, tokenizer = tiny_model
@@ -186,7 +186,7 @@ def test_a_budgeted_batch_never_holds_more_than_its_budget(tiny_model):
     base = MemoryBudget.for_model(model, config, 1.0, device_bytes=1 << 30)
     budget = replace(base, total=base.weights + (40 << 20), prefix_cache=8 << 20, allocator_cache=8 << 20)
     scheduler = Scheduler(model, tokenizer, config, memory_budget=budget)
-    memory.apply_allocator_limits(1 << 40, budget.allocator_cache)
+    device_memory.apply_allocator_limits(1 << 40, budget.allocator_cache)
     mx.synchronize()
     mx.clear_cache()
     mx.reset_peak_memory()
@@ -201,7 +201,7 @@ def test_a_budgeted_batch_never_holds_more_than_its_budget(tiny_model):
 
 
 def test_after_an_injected_out_of_memory_step_the_batch_resumes_with_the_tokens_it_would_have_produced(tiny_model):
-    from engine_worker.generator import MlxBatchRunner
+    from engine_worker.runner.generator import MlxBatchRunner
 
     class FailsOnce(MlxBatchRunner):
         steps = 0

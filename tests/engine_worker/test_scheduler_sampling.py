@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from engine_worker.common.request import Request, SamplingParams
-from engine_worker.sampling import SamplingFactory
+from engine_worker.runner.sampling import SamplingFactory
 from engine_worker.scheduler import Scheduler
 from tests.engine_worker.engine_helpers import final, greedy, prompt_ids, run_scheduler, solo_tokens
 

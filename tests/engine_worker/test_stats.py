@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from engine_worker import memory
 from engine_worker.common.config import SchedulerConfig
 from engine_worker.common.request import Request
+from engine_worker.runner import device_memory
 from engine_worker.scheduler import Scheduler
 from engine_worker.stats import running_row
 from tests.engine_worker.engine_helpers import greedy, prompt_ids
@@ -58,7 +58,7 @@ def test_scheduler_stats_count_tokens_and_report_memory_in_bytes_with_the_device
     assert stats["total_prompt_tokens"] == 7 and stats["total_completion_tokens"] == 4
     mem = stats["memory"]
     assert mem["device"] in ("cpu", "cuda", "metal", "gpu")
-    assert mem["device"] == memory.device_label()
+    assert mem["device"] == device_memory.device_label()
     assert isinstance(mem["active_bytes"], int) and mem["active_bytes"] > 1_000_000  # the weights
     assert mem["peak_bytes"] >= mem["active_bytes"]
     assert isinstance(stats["memory_aware_cache"], dict)  # the seed's default back end
@@ -74,9 +74,9 @@ def test_stats_carry_no_cache_section_when_prefix_caching_is_off(tiny_model):
 
 def test_seed_metal_keys_appear_only_for_metal():
     stats = {"device": "metal", "active_bytes": 2_500_000_000, "peak_bytes": 3e9, "cache_bytes": 0}
-    assert memory.seed_memory_keys(stats) == {
+    assert device_memory.seed_memory_keys(stats) == {
         "metal_active_memory_gb": 2.5, "metal_peak_memory_gb": 3.0, "metal_cache_memory_gb": 0.0}
-    assert memory.seed_memory_keys({**stats, "device": "cpu"}) == {}
+    assert device_memory.seed_memory_keys({**stats, "device": "cpu"}) == {}
 
 
 def test_generated_tokens_are_counted_at_every_step_not_when_requests_finish(tiny_model):

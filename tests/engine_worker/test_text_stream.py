@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from engine_worker.text_stream import TextStream
+from engine_worker.runner.text_stream import TextStream
 
 
 class PieceDetok:

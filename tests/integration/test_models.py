@@ -55,7 +55,7 @@ def _submit(api_key, *, model: str | None = None, prompt: str | None = None, mes
 
 def _in_process_text(model_path: Path, token_ids: list[int], max_tokens: int) -> str:
     """What the engine, run in this process on ``model_path``, writes for these tokens (greedy)."""
-    import engine_worker.mlx_core  # noqa: F401  (OpenBLAS before mlx-lm loads mlx)
+    import engine_worker.runner.mlx_core  # noqa: F401  (OpenBLAS before mlx-lm loads mlx)
 
     from mlx_lm import load
 

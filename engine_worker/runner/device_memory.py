@@ -11,7 +11,7 @@ import logging
 import os
 from typing import Any
 
-from engine_worker.mlx_core import mx
+from engine_worker.runner.mlx_core import mx
 
 logger = logging.getLogger(__name__)
 

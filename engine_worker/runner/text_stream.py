@@ -1,6 +1,6 @@
 """Incremental, UTF-8-safe text for one request, with stop-string holdback.
 
-The detokenizer (:mod:`engine_worker.detokenizer`) already withholds the bytes of an incomplete
+The detokenizer (:mod:`engine_worker.runner.detokenizer`) already withholds the bytes of an incomplete
 multi-byte character. On top of that, when the request has stop strings, the end of the text that
 could still grow into a stop string is held back until it completes one (cut) or stops matching
 (released), so text that is already released never has to be taken back. A request without stop

@@ -17,11 +17,11 @@ from codecs import utf_8_decode
 from collections.abc import Callable
 from typing import Any
 
-import engine_worker.mlx_core  # noqa: F401  (OpenBLAS before mlx-lm loads mlx)
+import engine_worker.runner.mlx_core  # noqa: F401  (OpenBLAS before mlx-lm loads mlx)
 
 from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer
 
-from engine_worker.token_bytes import token_byte_table, token_texts
+from engine_worker.runner.token_bytes import token_byte_table, token_texts
 
 
 class ByteLevelDetokenizer:

@@ -2,8 +2,8 @@
 
 On Linux the ``mlx-cpu`` wheel's matrix products go through whichever ``cblas_sgemm`` the dynamic
 linker resolved when ``mlx.core`` was first loaded, so OpenBLAS must be loaded before that, once
-per process (:mod:`engine_worker.blas`). Every engine module that uses mlx or mlx-lm (which
-imports ``mlx.core`` itself) imports this module first: ``from engine_worker.mlx_core import mx``
+per process (:mod:`engine_worker.runner.blas`). Every engine module that uses mlx or mlx-lm (which
+imports ``mlx.core`` itself) imports this module first: ``from engine_worker.runner.mlx_core import mx``
 (ruff's isort puts it ahead of the third-party imports, see pyproject.toml), so whichever engine
 module a process imports first, the preload comes before mlx. Processes that never import an
 engine module, the web side's, load neither.
@@ -11,7 +11,7 @@ engine module, the web side's, load neither.
 
 from __future__ import annotations
 
-from engine_worker.blas import preload_openblas
+from engine_worker.runner.blas import preload_openblas
 
 preload_openblas()
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from engine_worker.mlx_core import mx
+from engine_worker.runner.mlx_core import mx
 
 from mlx_lm.generate import StopSequences
 from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p, make_logits_processors, make_sampler

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from engine_worker.common.config import SchedulerConfig
-from engine_worker.generator import BatchRunner, MlxBatchRunner, StepResult
+from engine_worker.runner.generator import BatchRunner, MlxBatchRunner, StepResult
 
 LANE_UID_BASE = 1 << 40
 # A short prompt's first token comes out of the third step after its insert.

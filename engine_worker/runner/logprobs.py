@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from typing import Any, NamedTuple
 
-from engine_worker.mlx_core import mx
+from engine_worker.runner.mlx_core import mx
 
 MAX_TOP_LOGPROBS = 20
 # What a log probability that is not a finite number (an overflowed logit) is reported as: JSON

@@ -6,12 +6,12 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from engine_worker.mlx_core import mx
+from engine_worker.runner.mlx_core import mx
 
 import mlx_lm
 from mlx_lm.utils import dequantize_model
 
-from engine_worker.memory import device_label
+from engine_worker.runner.device_memory import device_label
 
 logger = logging.getLogger(__name__)
 

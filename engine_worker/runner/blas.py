@@ -5,7 +5,7 @@ times slower than OpenBLAS (bench/blas_gemm.py measures both), so batching gives
 OpenBLAS with ``RTLD_GLOBAL`` before the first ``import mlx.core`` makes the dynamic linker
 resolve those symbols to OpenBLAS instead.
 
-:mod:`engine_worker.mlx_core` calls :func:`preload_openblas` before it imports ``mlx.core``;
+:mod:`engine_worker.runner.mlx_core` calls :func:`preload_openblas` before it imports ``mlx.core``;
 importing this module loads nothing. The preload is a no-op on macOS and when mlx is already
 imported, and it never fails: without OpenBLAS the engine still runs, only slower, and
 :func:`blas_status` says so.

@@ -14,7 +14,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any, NamedTuple, Protocol
 
-from engine_worker.mlx_core import mx
+from engine_worker.runner.mlx_core import mx
 
 from mlx_lm.generate import BatchGenerator
 from mlx_lm.models.cache import KVCache, RotatingKVCache, make_prompt_cache
@@ -63,7 +63,7 @@ class BatchRunner(Protocol):
     # Optional (the scheduler checks for them): ``extract_cache(uids)`` -> ``{uid: (cache_layers,
     # tokens)}`` for sequences still in the batch, in any stage; used for mid-prefill saves.
     # ``kv_bytes()`` -> bytes of the batch's KV buffers now; used by the memory budget.
-    # ``insert_urgent(...)``, as ``insert``, into the urgent lane (:mod:`engine_worker.urgent_lane`).
+    # ``insert_urgent(...)``, as ``insert``, into the urgent lane (:mod:`engine_worker.runner.urgent_lane`).
 
 
 class MlxBatchRunner:
