@@ -308,7 +308,7 @@ def serve(conn: Any, spec: ChildSpec) -> None:
     :class:`Stop` (or the parent is gone). Runs in a spawned process."""
     from engine_worker.common.config import EngineConfig
     from engine_worker.common.errors import RequestError
-    from engine_worker.engine import EngineCore
+    from engine_worker.engine.core import EngineCore
     from engine_worker.runner.loader import context_length, load_model
     from engine_worker.runtime.host import JobHost
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import gc
 
-from engine_worker import engine as engine_module
-from engine_worker import heap
+from engine_worker.engine import core as engine_module
+from engine_worker.engine import heap
 
 
 def test_the_first_freeze_moves_live_objects_out_of_gc_scans_and_later_calls_do_nothing(monkeypatch):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from engine_worker.common.request import RequestOutput
-from engine_worker.output_sinks import AsyncCollector, SyncWaiter
+from engine_worker.engine.collectors import AsyncCollector, SyncWaiter
 
 
 def _out(n: int, finished: bool = False) -> RequestOutput:
@@ -47,7 +47,7 @@ def test_sync_waiter_finishes_when_every_request_has_its_final():
 
 
 def test_merged_outputs_keep_one_log_probability_entry_per_token():
-    from engine_worker.output_sinks import merge_outputs
+    from engine_worker.engine.collectors import merge_outputs
     from engine_worker.runner.logprobs import TokenLogprob
 
     a = RequestOutput("r", new_token_ids=[1], new_text="a", completion_tokens=1, new_logprobs=[TokenLogprob(1, -1.0)])

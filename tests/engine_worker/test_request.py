@@ -17,7 +17,7 @@ from engine_worker.common.request import (
     SamplingParams,
     step_output,
 )
-from engine_worker.output_sinks import merge_outputs
+from engine_worker.engine.collectors import merge_outputs
 
 
 def _running(tokens: list[int], pieces: list[str]) -> Request:

@@ -60,7 +60,7 @@ def _in_process_text(model_path: Path, token_ids: list[int], max_tokens: int) ->
     from mlx_lm import load
 
     from engine_worker.common.request import SamplingParams
-    from engine_worker.engine import EngineCore
+    from engine_worker.engine.core import EngineCore
 
     model, tokenizer = load(str(model_path))
     engine = EngineCore(model, tokenizer)

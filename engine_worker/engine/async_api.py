@@ -1,4 +1,4 @@
-"""The seed's asyncio request API of :class:`~engine_worker.engine.EngineCore`.
+"""The seed's asyncio request API of :class:`~engine_worker.engine.core.EngineCore`.
 
 ``add_request`` registers a per-request :class:`AsyncCollector` on the caller's loop; the engine
 thread fills it once per step; ``stream_outputs`` and ``generate`` drain it. A consumer that stops
@@ -16,7 +16,7 @@ from typing import Any
 
 from engine_worker.common.config import EngineConfig
 from engine_worker.common.request import Request, RequestOutput, SamplingParams
-from engine_worker.output_sinks import AsyncCollector, SyncWaiter
+from engine_worker.engine.collectors import AsyncCollector, SyncWaiter
 
 logger = logging.getLogger(__name__)
 

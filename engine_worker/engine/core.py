@@ -32,15 +32,15 @@ from collections import deque
 from collections.abc import Callable, Generator
 from typing import Any
 
-from engine_worker.async_api import AsyncRequestAPI
 from engine_worker.cache_protocol import PrefixCacheBackend
 from engine_worker.common.config import EngineConfig, SchedulerConfig
 from engine_worker.common.errors import DuplicateRequest, EngineClosed, EngineFatalError
 from engine_worker.common.request import Request, RequestOutput, SamplingParams
-from engine_worker.heap import freeze_startup_heap
+from engine_worker.engine.async_api import AsyncRequestAPI
+from engine_worker.engine.collectors import AsyncCollector, SyncWaiter
+from engine_worker.engine.heap import freeze_startup_heap
+from engine_worker.engine.ownership import acquire_model, release_model
 from engine_worker.memory_budget import MemoryBudget
-from engine_worker.output_sinks import AsyncCollector, SyncWaiter
-from engine_worker.ownership import acquire_model, release_model
 from engine_worker.runner import device_memory
 from engine_worker.runner.generator import release_thread_streams
 from engine_worker.scheduler import Scheduler, SchedulerOutput

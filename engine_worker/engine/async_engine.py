@@ -10,7 +10,7 @@ from typing import Any
 
 from engine_worker.common.config import EngineConfig
 from engine_worker.common.request import RequestOutput, SamplingParams
-from engine_worker.engine import EngineCore
+from engine_worker.engine.core import EngineCore
 
 
 class AsyncEngineCore:
