@@ -27,14 +27,14 @@ from typing import Any
 
 from engine_worker.admission import RequestValidator
 from engine_worker.admission_pacer import AdmissionPacer
-from engine_worker.cache_lifecycle import CacheLifecycle
-from engine_worker.cache_protocol import PrefixCacheBackend
+from engine_worker.cache.hooks import CacheLifecycle
+from engine_worker.cache.protocol import PrefixCacheBackend
+from engine_worker.cache.seam import PrefixSeam, default_backend
 from engine_worker.common.config import DEFAULT_GPU_MEMORY_UTILIZATION, SchedulerConfig, SchedulingPolicy
 from engine_worker.common.errors import DuplicateRequest, RequestError
 from engine_worker.common.request import Request, RequestOutput, RequestStatus, step_output
 from engine_worker.memory_budget import MemoryBudget
 from engine_worker.memory_guard import MemoryGuard
-from engine_worker.prefix_seam import PrefixSeam, default_backend
 from engine_worker.runner import device_memory
 from engine_worker.runner.detokenizer import detokenizer_factory
 from engine_worker.runner.generator import BatchRunner
@@ -69,7 +69,7 @@ class SchedulerOutput:
 class Scheduler(BatchExits, BatchMemory, SchedulerOps):
     """Continuous-batching request manager (seed API: ``Scheduler(model, tokenizer, config)``).
 
-    ``prefix_cache`` plugs a cache back end in (see :mod:`engine_worker.cache_protocol`); by
+    ``prefix_cache`` plugs a cache back end in (see :mod:`engine_worker.cache.protocol`); by
     default the one the config's cache fields ask for is built (none when
     ``enable_prefix_cache`` is False). ``runner_factory`` replaces the mlx generator (tests with
     scripted tokens). ``memory_budget`` is the worker's (:mod:`engine_worker.memory_budget`); by

@@ -11,9 +11,9 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from engine_worker.cache_lifecycle import CacheLifecycle
+from engine_worker.cache.hooks import CacheLifecycle
+from engine_worker.cache.seam import PrefixSeam
 from engine_worker.common.request import Request, RequestOutput, RequestStatus, step_output
-from engine_worker.prefix_seam import PrefixSeam
 from engine_worker.runner.generator import BatchRunner
 from engine_worker.runner.text_stream import TextStream
 from engine_worker.stats import SchedulerCounters

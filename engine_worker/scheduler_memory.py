@@ -11,12 +11,12 @@ import itertools
 import logging
 from typing import TYPE_CHECKING, Any
 
+from engine_worker.cache.seam import PrefixSeam
 from engine_worker.common.config import SchedulerConfig, SchedulingPolicy
 from engine_worker.common.errors import ExceedsMemoryBudget
 from engine_worker.common.request import Request, RequestStatus
 from engine_worker.memory_budget import MemoryBudget
 from engine_worker.memory_guard import BatchPlan, MemoryGuard
-from engine_worker.prefix_seam import PrefixSeam
 from engine_worker.runner import device_memory
 from engine_worker.stats import SchedulerCounters
 from engine_worker.waiting_queue import WaitingQueue

@@ -11,10 +11,10 @@ import gc
 import time
 from typing import TYPE_CHECKING, Any
 
-from engine_worker.cache_lifecycle import CacheLifecycle
-from engine_worker.cache_protocol import PrefixCacheBackend
+from engine_worker.cache.hooks import CacheLifecycle
+from engine_worker.cache.protocol import PrefixCacheBackend
+from engine_worker.cache.seam import PrefixSeam
 from engine_worker.common.request import Request, RequestOutput
-from engine_worker.prefix_seam import PrefixSeam
 from engine_worker.runner import device_memory
 from engine_worker.runner.generator import BatchRunner
 from engine_worker.runner.text_stream import TextStream

@@ -1,4 +1,4 @@
-"""Prefix-cache back ends behind :class:`engine_worker.cache_protocol.PrefixCacheBackend`.
+"""Prefix-cache back ends behind :class:`engine_worker.cache.protocol.PrefixCacheBackend`.
 
 * :class:`MemoryAwarePrefixCache` (default): byte budget, LRU, KV quantization, SSD tier.
 * :class:`PrefixCacheManager`: the legacy entry-count LRU.

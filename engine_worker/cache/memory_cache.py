@@ -1,7 +1,7 @@
 """The memory-aware prefix cache (the default back end): a byte budget, LRU eviction, optional KV
 quantization of stored entries, and an optional SSD tier for what RAM evicts.
 
-Contract (see :mod:`engine_worker.cache_protocol`): :meth:`fetch` returns
+Contract (see :mod:`engine_worker.cache.protocol`): :meth:`fetch` returns
 ``(cache_layers | None, remaining_tokens, hit_type)`` where ``cache_layers`` is a fresh copy
 covering at most ``len(tokens) - 1`` tokens, so ``remaining_tokens`` is never empty.
 :meth:`store` snapshots a finished (or partially prefilled) request's cache under its tokens; the
@@ -12,7 +12,7 @@ What is stored on finish is prompt + output (multi-turn reuse). A cache that can
 to a shorter prefix (a sliding-window ``RotatingKVCache`` that wrapped, under ``max_kv_size``) is
 stored whole under exactly the tokens it holds and only serves prompts that extend them (the next
 turn); the scheduler therefore also stores a prompt-only snapshot of such a request, taken when
-its prompt is processed (``stores_wrapped_windows``; see :mod:`engine_worker.cache_lifecycle`),
+its prompt is processed (``stores_wrapped_windows``; see :mod:`engine_worker.cache.hooks`),
 so the same prompt with another follow-up hits too. Recurrent (``ArraysCache``) state is not
 stored.
 """

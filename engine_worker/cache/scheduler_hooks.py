@@ -1,6 +1,6 @@
 """The prefix-cache steps the scheduler takes around a request, beyond the fetch/store seam.
 
-:class:`engine_worker.cache_lifecycle.CacheLifecycle` calls them on the engine thread; none does
+:class:`engine_worker.cache.hooks.CacheLifecycle` calls them on the engine thread; none does
 disk I/O:
 
 * :func:`store_removed_prefix` keeps what an aborted request had already prefilled:
@@ -32,7 +32,7 @@ import engine_worker.runner.mlx_core  # noqa: F401  (OpenBLAS before mlx-lm load
 
 from mlx_lm.models.cache import can_trim_prompt_cache
 
-from engine_worker.cache_protocol import PrefixCacheBackend
+from engine_worker.cache.protocol import PrefixCacheBackend
 
 logger = logging.getLogger(__name__)
 

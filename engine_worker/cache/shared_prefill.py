@@ -15,7 +15,7 @@ A follower waits at most as long as its leader prefills: an aborted or failed le
 followers at once. Prompts that share less than :data:`MIN_GAIN_TOKENS` with a prefill in
 progress are admitted as before.
 
-Runs on the engine thread (:class:`engine_worker.cache_lifecycle.CacheLifecycle`).
+Runs on the engine thread (:class:`engine_worker.cache.hooks.CacheLifecycle`).
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from typing import Any
 import numpy as np
 
 from engine_worker.cache.index import as_token_array, common_prefix_len
+from engine_worker.cache.protocol import PrefixCacheBackend
 from engine_worker.cache.scheduler_hooks import store_prompt_snapshot
-from engine_worker.cache_protocol import PrefixCacheBackend
 from engine_worker.common.request import Request
 
 # A follower waits for its leader's prefill only to skip at least this many prompt tokens, so

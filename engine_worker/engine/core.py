@@ -32,7 +32,7 @@ from collections import deque
 from collections.abc import Callable, Generator
 from typing import Any
 
-from engine_worker.cache_protocol import PrefixCacheBackend
+from engine_worker.cache.protocol import PrefixCacheBackend
 from engine_worker.common.config import EngineConfig, SchedulerConfig
 from engine_worker.common.errors import DuplicateRequest, EngineClosed, EngineFatalError
 from engine_worker.common.request import Request, RequestOutput, SamplingParams

@@ -12,7 +12,7 @@ from engine_worker.cache import (
     PrefixCacheManager,
     build_prefix_cache,
 )
-from engine_worker.cache_protocol import PrefixCacheBackend
+from engine_worker.cache.protocol import PrefixCacheBackend
 from engine_worker.common.config import SchedulerConfig
 
 

@@ -2,7 +2,7 @@
 reusable, SSD promotions happen in the background while other requests decode, operator view.
 
 The scheduler wires :mod:`engine_worker.cache.scheduler_hooks` in through
-:mod:`engine_worker.cache_lifecycle`.
+:mod:`engine_worker.cache.hooks`.
 """
 
 from __future__ import annotations

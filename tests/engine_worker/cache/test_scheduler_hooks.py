@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from engine_worker.cache import MemoryAwarePrefixCache, MemoryCacheConfig
+from engine_worker.cache.protocol import NoPrefixCache
 from engine_worker.cache.scheduler_hooks import SSDWaitPolicy, store_removed_prefix
-from engine_worker.cache_protocol import NoPrefixCache
+from engine_worker.cache.seam import default_backend
 from engine_worker.common.config import SchedulerConfig
-from engine_worker.prefix_seam import default_backend
 
 
 def test_a_long_prompt_aborted_halfway_leaves_its_processed_prefix_reusable(tiny_model, prompts, greedy):

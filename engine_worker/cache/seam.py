@@ -1,4 +1,4 @@
-"""The scheduler's side of the prefix-cache seam (see :mod:`engine_worker.cache_protocol`).
+"""The scheduler's side of the prefix-cache seam (see :mod:`engine_worker.cache.protocol`).
 
 A back end that pins what it serves (the paged cache's blocks) may offer
 ``fetch_for(request_id, tokens)`` and ``release(request_id)``: the seam then fetches on behalf of
@@ -19,7 +19,7 @@ import engine_worker.runner.mlx_core  # noqa: F401  (OpenBLAS before mlx-lm load
 
 from mlx_lm.models.cache import can_trim_prompt_cache, trim_prompt_cache
 
-from engine_worker.cache_protocol import NoPrefixCache, PrefixCacheBackend
+from engine_worker.cache.protocol import NoPrefixCache, PrefixCacheBackend
 from engine_worker.common.config import SchedulerConfig
 from engine_worker.common.request import Request
 
@@ -31,7 +31,7 @@ def default_backend(model: Any, config: SchedulerConfig, max_bytes: int | None =
     the worker's memory budget it gets); :class:`NoPrefixCache` when off."""
     if not config.enable_prefix_cache:
         return NoPrefixCache()
-    from engine_worker.cache import build_prefix_cache  # the cache tiers load only when asked for
+    from engine_worker.cache.factory import build_prefix_cache
 
     return build_prefix_cache(model, config, max_bytes) or NoPrefixCache()
 

@@ -31,8 +31,8 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+from engine_worker.cache.seam import PrefixSeam
 from engine_worker.common.request import Request
-from engine_worker.prefix_seam import PrefixSeam
 
 logger = logging.getLogger(__name__)
 
