@@ -15,10 +15,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-import engine_worker.runner.mlx_core  # noqa: F401  (OpenBLAS before mlx-lm loads mlx)
-
-from mlx_lm.models.cache import can_trim_prompt_cache, trim_prompt_cache
-
+from engine_worker.cache import kv
 from engine_worker.cache.protocol import NoPrefixCache, PrefixCacheBackend
 from engine_worker.common.config import SchedulerConfig
 from engine_worker.common.request import Request
@@ -152,6 +149,6 @@ def _reopen_exact_hit(cache: list[Any], tokens: list[int]) -> tuple[list[Any] | 
     """An exact hit covers the whole prompt, but the generator needs at least one token to
     compute the next token's logits from: trim one token off the cache and feed it again, or,
     when the cache cannot be trimmed (rotating/recurrent), drop the hit."""
-    if can_trim_prompt_cache(cache) and trim_prompt_cache(cache, 1) == 1:
+    if kv.trimmable(cache) and kv.trim(cache, 1) == 1:
         return cache, tokens[-1:]
     return None, list(tokens)

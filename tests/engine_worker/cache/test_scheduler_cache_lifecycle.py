@@ -1,7 +1,7 @@
 """Cache behaviour that needs the Scheduler's cooperation: aborted and mid-prefill prefixes stay
 reusable, SSD promotions happen in the background while other requests decode, operator view.
 
-The scheduler wires :mod:`engine_worker.cache.scheduler_hooks` in through
+The scheduler wires :mod:`engine_worker.cache.hooks` in through
 :mod:`engine_worker.cache.hooks`.
 """
 
