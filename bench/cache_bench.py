@@ -30,7 +30,7 @@ from common import dump_json_line, ensure_default_model, environment, load_model
 from engine_worker.cache import build_prefix_cache  # noqa: E402
 from engine_worker.common.config import SchedulerConfig  # noqa: E402
 from engine_worker.common.request import Request, SamplingParams  # noqa: E402
-from engine_worker.scheduler import Scheduler  # noqa: E402
+from engine_worker.sched.scheduler import Scheduler  # noqa: E402
 
 
 def token_stream(tokenizer, n: int, offset: int = 0) -> list[int]:

@@ -110,7 +110,7 @@ class EngineConfig:
     step_interval: float = 0.001
     stream_interval: int = 1
     # The worker's memory budget: this share of the device's memory bounds everything the
-    # engine holds (engine_worker.memory_budget).
+    # engine holds (engine_worker.sched.memory).
     gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION
 
     def __post_init__(self) -> None:

@@ -40,10 +40,10 @@ from engine_worker.engine.async_api import AsyncRequestAPI
 from engine_worker.engine.collectors import AsyncCollector, SyncWaiter
 from engine_worker.engine.heap import freeze_startup_heap
 from engine_worker.engine.ownership import acquire_model, release_model
-from engine_worker.memory_budget import MemoryBudget
 from engine_worker.runner import device_memory
 from engine_worker.runner.generator import release_thread_streams
-from engine_worker.scheduler import Scheduler, SchedulerOutput
+from engine_worker.sched.memory import MemoryBudget
+from engine_worker.sched.scheduler import Scheduler, SchedulerOutput
 
 logger = logging.getLogger(__name__)
 
@@ -83,7 +83,7 @@ class EngineCore(AsyncRequestAPI):
         self.config = config or EngineConfig()
         self._engine_id = engine_id or str(uuid.uuid4())
         scheduler_config = self.config.scheduler_config or SchedulerConfig()
-        #: Everything this engine holds on the device stays within it (engine_worker.memory_budget).
+        #: Everything this engine holds on the device stays within it (engine_worker.sched.memory).
         self.memory_budget = MemoryBudget.for_model(model, scheduler_config, self.config.gpu_memory_utilization)
         acquire_model(model, self, force_model_ownership)
         self.scheduler = Scheduler(model, tokenizer, scheduler_config, prefix_cache=prefix_cache,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine_worker.admission_pacer import AdmissionPacer
+from engine_worker.sched.pacer import AdmissionPacer
 
 
 def _pacer(admit_ms: float, decode_ms: float) -> AdmissionPacer:

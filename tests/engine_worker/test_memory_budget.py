@@ -8,8 +8,8 @@ import pytest
 from engine_worker.common.config import EngineConfig, SchedulerConfig
 from engine_worker.common.request import SamplingParams
 from engine_worker.engine_core import EngineCore
-from engine_worker.memory_budget import MemoryBudget, ModelDims, weights_bytes
 from engine_worker.runner import device_memory
+from engine_worker.sched.memory import MemoryBudget, ModelDims, weights_bytes
 
 GB = 1 << 30
 
@@ -121,7 +121,7 @@ def test_stats_and_heartbeat_show_the_budget_and_its_parts(tiny_model):
 
 
 def test_kv_bytes_show_while_requests_run(tiny_model):
-    from engine_worker.scheduler import Scheduler
+    from engine_worker.sched.scheduler import Scheduler
 
     model, tokenizer = tiny_model
     scheduler = Scheduler(model, tokenizer, SchedulerConfig(enable_prefix_cache=False))

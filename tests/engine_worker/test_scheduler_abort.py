@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from engine_worker.common.config import SchedulerConfig
 from engine_worker.common.request import Request, RequestStatus
-from engine_worker.scheduler import Scheduler
+from engine_worker.sched.scheduler import Scheduler
 from tests.engine_worker.engine_helpers import final, greedy, prompt_ids, run_scheduler, solo_tokens
 
 

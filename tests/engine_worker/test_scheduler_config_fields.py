@@ -6,7 +6,7 @@ import logging
 
 from engine_worker.common.config import SchedulerConfig, SchedulingPolicy
 from engine_worker.common.request import Request
-from engine_worker.scheduler import Scheduler
+from engine_worker.sched.scheduler import Scheduler
 from tests.engine_worker.engine_helpers import final, greedy, prompt_ids, run_scheduler, solo_tokens
 
 
@@ -157,7 +157,7 @@ def test_prefix_cache_backend_is_asked_at_admission_and_its_hit_is_reused_exactl
 
 def test_enable_mtp_without_an_mtp_head_is_reported_in_a_warning_and_in_stats(tiny_model, caplog):
     model, tokenizer = tiny_model
-    with caplog.at_level(logging.WARNING, logger="engine_worker.stats"):
+    with caplog.at_level(logging.WARNING, logger="engine_worker.sched.stats"):
         scheduler = Scheduler(model, tokenizer, SchedulerConfig(enable_mtp=True))
     assert "no MTP head" in caplog.text
     mtp = scheduler.get_stats()["mtp"]

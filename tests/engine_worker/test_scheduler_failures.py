@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from engine_worker.admission import RequestValidator
 from engine_worker.common.errors import DuplicateRequest, PromptTooLong, RequestError, UnsupportedInput
 from engine_worker.common.request import Request, RequestStatus
-from engine_worker.scheduler import Scheduler
+from engine_worker.sched.admission import RequestValidator
+from engine_worker.sched.scheduler import Scheduler
 from tests.engine_worker.engine_helpers import final, greedy, prompt_ids, run_scheduler, solo_tokens
 
 

@@ -7,8 +7,8 @@ from dataclasses import replace
 
 from engine_worker.common.config import SchedulerConfig
 from engine_worker.common.request import Request, RequestStatus
-from engine_worker.memory_budget import KV_STEP, BatchShape, MemoryBudget, ModelDims, round_up
-from engine_worker.scheduler import Scheduler
+from engine_worker.sched.memory import KV_STEP, BatchShape, MemoryBudget, ModelDims, round_up
+from engine_worker.sched.scheduler import Scheduler
 from tests.engine_worker.engine_helpers import final, greedy, prompt_ids, run_scheduler, solo_tokens
 from tests.engine_worker.fake_runner import ScriptedRunner
 from tests.engine_worker.test_scheduler_fake_runner import Tok, sp

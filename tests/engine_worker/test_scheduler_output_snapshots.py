@@ -7,7 +7,7 @@ import tracemalloc
 
 from engine_worker.common.config import SchedulerConfig
 from engine_worker.common.request import Request, RequestOutput, SamplingParams
-from engine_worker.scheduler import Scheduler
+from engine_worker.sched.scheduler import Scheduler
 from tests.engine_worker.engine_helpers import run_scheduler
 from tests.engine_worker.fake_runner import ScriptedRunner
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from engine_worker.common.config import SchedulerConfig, SchedulingPolicy
 from engine_worker.common.request import Request
-from engine_worker.scheduler import Scheduler
+from engine_worker.sched.scheduler import Scheduler
 from tests.engine_worker.engine_helpers import final, greedy, prompt_ids, run_scheduler, solo_tokens
 
 LONG = 40

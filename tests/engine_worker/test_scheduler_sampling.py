@@ -6,7 +6,7 @@ import pytest
 
 from engine_worker.common.request import Request, SamplingParams
 from engine_worker.runner.sampling import SamplingFactory
-from engine_worker.scheduler import Scheduler
+from engine_worker.sched.scheduler import Scheduler
 from tests.engine_worker.engine_helpers import final, greedy, prompt_ids, run_scheduler, solo_tokens
 
 N = 24

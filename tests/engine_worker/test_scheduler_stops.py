@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from engine_worker.common.request import Request, SamplingParams
-from engine_worker.scheduler import Scheduler
+from engine_worker.sched.scheduler import Scheduler
 from tests.engine_worker.engine_helpers import final, force_tokens, greedy, prompt_ids, run_scheduler
 
 EOS = 2

@@ -5,8 +5,8 @@ from __future__ import annotations
 from engine_worker.common.config import SchedulerConfig
 from engine_worker.common.request import Request
 from engine_worker.runner import device_memory
-from engine_worker.scheduler import Scheduler
-from engine_worker.stats import running_row
+from engine_worker.sched.scheduler import Scheduler
+from engine_worker.sched.stats import running_row
 from tests.engine_worker.engine_helpers import greedy, prompt_ids
 
 SEED_ROW_FIELDS = [

@@ -9,7 +9,7 @@ import pytest
 from engine_worker.common.config import SchedulerConfig, SchedulingPolicy
 from engine_worker.common.request import Request
 from engine_worker.runner.urgent_lane import MAX_STEPS_ALONE, in_lane
-from engine_worker.scheduler import Scheduler
+from engine_worker.sched.scheduler import Scheduler
 from tests.engine_worker.engine_helpers import final, greedy, prompt_ids, run_scheduler, solo_tokens
 
 ARRIVAL = 6  # both low requests decode by then

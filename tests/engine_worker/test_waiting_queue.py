@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from engine_worker.common.config import SchedulingPolicy
 from engine_worker.common.request import Request
-from engine_worker.waiting_queue import WaitingQueue
+from engine_worker.sched.waiting_queue import WaitingQueue
 
 
 def _req(rid: str, *, priority: int = 0, arrival: float = 0.0) -> Request:

@@ -11,7 +11,7 @@ import threading
 
 from engine_worker.common.config import SchedulerConfig
 from engine_worker.common.request import Request
-from engine_worker.scheduler import Scheduler
+from engine_worker.sched.scheduler import Scheduler
 from tests.engine_worker.engine_helpers import final, greedy, run_scheduler, solo_tokens
 
 

@@ -1,6 +1,6 @@
 """How a request leaves the scheduler's batch: it finishes, fails or is aborted.
 
-A mixin of :class:`engine_worker.scheduler.Scheduler`, kept apart so the step function's file stays
+A mixin of :class:`engine_worker.sched.scheduler.Scheduler`, kept apart so the step function's file stays
 readable; it works on the scheduler's own state, named below. Every way out releases the same
 things, once: the request's generator uid and bookkeeping, its text stream, the prefix-cache pins
 it was served from (after its own cache is stored), and its cache-lifecycle tracking.
@@ -16,8 +16,8 @@ from engine_worker.cache.seam import PrefixSeam
 from engine_worker.common.request import Request, RequestOutput, RequestStatus, step_output
 from engine_worker.runner.generator import BatchRunner
 from engine_worker.runner.text_stream import TextStream
-from engine_worker.stats import SchedulerCounters
-from engine_worker.waiting_queue import WaitingQueue
+from engine_worker.sched.stats import SchedulerCounters
+from engine_worker.sched.waiting_queue import WaitingQueue
 
 logger = logging.getLogger(__name__)
 

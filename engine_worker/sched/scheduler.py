@@ -3,15 +3,15 @@
 A state machine with no I/O. ``step()`` is the one step function: apply queued outputs, admit
 waiting requests within the budgets (``max_num_seqs``/generator capacity, the generator's free
 prefill slots, ``max_num_batched_tokens``, the worker's memory budget, policy order; none while
-first tokens are due and holding pays, see :mod:`engine_worker.admission_pacer`; under the
+first tokens are due and holding pays, see :mod:`engine_worker.sched.pacer`; under the
 priority policy a full batch gives way to more urgent requests), fit the batch
-to the memory budget (preempting if it must, see :mod:`engine_worker.memory_guard`), run one
+to the memory budget (preempting if it must, see :mod:`engine_worker.sched.memory_guard`), run one
 generator step, turn its responses into :class:`RequestOutput`s. A step that runs out of device
 memory is survived: the batch waits again and runs at most half as large.
 
 This file holds admission and the step; the class's other parts are mixins, one file each: how a
-request leaves the batch (:mod:`engine_worker.scheduler_exits`), the memory budget and preemption
-(:mod:`engine_worker.scheduler_memory`), stats, caches and resets (:mod:`engine_worker.scheduler_ops`).
+request leaves the batch (:mod:`engine_worker.sched.exits`), the memory budget and preemption
+(:mod:`engine_worker.sched.preemption`), stats, caches and resets (:mod:`engine_worker.sched.ops`).
 
 Not thread-safe: one thread calls every method (``EngineCore`` runs it on its engine thread and
 hands other threads' requests and aborts over through queues).
@@ -25,16 +25,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine_worker.admission import RequestValidator
-from engine_worker.admission_pacer import AdmissionPacer
 from engine_worker.cache.hooks import CacheLifecycle
 from engine_worker.cache.protocol import PrefixCacheBackend
 from engine_worker.cache.seam import PrefixSeam, default_backend
 from engine_worker.common.config import DEFAULT_GPU_MEMORY_UTILIZATION, SchedulerConfig, SchedulingPolicy
 from engine_worker.common.errors import DuplicateRequest, RequestError
 from engine_worker.common.request import Request, RequestOutput, RequestStatus, step_output
-from engine_worker.memory_budget import MemoryBudget
-from engine_worker.memory_guard import MemoryGuard
 from engine_worker.runner import device_memory
 from engine_worker.runner.detokenizer import detokenizer_factory
 from engine_worker.runner.generator import BatchRunner
@@ -43,11 +39,15 @@ from engine_worker.runner.logprobs import token_logprobs
 from engine_worker.runner.sampling import SamplingFactory, eos_token_ids
 from engine_worker.runner.text_stream import TextStream
 from engine_worker.runner.urgent_lane import LanedRunner, in_lane
-from engine_worker.scheduler_exits import BatchExits
-from engine_worker.scheduler_memory import BatchMemory, sequence_tokens
-from engine_worker.scheduler_ops import SchedulerOps
-from engine_worker.stats import SchedulerCounters, mtp_status
-from engine_worker.waiting_queue import WaitingQueue
+from engine_worker.sched.admission import RequestValidator
+from engine_worker.sched.exits import BatchExits
+from engine_worker.sched.memory import MemoryBudget
+from engine_worker.sched.memory_guard import MemoryGuard
+from engine_worker.sched.ops import SchedulerOps
+from engine_worker.sched.pacer import AdmissionPacer
+from engine_worker.sched.preemption import BatchMemory, sequence_tokens
+from engine_worker.sched.stats import SchedulerCounters, mtp_status
+from engine_worker.sched.waiting_queue import WaitingQueue
 
 logger = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ class Scheduler(BatchExits, BatchMemory, SchedulerOps):
     ``prefix_cache`` plugs a cache back end in (see :mod:`engine_worker.cache.protocol`); by
     default the one the config's cache fields ask for is built (none when
     ``enable_prefix_cache`` is False). ``runner_factory`` replaces the mlx generator (tests with
-    scripted tokens). ``memory_budget`` is the worker's (:mod:`engine_worker.memory_budget`); by
+    scripted tokens). ``memory_budget`` is the worker's (:mod:`engine_worker.sched.memory`); by
     default ``gpu_memory_utilization``'s default share of the device. The scheduler keeps its
     batch and prefix cache within it; mlx's allocator limits are the engine's to set.
     """
@@ -189,7 +189,7 @@ class Scheduler(BatchExits, BatchMemory, SchedulerOps):
     def _admits_this_step(self) -> bool:
         """Whether this step hands the generator new prompts: not when it returns first tokens
         and holding admission for one decode step gains them more than it costs the queue
-        (:mod:`engine_worker.admission_pacer`)."""
+        (:mod:`engine_worker.sched.pacer`)."""
         if not self.running:
             return True
         return not self._pacer.hold(due=self._first_tokens_due, waiting=len(self.waiting))

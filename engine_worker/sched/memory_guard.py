@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from engine_worker.memory_budget import KV_STEP, BatchShape, MemoryBudget, round_up
+from engine_worker.sched.memory import KV_STEP, BatchShape, MemoryBudget, round_up
 
 
 class BatchPlan:

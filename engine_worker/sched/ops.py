@@ -1,6 +1,6 @@
 """The scheduler's operator side (seed API): stats, the prefix cache's management, resets.
 
-A mixin of :class:`engine_worker.scheduler.Scheduler`, kept apart so the step function's file stays
+A mixin of :class:`engine_worker.sched.scheduler.Scheduler`, kept apart so the step function's file stays
 readable; it works on the scheduler's own state, named below. Like the rest of the scheduler it is
 not thread-safe: ``EngineCore`` calls these between steps, under its step lock.
 """
@@ -18,8 +18,8 @@ from engine_worker.common.request import Request, RequestOutput
 from engine_worker.runner import device_memory
 from engine_worker.runner.generator import BatchRunner
 from engine_worker.runner.text_stream import TextStream
-from engine_worker.stats import SchedulerCounters, request_rows
-from engine_worker.waiting_queue import WaitingQueue
+from engine_worker.sched.stats import SchedulerCounters, request_rows
+from engine_worker.sched.waiting_queue import WaitingQueue
 
 
 class SchedulerOps:

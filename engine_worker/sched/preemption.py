@@ -1,7 +1,7 @@
 """The scheduler's memory side: keeping the batch within the worker's budget, preempting, and
-surviving a step that ran out of device memory (the decisions are :mod:`engine_worker.memory_guard`'s).
+surviving a step that ran out of device memory (the decisions are :mod:`engine_worker.sched.memory_guard`'s).
 
-A mixin of :class:`engine_worker.scheduler.Scheduler`, kept apart so the step function's file
+A mixin of :class:`engine_worker.sched.scheduler.Scheduler`, kept apart so the step function's file
 stays readable; it works on the scheduler's own state, named below.
 """
 
@@ -15,11 +15,11 @@ from engine_worker.cache.seam import PrefixSeam
 from engine_worker.common.config import SchedulerConfig, SchedulingPolicy
 from engine_worker.common.errors import ExceedsMemoryBudget
 from engine_worker.common.request import Request, RequestStatus
-from engine_worker.memory_budget import MemoryBudget
-from engine_worker.memory_guard import BatchPlan, MemoryGuard
 from engine_worker.runner import device_memory
-from engine_worker.stats import SchedulerCounters
-from engine_worker.waiting_queue import WaitingQueue
+from engine_worker.sched.memory import MemoryBudget
+from engine_worker.sched.memory_guard import BatchPlan, MemoryGuard
+from engine_worker.sched.stats import SchedulerCounters
+from engine_worker.sched.waiting_queue import WaitingQueue
 
 logger = logging.getLogger(__name__)
 
@@ -39,7 +39,7 @@ class BatchMemory:
     _live_by_uid: dict[int, Any]
     request_id_to_uid: dict[str, int]
 
-    if TYPE_CHECKING:  # provided by engine_worker.scheduler_exits.BatchExits
+    if TYPE_CHECKING:  # provided by engine_worker.sched.exits.BatchExits
         def _remove_from_batch(self, request: Request, *, stop_string: bool = False) -> None: ...
         def _fail(self, request: Request, message: str) -> None: ...
         def _unmap(self, rid: str) -> None: ...
