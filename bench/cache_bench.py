@@ -35,7 +35,7 @@ from engine_worker.sched.scheduler import Scheduler  # noqa: E402
 
 def token_stream(tokenizer, n: int, offset: int = 0) -> list[int]:
     """``n`` tokens of the repository's corpus starting near character ``offset``."""
-    from engine_worker.model.builder import CORPUS_PATH
+    from demo_model.builder import CORPUS_PATH
 
     text = CORPUS_PATH.read_text(encoding="utf-8")[offset : offset + 40 * n]
     out: list[int] = []

@@ -29,7 +29,7 @@ def ensure_default_model(path: str | Path | None) -> Path:
     """Return ``path``; with no path, build (once) and return the tiny test model."""
     if path:
         return Path(path)
-    from engine_worker.model.builder import ensure_model
+    from demo_model.builder import ensure_model
 
     return ensure_model(DEFAULT_MODEL)
 
@@ -68,7 +68,7 @@ def make_prompts(tokenizer, n: int, lo: int = 16, hi: int = 128) -> list[list[in
     Each prompt is BOS (when the tokenizer has one) followed by a slice of the tokenized corpus;
     the same tokenizer always gives the same prompts.
     """
-    from engine_worker.model.builder import CORPUS_PATH
+    from demo_model.builder import CORPUS_PATH
 
     text = CORPUS_PATH.read_text(encoding="utf-8")[:400_000]
     # encode line by line: one long encode() makes transformers warn about model_max_length

@@ -75,7 +75,7 @@ from engine_worker.runner.loader import load_model  # noqa: E402  (the worker's 
 
 def candidate_prompts(tokenizer, n: int) -> list[str]:
     """A deterministic pool of text prompts (lines of the shipped corpus, 20-80 words)."""
-    from engine_worker.model.builder import CORPUS_PATH
+    from demo_model.builder import CORPUS_PATH
 
     words = CORPUS_PATH.read_text(encoding="utf-8")[:300_000].split()
     out = []

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
+from demo_model import DEMO_MODEL_DIR
 from engine_worker.common.errors import EngineClosed
 from engine_worker.common.request import Request, SamplingParams
 from engine_worker.engine_core import EngineCore
-from engine_worker.model import DEMO_MODEL_DIR
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -42,7 +42,7 @@ def test_the_readme_engine_example_runs_as_written_and_exits_0_ten_times(tiny_mo
     code = readme_engine_example()
     if not (DEMO_MODEL_DIR / "model.safetensors").exists():
         # A checkout without the trained weights: the same example on the test model.
-        code = code.replace('"engine_worker/model/demo"', repr(str(tiny_model_path)))
+        code = code.replace('"demo_model/demo"', repr(str(tiny_model_path)))
     for attempt in range(10):
         result = _run(code)
         assert result.returncode == 0, (attempt, result.returncode, result.stderr[-3000:])

@@ -29,7 +29,7 @@ SYSTEM = "You are a helpful assistant. Answer briefly and precisely, in plain wo
 @pytest.fixture(scope="session")
 def other_model_path() -> Path:
     """The test model's shape with other weights (seed 1): the same prompt, another answer."""
-    from engine_worker.model.builder import ModelSpec, ensure_model
+    from demo_model.builder import ModelSpec, ensure_model
 
     return ensure_model(OTHER_MODEL_DIR, ModelSpec(seed=1))
 

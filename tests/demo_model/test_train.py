@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 from mlx.utils import tree_flatten
 
-from engine_worker.model.builder import ModelSpec
-from engine_worker.model.train import DEMO_SPEC, TrainConfig, Trainer, _batch, learning_rate, train
+from demo_model.builder import ModelSpec
+from demo_model.train import DEMO_SPEC, TrainConfig, Trainer, _batch, learning_rate, train
 from engine_worker.runner.loader import load_model
 
 TOY = ModelSpec(hidden=32, layers=1, heads=1, kv_heads=1, intermediate=64, vocab=3000, context=256, dtype="float16")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections import Counter
 
-from engine_worker.model import code_data
-from engine_worker.model.builder import train_tokenizer
+from demo_model import code_data
+from demo_model.builder import train_tokenizer
 
 
 def test_a_modules_split_depends_on_its_path_alone_and_holds_some_out():

@@ -9,7 +9,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from engine_worker.model.evaluate import greedy_ids, heldout_loss, sample_checks, token_spans
+from demo_model.evaluate import greedy_ids, heldout_loss, sample_checks, token_spans
 
 
 @pytest.fixture(scope="module")

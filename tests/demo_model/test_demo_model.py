@@ -1,4 +1,4 @@
-"""The shipped demo model (engine_worker/model/demo) meets its goals on Python it never saw.
+"""The shipped demo model (demo_model/demo) meets its goals on Python it never saw.
 
 The held-out modules are this machine's standard library's test split (code_data.split_of): the
 GPU host that trained the weights left the same modules out, whatever its Python version.
@@ -10,13 +10,13 @@ import json
 
 import pytest
 
-from engine_worker.model import DEMO_MODEL_DIR
-from engine_worker.model.evaluate import MAX_HELDOUT_LOSS, evaluate
+from demo_model import DEMO_MODEL_DIR
+from demo_model.evaluate import MAX_HELDOUT_LOSS, evaluate
 
 pytestmark = [
     pytest.mark.skipif(not (DEMO_MODEL_DIR / "model.safetensors").exists(),
-                       reason="no trained weights in engine_worker/model/demo yet: train them with "
-                              "python -m engine_worker.model.train (README, The models)"),
+                       reason="no trained weights in demo_model/demo yet: train them with "
+                              "python -m demo_model.train (README, The models)"),
     pytest.mark.timeout(600),
 ]
 

@@ -1,12 +1,12 @@
 """How well a model folder writes Python it has never seen: the demo model's goals, measured.
 
 * **Held-out loss**: mean next-token cross-entropy (nats) over the test split of
-  :mod:`engine_worker.model.code_data` (modules no training run uses), goal at most 3.0.
+  :mod:`demo_model.code_data` (modules no training run uses), goal at most 3.0.
 * **Greedy continuations** of code prompts, 64 new tokens each (special tokens banned, so every
   sample has 64), each of which must hold at least 3 distinct identifiers (not keywords), give no
   single identifier more than 30% of its tokens, and hold no U+FFFD or control character.
 
-    python -m engine_worker.model.evaluate MODEL_DIR [--json OUT.json] [--max-tokens N]
+    python -m demo_model.evaluate MODEL_DIR [--json OUT.json] [--max-tokens N]
 
 exits 1 when a goal is missed. The model is loaded by the service's own loader.
 """
@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from engine_worker.model import code_data
+from demo_model import code_data
 
 logger = logging.getLogger(__name__)
 

@@ -3,9 +3,9 @@
 The tokenizer is trained on ``corpus.txt`` (shipped in the repository) so token ids are identical
 on every machine; the weights are random but deterministic for a given seed (the fast test model).
 The result is a Hugging Face style folder that ``mlx_lm.load`` loads through its real path.
-:mod:`engine_worker.model.train` trains a model of this kind into the shipped demo model.
+:mod:`demo_model.train` trains a model of this kind into the shipped demo model.
 
-    python -m engine_worker.model.builder OUT_DIR [--hidden 256 --layers 4 ...]
+    python -m demo_model.builder OUT_DIR [--hidden 256 --layers 4 ...]
 """
 
 from __future__ import annotations

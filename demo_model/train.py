@@ -1,11 +1,11 @@
 """Train the demo code model with mlx, within a time budget, into an mlx-lm model folder.
 
-    python -m engine_worker.model.train OUT [--time-budget-s 300] [--site-packages-mb 0] ...
+    python -m demo_model.train OUT [--time-budget-s 300] [--site-packages-mb 0] ...
 
 The tokenizer is the test model's (byte-level BPE trained on the shipped ``corpus.txt``, so ids
 are the same everywhere); the text is the corpus plus this Python's standard library (and, with
 ``--site-packages-mb``, some of its third-party packages), split by module path
-(:mod:`engine_worker.model.code_data`): the model never trains on a val or test module.
+(:mod:`demo_model.code_data`): the model never trains on a val or test module.
 
 Next-token cross-entropy on random windows of the training stream, AdamW (no decay on norms),
 linear warm-up then cosine decay over the *time* budget, so the schedule ends when time does. The
@@ -13,7 +13,7 @@ step is compiled (``mx.compile``). Every ``--eval-every-s`` the val loss is meas
 the best so far, the weights are written to ``OUT/model.safetensors`` (fp16, atomically): OUT is a
 loadable model folder from the first checkpoint on, so a run killed at a time limit leaves the best
 weights so far. The budget covers the whole run, including the final evaluation on the test split
-(:mod:`engine_worker.model.evaluate`), which writes ``OUT/eval.json``. ``--init-from DIR``
+(:mod:`demo_model.evaluate`), which writes ``OUT/eval.json``. ``--init-from DIR``
 continues from the weights of an earlier run's folder (a new schedule and optimizer state), so a
 longer training can be run as several time-limited ones.
 """
@@ -41,8 +41,8 @@ from mlx.utils import tree_flatten, tree_unflatten
 from mlx_lm.models import llama
 from mlx_lm.utils import quantize_model
 
-from engine_worker.model import code_data
-from engine_worker.model.builder import ModelSpec, model_config, save_tokenizer, train_tokenizer
+from demo_model import code_data
+from demo_model.builder import ModelSpec, model_config, save_tokenizer, train_tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -190,7 +190,7 @@ class Trainer:
              f"Python {sys.version.split()[0]}")
 
     def val_loss(self) -> float:
-        from engine_worker.model.evaluate import heldout_loss
+        from demo_model.evaluate import heldout_loss
 
         return heldout_loss(self.model, self.val_stream, seq=self.cfg.seq, batch=max(self.cfg.batch // 4, 1))
 
@@ -286,7 +286,7 @@ def _say(message: str) -> None:
 def train(out: str | Path, spec: ModelSpec = DEMO_SPEC, cfg: TrainConfig = TrainConfig(),
           evaluate_after: bool = True) -> dict[str, Any]:
     """Train into ``out`` and return the run's summary (also written to ``OUT/eval.json``)."""
-    from engine_worker.model import evaluate
+    from demo_model import evaluate
 
     trainer = Trainer(Path(out), spec, cfg)
     trainer.prepare()
