@@ -11,7 +11,7 @@ from engine_worker.sched.memory import KV_STEP, BatchShape, MemoryBudget, ModelD
 from engine_worker.sched.scheduler import Scheduler
 from tests.engine_worker.engine_helpers import final, greedy, prompt_ids, run_scheduler, solo_tokens
 from tests.engine_worker.fake_runner import ScriptedRunner
-from tests.engine_worker.test_scheduler_fake_runner import Tok, sp
+from tests.engine_worker.sched.test_scheduler_fake_runner import Tok, sp
 
 # A model whose token takes 2 bytes of KV (keys and values) and nothing else.
 BYTE_DIMS = ModelDims(kv_layers=1, kv_heads=1, head_dim=1, heads=0, hidden=0, intermediate=0, vocab=0,
@@ -178,7 +178,7 @@ def test_a_budgeted_batch_never_holds_more_than_its_budget(tiny_model):
     import mlx.core as mx
 
     from engine_worker.runner import device_memory
-    from tests.engine_worker.test_memory_budget import make_prompts
+    from tests.engine_worker.sched.test_memory_budget import make_prompts
 
     model, tokenizer = tiny_model
     config = SchedulerConfig(completion_batch_size=32, enable_prefix_cache=True)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from engine_worker.runner.blas import unsupported_reason
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 AVX2_EPYC = {"sse4_2", "avx", "avx2", "fma", "f16c", "bmi2"}
 AVX512_XEON = AVX2_EPYC | {"avx512f", "avx512bw", "avx512vl", "avx512dq"}

@@ -21,7 +21,7 @@ from engine_worker.common.errors import EngineClosed
 from engine_worker.common.request import Request, SamplingParams
 from engine_worker.engine_core import EngineCore
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 pytestmark = pytest.mark.timeout(600)
 
