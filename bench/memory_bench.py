@@ -49,9 +49,8 @@ from common import dump_json_line, ensure_default_model, environment, make_promp
 from engine_worker.common.config import EngineConfig, SchedulerConfig  # noqa: E402
 from engine_worker.common.request import SamplingParams  # noqa: E402
 from engine_worker.engine_core import EngineCore  # noqa: E402
-from engine_worker.runner.device_memory import device_memory_bytes  # noqa: E402
+from engine_worker.runner.device_memory import device_memory_bytes, weights_bytes  # noqa: E402
 from engine_worker.runner.loader import load_model  # noqa: E402
-from engine_worker.sched.memory import weights_bytes  # noqa: E402
 
 MIB = 1 << 20
 PREFILL_BATCH = 8

@@ -1,5 +1,6 @@
 """Accelerator memory: figures in bytes labelled with the device they describe, the allocator's
-limits, and how an allocation failure is recognised.
+limits, how an allocation failure is recognised, and the sizes of a model that its memory use
+follows (what :mod:`engine_worker.sched.memory` budgets with).
 
 Nothing here assumes Metal: the figures come from ``mx.get_active_memory()`` and friends, which
 work on the CPU, CUDA and Metal builds alike.
@@ -9,9 +10,13 @@ from __future__ import annotations
 
 import logging
 import os
+from dataclasses import dataclass
 from typing import Any
 
 from engine_worker.runner.mlx_core import mx
+
+from mlx.utils import tree_flatten
+from mlx_lm.models.cache import BatchKVCache, KVCache
 
 logger = logging.getLogger(__name__)
 
@@ -110,3 +115,81 @@ def is_allocation_failure(exc: BaseException) -> bool:
     There the budget's admission is the only protection.
     """
     return type(exc) is RuntimeError or isinstance(exc, MemoryError)
+
+
+# ---- a model's sizes ---------------------------------------------------------------------------
+
+# The generator's batch KV buffer grows by this many tokens per row (mlx-lm's BatchKVCache).
+KV_STEP = BatchKVCache.step
+
+
+@dataclass(frozen=True)
+class ModelDims:
+    """The sizes of a decoder-only model that its memory use follows."""
+
+    kv_layers: int
+    kv_heads: int
+    head_dim: int
+    heads: int
+    hidden: int
+    intermediate: int
+    vocab: int
+    dtype_bytes: int
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return 2 * self.kv_layers * self.kv_heads * self.head_dim * self.dtype_bytes
+
+    @property
+    def activation_bytes_per_token(self) -> int:
+        """Intermediates of one token through one layer at their widest (the residual stream,
+        attention in and out, the MLP's gate, up and product)."""
+        return self.dtype_bytes * (4 * self.hidden + 3 * self.intermediate)
+
+    @classmethod
+    def of(cls, model: Any) -> ModelDims | None:
+        """Read from an mlx-lm model's ``args``; None for a model whose sizes are not there."""
+        args = getattr(model, "args", None)
+        try:
+            layers = int(args.num_hidden_layers)
+            heads = int(args.num_attention_heads)
+            hidden = int(args.hidden_size)
+            kv_heads = int(getattr(args, "num_key_value_heads", None) or heads)
+            head_dim = int(getattr(args, "head_dim", None) or hidden // heads)
+            dims = cls(
+                kv_layers=_attention_layers(model, layers), kv_heads=kv_heads, head_dim=head_dim,
+                heads=heads, hidden=hidden, intermediate=int(args.intermediate_size),
+                vocab=int(args.vocab_size), dtype_bytes=_compute_dtype_bytes(model),
+            )
+        except (AttributeError, TypeError, ValueError):
+            return None
+        return dims
+
+
+def _attention_layers(model: Any, layers: int) -> int:
+    """Layers whose cache grows with the sequence (recurrent layers keep a fixed-size state)."""
+    make_cache = getattr(model, "make_cache", None)
+    if make_cache is None:
+        return layers
+    return sum(1 for c in make_cache() if isinstance(c, KVCache))
+
+
+def _compute_dtype_bytes(model: Any) -> int:
+    """Bytes of the dtype activations and KV are computed in: that of the first floating-point
+    parameter (a quantized model's weights are packed integers; its scales are floating)."""
+    for _, value in tree_flatten(model.parameters()):
+        if isinstance(value, mx.array) and value.dtype in _FLOAT_BYTES:
+            return _FLOAT_BYTES[value.dtype]
+    raise ValueError("the model has no floating-point parameter")
+
+
+_FLOAT_BYTES = {mx.float32: 4, mx.float16: 2, mx.bfloat16: 2}
+
+
+def weights_bytes(model: Any) -> int:
+    """Bytes of the model's mlx parameters; what cannot be measured counts 0 (an object without
+    ``parameters``, or whose parameters are not mlx arrays, such as a test's ``MagicMock``)."""
+    parameters = getattr(model, "parameters", None)
+    if not callable(parameters):
+        return 0
+    return sum(v.nbytes for _, v in tree_flatten(parameters()) if isinstance(v, mx.array))

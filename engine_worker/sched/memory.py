@@ -23,22 +23,39 @@ mlx-lm's ``BatchKVCache`` keeps the batch's keys and values in one buffer per la
 ``BatchKVCache.step`` (256) tokens, and a join, a finish or a growth step copies the whole
 buffer (old and new both live for a moment). :meth:`MemoryBudget.need` therefore counts the
 batch's KV twice, plus one growth step.
+
+Within it, the scheduler's memory decisions (:class:`MemoryGuard`):
+
+* **Admission**: a waiting request joins the batch only if the batch, with it, still fits
+  (:meth:`BatchPlan.admit`), counting the copy mlx-lm makes when the batch changes and one growth
+  step of every row, so that a batch admitted can decode on until its next growth check.
+* **Growth**: before each generator step the batch as it is must fit (:meth:`MemoryGuard.headroom`);
+  when it does not, the scheduler preempts the least urgent requests (they wait again and
+  re-prefill later), as many as :meth:`MemoryGuard.rows_that_fit` says, in one removal.
+* **Prefix cache**: what it may hold is the headroom the batch leaves, up to its own limit.
+* **Allocation failure**: a step that ran out of memory halves the batch the scheduler may run
+  (:meth:`MemoryGuard.allocation_failed`); the cap doubles again after every ``KV_STEP`` clean
+  steps, the interval at which a batch's KV buffer grows, its largest allocation, so a cap that
+  lasted that long has been through it.
+
+The batch's KV is measured, not modelled: the runner reports its KV buffers' bytes, and the
+buffer's length per row follows from them. No I/O; all of it runs on the engine thread.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
-from engine_worker.runner.mlx_core import mx
-
-from mlx.utils import tree_flatten
-from mlx_lm.models.cache import BatchKVCache, KVCache
+from engine_worker.cache.budget import resolve_budget_bytes
+from engine_worker.common.config import SchedulerConfig
+from engine_worker.runner import device_memory
+from engine_worker.runner.device_memory import KV_STEP, ModelDims
 
 logger = logging.getLogger(__name__)
 
-KV_STEP = BatchKVCache.step
 # Copies of the batch's KV alive at once while mlx-lm extends, filters or grows it.
 KV_COPIES = 2
 # Vocabulary-sized float32 rows per decoding sequence: the logits, their log-softmax, and the
@@ -51,77 +68,6 @@ _FALLBACK_CACHE_BYTES = 32 << 20
 # the device and being allocated again. With only one decode step's working memory cached, a GPU
 # engine spends a large part of each prefill step allocating.
 ALLOCATOR_CACHE_SHARE = 16
-
-
-@dataclass(frozen=True)
-class ModelDims:
-    """The sizes of a decoder-only model that its memory use follows."""
-
-    kv_layers: int
-    kv_heads: int
-    head_dim: int
-    heads: int
-    hidden: int
-    intermediate: int
-    vocab: int
-    dtype_bytes: int
-
-    @property
-    def kv_bytes_per_token(self) -> int:
-        return 2 * self.kv_layers * self.kv_heads * self.head_dim * self.dtype_bytes
-
-    @property
-    def activation_bytes_per_token(self) -> int:
-        """Intermediates of one token through one layer at their widest (the residual stream,
-        attention in and out, the MLP's gate, up and product)."""
-        return self.dtype_bytes * (4 * self.hidden + 3 * self.intermediate)
-
-    @classmethod
-    def of(cls, model: Any) -> ModelDims | None:
-        """Read from an mlx-lm model's ``args``; None for a model whose sizes are not there."""
-        args = getattr(model, "args", None)
-        try:
-            layers = int(args.num_hidden_layers)
-            heads = int(args.num_attention_heads)
-            hidden = int(args.hidden_size)
-            kv_heads = int(getattr(args, "num_key_value_heads", None) or heads)
-            head_dim = int(getattr(args, "head_dim", None) or hidden // heads)
-            dims = cls(
-                kv_layers=_attention_layers(model, layers), kv_heads=kv_heads, head_dim=head_dim,
-                heads=heads, hidden=hidden, intermediate=int(args.intermediate_size),
-                vocab=int(args.vocab_size), dtype_bytes=_compute_dtype_bytes(model),
-            )
-        except (AttributeError, TypeError, ValueError):
-            return None
-        return dims
-
-
-def _attention_layers(model: Any, layers: int) -> int:
-    """Layers whose cache grows with the sequence (recurrent layers keep a fixed-size state)."""
-    make_cache = getattr(model, "make_cache", None)
-    if make_cache is None:
-        return layers
-    return sum(1 for c in make_cache() if isinstance(c, KVCache))
-
-
-def _compute_dtype_bytes(model: Any) -> int:
-    """Bytes of the dtype activations and KV are computed in: that of the first floating-point
-    parameter (a quantized model's weights are packed integers; its scales are floating)."""
-    for _, value in tree_flatten(model.parameters()):
-        if value.dtype in _FLOAT_BYTES:
-            return _FLOAT_BYTES[value.dtype]
-    raise ValueError("the model has no floating-point parameter")
-
-
-_FLOAT_BYTES = {mx.float32: 4, mx.float16: 2, mx.bfloat16: 2}
-
-
-def weights_bytes(model: Any) -> int:
-    """Bytes of the model's parameters (0 for an object without ``parameters``)."""
-    parameters = getattr(model, "parameters", None)
-    if parameters is None:
-        return 0
-    return sum(v.nbytes for _, v in tree_flatten(parameters()))
 
 
 class BatchShape(NamedTuple):
@@ -191,25 +137,24 @@ class MemoryBudget:
                 "kv_bytes_per_token": self.dims.kv_bytes_per_token if self.dims else 0}
 
     @classmethod
-    def for_model(cls, model: Any, config: Any, fraction: float, device_bytes: int | None = None) -> MemoryBudget:
+    def for_model(cls, model: object, config: SchedulerConfig, fraction: float,
+                  device_bytes: int | None = None) -> MemoryBudget:
         """The budget of a worker running ``model`` with the scheduler ``config`` (the seed's
         fields ``completion_batch_size``, ``cache_memory_mb``, ``cache_memory_percent``) on
         ``fraction`` of ``device_bytes`` (default: :func:`engine_worker.runner.device_memory.device_memory_bytes`).
+        A model whose sizes or weights cannot be measured is accepted: the budget counts what it
+        can (no KV, weights of 0).
 
         Raises ``ValueError`` when the weights do not fit, or when ``cache_memory_mb`` asks for
         more than the weights and the allocator cache leave.
         """
-        from engine_worker.cache.budget import resolve_budget_bytes
-
         if device_bytes is None:
-            from engine_worker.runner.device_memory import device_memory_bytes
-
-            device_bytes, _source = device_memory_bytes()
+            device_bytes, _source = device_memory.device_memory_bytes()
         total = int(device_bytes * fraction)
         dims = ModelDims.of(model)
         if dims is None:
             logger.warning("the model's sizes are unknown: its KV is not budgeted, only mlx's allocator is bounded")
-        weights = weights_bytes(model)
+        weights = device_memory.weights_bytes(model)
         rows = max(config.completion_batch_size, config.prefill_batch_size)
         allocator = _FALLBACK_CACHE_BYTES
         if dims is not None:
@@ -224,3 +169,102 @@ class MemoryBudget:
                              f"after the weights ({max(0, left) // 2**20} MiB)")
         return cls(total=total, weights=weights, prefix_cache=max(0, min(prefix, left)),
                    allocator_cache=allocator, dims=dims)
+
+
+# ---- the batch within the budget -----------------------------------------------------------------
+
+class BatchPlan:
+    """The batch of this step as admission grows it, starting from what is running."""
+
+    def __init__(self, guard: MemoryGuard, kv_bytes: int, rows: int, longest: int,
+                 prefills: Iterable[tuple[int, int]]) -> None:
+        """``kv_bytes``: what the generator's KV buffers hold now; ``longest``: the longest
+        sequence whose KV is not in ``kv_bytes``; ``prefills``: ``(sequence length, tokens still
+        to prefill)`` of prefilling rows.
+
+        The buffer's length per row is the larger of what the bytes say (a decoding row's KV is
+        allocated: rows are padded to the longest, and a row that joined late is padded on the
+        left by the others' progress) and the longest sequence not allocated yet."""
+        self._guard = guard
+        self.rows = rows
+        self._prefills = list(prefills)
+        longest = max(longest, *(s for s, _ in self._prefills)) if self._prefills else longest
+        bpt = guard.budget.dims.kv_bytes_per_token if guard.budget.dims else 0
+        measured = -(-kv_bytes // (rows * bpt)) if rows and bpt else 0
+        self.kv_tokens = max(measured, round_up(longest + 1)) if rows else 0
+
+    def shape(self, extra: tuple[int, int] | None = None) -> BatchShape:
+        """The batch's shape, with one more row ``extra`` = ``(sequence length, tokens to prefill)``."""
+        prefills = self._prefills if extra is None else [*self._prefills, extra]
+        rows, kv_tokens = self.rows, self.kv_tokens
+        if extra is not None:
+            rows += 1
+            kv_tokens = max(kv_tokens, round_up(extra[0] + 1))
+        guard = self._guard
+        return BatchShape(
+            rows=rows,
+            kv_tokens=kv_tokens,
+            prefill_rows=min(guard.prefill_batch, len(prefills)),
+            prefill_tokens=min(guard.prefill_step, max((p for _, p in prefills), default=0)),
+            prefill_context=max((s for s, _ in prefills), default=0),
+        )
+
+    def admit(self, sequence_tokens: int, prefill_tokens: int) -> bool:
+        """Add a row of ``sequence_tokens`` (``prefill_tokens`` of them still to compute) if the
+        batch still fits with it; False (and nothing changes) if not."""
+        extra = (sequence_tokens, prefill_tokens)
+        shape = self.shape(extra)
+        if not self._guard.budget.fits(shape):
+            return False
+        self.rows, self.kv_tokens = shape.rows, shape.kv_tokens
+        self._prefills.append(extra)
+        return True
+
+
+class MemoryGuard:
+    """Budget checks and the batch cap for one scheduler."""
+
+    def __init__(self, budget: MemoryBudget, prefill_batch: int, prefill_step: int) -> None:
+        self.budget = budget
+        self.prefill_batch = prefill_batch
+        self.prefill_step = prefill_step
+        self.batch_cap: int | None = None  # set after an allocation failure
+        self._clean_steps = 0
+
+    @property
+    def bounds_kv(self) -> bool:
+        """False when the model's sizes are unknown: then only the allocator's limits apply."""
+        return self.budget.dims is not None
+
+    def plan(self, kv_bytes: int, rows: int, longest: int, prefills: Iterable[tuple[int, int]]) -> BatchPlan:
+        return BatchPlan(self, kv_bytes, rows, longest, prefills)
+
+    def headroom(self, plan: BatchPlan) -> int:
+        """Bytes the budget leaves beside the batch as it grows this step, the prefix cache left
+        out (negative: the batch does not fit even with the prefix cache empty)."""
+        return self.budget.total - self.budget.need(plan.shape())
+
+    def rows_that_fit(self, plan: BatchPlan) -> int:
+        """How many of the batch's rows fit (0 if not even one), their KV as long as now."""
+        shape = plan.shape()
+        rows = shape.rows
+        while rows > 0 and not self.budget.fits(shape._replace(rows=rows)):
+            rows -= 1
+        return rows
+
+    def cap(self, limit: int) -> int:
+        """The requests the batch may hold: ``limit``, or less after an allocation failure."""
+        return limit if self.batch_cap is None else min(limit, self.batch_cap)
+
+    def allocation_failed(self, running: int) -> None:
+        """A step of ``running`` requests ran out of memory: run at most half as many."""
+        self.batch_cap = max(1, running // 2)
+        self._clean_steps = 0
+
+    def step_succeeded(self, limit: int) -> None:
+        if self.batch_cap is None:
+            return
+        self._clean_steps += 1
+        if self._clean_steps >= KV_STEP:
+            self._clean_steps = 0
+            self.batch_cap = None if self.batch_cap * 2 >= limit else self.batch_cap * 2

@@ -1,5 +1,5 @@
 """The scheduler's memory side: keeping the batch within the worker's budget, preempting, and
-surviving a step that ran out of device memory (the decisions are :mod:`engine_worker.sched.memory_guard`'s).
+surviving a step that ran out of device memory (the decisions are :mod:`engine_worker.sched.memory`'s).
 
 A mixin of :class:`engine_worker.sched.scheduler.Scheduler`, kept apart so the step function's file
 stays readable; it works on the scheduler's own state, named below.
@@ -16,8 +16,7 @@ from engine_worker.common.config import SchedulerConfig, SchedulingPolicy
 from engine_worker.common.errors import ExceedsMemoryBudget
 from engine_worker.common.request import Request, RequestStatus
 from engine_worker.runner import device_memory
-from engine_worker.sched.memory import MemoryBudget
-from engine_worker.sched.memory_guard import BatchPlan, MemoryGuard
+from engine_worker.sched.memory import BatchPlan, MemoryBudget, MemoryGuard
 from engine_worker.sched.stats import SchedulerCounters
 from engine_worker.sched.waiting_queue import WaitingQueue
 

@@ -5,7 +5,7 @@ waiting requests within the budgets (``max_num_seqs``/generator capacity, the ge
 prefill slots, ``max_num_batched_tokens``, the worker's memory budget, policy order; none while
 first tokens are due and holding pays, see :mod:`engine_worker.sched.pacer`; under the
 priority policy a full batch gives way to more urgent requests), fit the batch
-to the memory budget (preempting if it must, see :mod:`engine_worker.sched.memory_guard`), run one
+to the memory budget (preempting if it must, see :mod:`engine_worker.sched.memory`), run one
 generator step, turn its responses into :class:`RequestOutput`s. A step that runs out of device
 memory is survived: the batch waits again and runs at most half as large.
 
@@ -41,8 +41,7 @@ from engine_worker.runner.text_stream import TextStream
 from engine_worker.runner.urgent_lane import LanedRunner, in_lane
 from engine_worker.sched.admission import RequestValidator
 from engine_worker.sched.exits import BatchExits
-from engine_worker.sched.memory import MemoryBudget
-from engine_worker.sched.memory_guard import MemoryGuard
+from engine_worker.sched.memory import MemoryBudget, MemoryGuard
 from engine_worker.sched.ops import SchedulerOps
 from engine_worker.sched.pacer import AdmissionPacer
 from engine_worker.sched.preemption import BatchMemory, sequence_tokens

@@ -9,7 +9,8 @@ from engine_worker.common.config import EngineConfig, SchedulerConfig
 from engine_worker.common.request import SamplingParams
 from engine_worker.engine_core import EngineCore
 from engine_worker.runner import device_memory
-from engine_worker.sched.memory import MemoryBudget, ModelDims, weights_bytes
+from engine_worker.runner.device_memory import ModelDims, weights_bytes
+from engine_worker.sched.memory import MemoryBudget
 
 GB = 1 << 30
 
@@ -98,6 +99,26 @@ def test_model_dims_give_the_kv_bytes_of_a_token(tiny_model):
     # tiny: 4 layers, 2 KV heads of 64, float32 keys and values.
     assert dims.kv_bytes_per_token == 2 * 4 * 2 * 64 * 4
     assert ModelDims.of(object()) is None
+
+
+def test_a_model_whose_size_cannot_be_measured_is_accepted_and_the_budget_counts_what_it_can():
+    """The seed takes any model object (its own tests build a Scheduler over a MagicMock): such a
+    model's weights count 0 and its KV is not budgeted, instead of failing the constructor."""
+    from unittest.mock import MagicMock
+
+    from engine_worker.common.request import Request
+    from engine_worker.sched.scheduler import Scheduler
+
+    tokenizer = MagicMock()
+    tokenizer.encode = lambda text: list(range(len(text.split())))
+    model = MagicMock()
+    assert weights_bytes(model) == 0 and ModelDims.of(model) is None
+    scheduler = Scheduler(model, tokenizer, SchedulerConfig(max_num_seqs=32))
+    budget = scheduler.memory_budget
+    assert budget.weights == 0 and budget.dims is None and budget.total > budget.allocator_cache > 0
+    for i in range(3):
+        scheduler.add_request(Request(f"r{i}", f"a prompt {i}", SamplingParams(max_tokens=4)))
+    assert scheduler.get_num_waiting() == 3
 
 
 def test_stats_and_heartbeat_show_the_budget_and_its_parts(tiny_model):

@@ -7,7 +7,8 @@ from dataclasses import replace
 
 from engine_worker.common.config import SchedulerConfig
 from engine_worker.common.request import Request, RequestStatus
-from engine_worker.sched.memory import KV_STEP, BatchShape, MemoryBudget, ModelDims, round_up
+from engine_worker.runner.device_memory import KV_STEP, ModelDims
+from engine_worker.sched.memory import BatchShape, MemoryBudget, round_up
 from engine_worker.sched.scheduler import Scheduler
 from tests.engine_worker.engine_helpers import final, greedy, prompt_ids, run_scheduler, solo_tokens
 from tests.engine_worker.fake_runner import ScriptedRunner
