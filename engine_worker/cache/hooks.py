@@ -34,13 +34,16 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine_worker.cache import kv
 from engine_worker.cache.protocol import PrefixCacheBackend
 from engine_worker.cache.seam import PrefixSeam
 from engine_worker.cache.shared_prefill import SharedPrefill
 from engine_worker.common.request import Request
+
+if TYPE_CHECKING:
+    from engine_worker.runner.generator import BatchRunner
 
 logger = logging.getLogger(__name__)
 
@@ -192,7 +195,7 @@ class CacheLifecycle:
         self._interval = 0
         # Prompts at least this long wrap the sliding window (0: no window, or a back end that
         # cannot store a wrapped window).
-        self._window = max_kv_size if seam.active and getattr(self.backend, "stores_wrapped_windows", False) else 0
+        self._window = max_kv_size if seam.active and self.backend.stores_wrapped_windows else 0
         if seam.active:
             self.ssd_wait = SSDWaitPolicy()
             self._shared = SharedPrefill()
@@ -239,7 +242,7 @@ class CacheLifecycle:
 
     # ---- after a generator step --------------------------------------------------------------
 
-    def after_step(self, runner: Any) -> None:
+    def after_step(self, runner: BatchRunner) -> None:
         """Store the processed prefix of long prompts still prefilling (every ``interval``), the
         prompt-only snapshots of flagged requests whose prompt is now processed, and the prompts
         that others follow."""
@@ -247,8 +250,7 @@ class CacheLifecycle:
             self._snapshot_prompts(runner)
         if self._shared is not None and self._shared.leading:
             try:
-                extract = getattr(runner, "extract_cache", None)
-                self._shared.after_step(self._leader_store(extract) if extract is not None else None)
+                self._shared.after_step(self._leader_store(runner.extract_cache))
             except Exception:  # a failed store only loses a future hit; its followers go on
                 logger.exception("shared prefill store failed")
                 self._seam.errors += 1
@@ -262,11 +264,10 @@ class CacheLifecycle:
                 self._saver.forget(rid)
             else:
                 prefilling.append((rid, request.batch_uid, request.prompt_token_ids))
-        extract = getattr(runner, "extract_cache", None)
-        if not prefilling or extract is None:
+        if not prefilling:
             return
         try:
-            self._saver.after_step(prefilling, extract)
+            self._saver.after_step(prefilling, runner.extract_cache)
         except Exception:  # a failed save only loses a future hit
             logger.exception("mid-prefill save failed")
             self._seam.errors += 1
@@ -280,16 +281,15 @@ class CacheLifecycle:
                                          trimmable=True)
         return store
 
-    def _snapshot_prompts(self, runner: Any) -> None:
-        extract = getattr(runner, "extract_cache", None)
+    def _snapshot_prompts(self, runner: BatchRunner) -> None:
         for rid, request in list(self._prompt_snapshots.items()):
             uid = request.batch_uid
-            if extract is None or request.output_token_ids or uid is None or request.is_finished():
+            if request.output_token_ids or uid is None or request.is_finished():
                 del self._prompt_snapshots[rid]  # too late: past its first token, or gone
                 continue
             try:
                 done = store_prompt_snapshot(self.backend, request.prompt_token_ids,
-                                             extract([uid]).get(uid))
+                                             runner.extract_cache([uid]).get(uid))
             except Exception:  # a failed snapshot only loses a future hit
                 logger.exception("prompt-only snapshot failed for %s", rid)
                 self._seam.errors += 1
@@ -325,10 +325,8 @@ class CacheLifecycle:
     def list_entries(self) -> list[dict[str, Any]]:
         """One row per cache entry (key_hash, tokens, bytes, tier, hit_count, last_used,
         quantized); empty when the back end cannot list."""
-        list_entries = getattr(self.backend, "list_entries", None)
-        return list(list_entries()) if list_entries is not None and self.backend.active else []
+        return list(self.backend.list_entries()) if self.backend.active else []
 
     def evict(self, key: str) -> bool:
         """Drop one entry by key hash; False when unknown or the back end cannot evict."""
-        evict = getattr(self.backend, "evict", None)
-        return bool(evict(key)) if evict is not None and self.backend.active else False
+        return self.backend.evict(key) if self.backend.active else False

@@ -99,6 +99,12 @@ def is_sliceable(cache_layers: Sequence[Any]) -> bool:
         type(c) is KVCache or c.offset < c.max_size for c in cache_layers)
 
 
+def batchable(cache_layers: Sequence[Any]) -> bool:
+    """Whether the generator can merge these layers into its batch (mlx-lm's ``QuantizedKVCache``,
+    for one, has no ``merge``: inserting it would fail the whole batch's next step)."""
+    return all(hasattr(layer, "merge") for layer in cache_layers)
+
+
 def trimmable(cache_layers: Sequence[Any]) -> bool:
     """Whether every layer of a live per-layer cache can drop its last positions (mlx-lm's rule: a
     rotating cache that wrapped, or a recurrent state, cannot)."""

@@ -30,6 +30,7 @@ from engine_worker.cache import entry_io, kv
 from engine_worker.cache.budget import MB, resolve_budget_bytes
 from engine_worker.cache.index import as_token_array
 from engine_worker.cache.persistence import load_entries, save_entries
+from engine_worker.cache.protocol import PrefixCacheBackend
 from engine_worker.cache.ssd_tier import SSDCacheTier
 from engine_worker.cache.store import Entry, EntryStore
 from engine_worker.cache.types import (
@@ -65,7 +66,7 @@ class MemoryCacheConfig:
             raise ValueError("kv_group_size must be 32, 64 or 128")
 
 
-class MemoryAwarePrefixCache:
+class MemoryAwarePrefixCache(PrefixCacheBackend):
     name = "memory_aware_cache"
     active = True
     #: Stores wrapped sliding windows whole: the scheduler takes prompt-only snapshots for it.
@@ -217,6 +218,11 @@ class MemoryAwarePrefixCache:
     @property
     def ssd_tier(self) -> SSDCacheTier | None:
         return self._ssd
+
+    def close(self) -> None:
+        """Flush and stop the SSD tier, if any (its pending writes reach the disk)."""
+        if self._ssd is not None:
+            self._ssd.close()
 
     def absorb_promotions(self) -> int:
         """Move entries the SSD reader finished into RAM (host → mlx copies, no disk I/O)."""

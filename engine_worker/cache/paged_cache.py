@@ -27,12 +27,13 @@ from mlx_lm.models.cache import KVCache
 from engine_worker.cache import kv
 from engine_worker.cache.index import as_token_array, chain_hashes
 from engine_worker.cache.paged_blocks import BlockTable, PagedCacheManager
+from engine_worker.cache.protocol import PrefixCacheBackend
 from engine_worker.cache.types import NO_SSD_STATS, CacheCounters, EntryInfo, MatchType, Tier
 
 logger = logging.getLogger(__name__)
 
 
-class BlockAwarePrefixCache:
+class BlockAwarePrefixCache(PrefixCacheBackend):
     name = "paged_cache"
     active = True
 

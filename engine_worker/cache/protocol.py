@@ -17,12 +17,20 @@ Contract of :meth:`PrefixCacheBackend.fetch`:
 
 :meth:`store` receives ``tokens`` (prompt plus generated tokens, as the cache holds them) and the
 per-layer cache; it must not block on I/O (it runs inside an engine step).
+
+The Protocol lists every method the scheduler calls. Those past ``clear`` are capabilities some
+back ends lack (pinning, a byte limit, the operator view, persistence, a disk tier): a back end
+subclasses :class:`PrefixCacheBackend` and keeps the trivial default of each one it lacks, as
+documented per method, so the scheduler never asks a back end what it can do.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
+
+logger = logging.getLogger(__name__)
 
 
 @runtime_checkable
@@ -34,6 +42,9 @@ class PrefixCacheBackend(Protocol):
     name: str
     #: False for a back end that never stores (the scheduler then skips extracting caches).
     active: bool
+    #: True for a back end that stores a wrapped sliding window whole (under ``max_kv_size``): the
+    #: scheduler then also stores a prompt-only snapshot of a request whose prompt wraps it.
+    stores_wrapped_windows: bool = False
 
     def fetch(self, tokens: Sequence[int]) -> tuple[list[Any] | None, list[int], str]: ...
 
@@ -43,8 +54,54 @@ class PrefixCacheBackend(Protocol):
 
     def clear(self) -> None: ...
 
+    # ---- capabilities with a trivial default -------------------------------------------------
 
-class NoPrefixCache:
+    def fetch_for(self, request_id: str, tokens: Sequence[int]) -> tuple[list[Any] | None, list[int], str]:
+        """:meth:`fetch` on behalf of a request: what it is served stays pinned (never evicted)
+        until :meth:`release` of ``request_id``. Default, for a back end that pins nothing:
+        :meth:`fetch`."""
+        return self.fetch(tokens)
+
+    def release(self, request_id: str) -> None:
+        """The request finished, failed or was aborted: unpin what it was served. Default: nothing
+        is pinned."""
+        return None
+
+    @property
+    def bytes_used(self) -> int:
+        """Bytes the back end holds in device memory. Default, for one that does not count them: 0."""
+        return 0
+
+    def set_byte_limit(self, max_bytes: int) -> int:
+        """Hold at most ``max_bytes`` (within the back end's own limit), evicting to fit; returns
+        the bytes evicted. Default, for a back end bounded otherwise (entries, blocks): 0."""
+        return 0
+
+    def list_entries(self) -> list[dict[str, Any]]:
+        """One row per entry for the operator (key_hash, tokens, bytes, tier, hit_count,
+        last_used, quantized). Default, for a back end that cannot list: none."""
+        return []
+
+    def evict(self, key: str) -> bool:
+        """Drop one entry by ``key_hash``; False when unknown. Default: False (nothing to evict)."""
+        return False
+
+    def save_to_disk(self, directory: str) -> bool:
+        """Write every entry to ``directory`` (outside engine steps). Default: not saved (False)."""
+        logger.info("the %s back end cannot be saved to disk", self.name)
+        return False
+
+    def load_from_disk(self, directory: str) -> int:
+        """Load what :meth:`save_to_disk` wrote; returns the entries loaded. Default: 0."""
+        logger.info("the %s back end cannot be loaded from disk", self.name)
+        return 0
+
+    def close(self) -> None:
+        """Flush and stop the back end's disk tier, if it has one. Default: no disk tier."""
+        return None
+
+
+class NoPrefixCache(PrefixCacheBackend):
     """The back end used when prefix caching is off (or until a real one is plugged in)."""
 
     name = "prefix_cache"

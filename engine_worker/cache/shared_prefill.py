@@ -93,7 +93,7 @@ class SharedPrefill:
                 return True
         return False
 
-    def after_step(self, store_prompt: Callable[[Request], bool | None] | None) -> None:
+    def after_step(self, store_prompt: Callable[[Request], bool | None]) -> None:
         """Store the prompts of leaders that someone follows once they are processed
         (``store_prompt(leader)``: None while its prompt is still prefilling); a leader whose first
         token came (or that left the batch) stops leading."""
@@ -105,9 +105,6 @@ class SharedPrefill:
                 if rid not in self._followers:
                     if request.output_token_ids:
                         self._stop_leading(rid)
-                    continue
-                if store_prompt is None:
-                    self._stop_leading(rid)
                     continue
                 if store_prompt(request) is not None or request.output_token_ids:
                     self._stop_leading(rid)

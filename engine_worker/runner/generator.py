@@ -40,7 +40,16 @@ class StepResult(NamedTuple):
 
 
 class BatchRunner(Protocol):
-    """What the scheduler needs from the token generator."""
+    """What the scheduler needs from the token generator: every method it calls.
+
+    :class:`MlxBatchRunner` and :class:`~engine_worker.runner.urgent_lane.LanedRunner` implement
+    all of them. A runner without a capability (a scripted one in the tests) subclasses this
+    Protocol and keeps the trivial default, as documented per method.
+    """
+
+    #: The mlx-lm ``BatchGenerator`` that steps the batch (the seed's ``Scheduler.batch_generator``);
+    #: None for a runner without one.
+    generator: Any = None
 
     def insert(
         self,
@@ -52,21 +61,41 @@ class BatchRunner(Protocol):
         sampler: Any,
         logits_processors: list[Any],
         stop_sequences: Any,
-    ) -> int: ...
+    ) -> int:
+        """Queue one sequence (only the tokens not in ``cache``); returns its uid."""
+        ...
 
-    def step(self) -> StepResult: ...
+    def insert_urgent(self, tokens: list[int], **kwargs: Any) -> int:
+        """As :meth:`insert`, into the urgent lane (:mod:`engine_worker.runner.urgent_lane`).
+        Default, for a runner without a lane: :meth:`insert`."""
+        return self.insert(tokens, **kwargs)
 
-    def remove(self, uids: list[int], return_caches: bool = False) -> dict[int, tuple[list[Any], list[int]]]: ...
+    def step(self) -> StepResult:
+        """One generator step: decode one token per decoding sequence, prefill one chunk."""
+        ...
 
-    def close(self) -> None: ...
+    def remove(self, uids: list[int], return_caches: bool = False) -> dict[int, tuple[list[Any], list[int]]]:
+        """Take sequences out (in any stage); with ``return_caches``, ``{uid: (cache_layers, tokens)}``."""
+        ...
 
-    # Optional (the scheduler checks for them): ``extract_cache(uids)`` -> ``{uid: (cache_layers,
-    # tokens)}`` for sequences still in the batch, in any stage; used for mid-prefill saves.
-    # ``kv_bytes()`` -> bytes of the batch's KV buffers now; used by the memory budget.
-    # ``insert_urgent(...)``, as ``insert``, into the urgent lane (:mod:`engine_worker.runner.urgent_lane`).
+    def extract_cache(self, uids: list[int]) -> dict[int, tuple[list[Any], list[int]]]:
+        """``{uid: (cache_layers, tokens)}`` of sequences still in the batch, in any stage (they
+        stay in): mid-prefill saves and prompt snapshots. Default, for a runner that keeps no KV
+        caches: ``{}`` (nothing is saved)."""
+        return {}
+
+    def kv_bytes(self) -> int | None:
+        """Bytes of the batch's KV buffers now (the memory budget measures the batch with them).
+        Default, for a runner that cannot measure them: None (the budget then counts every row as
+        long as the longest sequence)."""
+        return None
+
+    def close(self) -> None:
+        """Release the generator, on the thread that stepped it."""
+        ...
 
 
-class MlxBatchRunner:
+class MlxBatchRunner(BatchRunner):
     """Owns one ``BatchGenerator``; create it on the thread that will step it."""
 
     def __init__(self, model: Any, config: SchedulerConfig) -> None:

@@ -32,7 +32,7 @@ def in_lane(uid: int | None) -> bool:
     return uid is not None and uid >= LANE_UID_BASE
 
 
-class LanedRunner:
+class LanedRunner(BatchRunner):
     """The batch's generator (``main``) and, made at the first urgent insert, the lane's."""
 
     def __init__(self, model: Any, config: SchedulerConfig,
@@ -47,7 +47,7 @@ class LanedRunner:
     @property
     def generator(self) -> Any:
         """The batch's mlx-lm ``BatchGenerator`` (the seed's ``batch_generator``)."""
-        return getattr(self.main, "generator", self.main)
+        return self.main.generator
 
     def insert(self, tokens: list[int], **kwargs: Any) -> int:
         return self.main.insert(tokens, **kwargs)
@@ -100,8 +100,10 @@ class LanedRunner:
             found = {**found, **{u + LANE_UID_BASE: v for u, v in got.items()}}
         return found
 
-    def kv_bytes(self) -> int:
-        return self.main.kv_bytes() + (self.lane.kv_bytes() if self.lane is not None else 0)
+    def kv_bytes(self) -> int | None:
+        main = self.main.kv_bytes()
+        lane = self.lane.kv_bytes() if self.lane is not None else 0
+        return None if main is None or lane is None else main + lane
 
     def close(self) -> None:
         try:

@@ -54,9 +54,9 @@ class BatchMemory:
             if entry is not None:
                 request = entry[0]
                 prefills.append((sequence_tokens(request), len(request.remaining_tokens or ())))
-        kv_bytes = getattr(self.runner, "kv_bytes", None)
+        kv_bytes = self.runner.kv_bytes() if self.runner is not None else None
         if kv_bytes is not None:
-            return self._guard.plan(kv_bytes(), len(self.running), 0, prefills)
+            return self._guard.plan(kv_bytes, len(self.running), 0, prefills)
         longest = max((sequence_tokens(r) for r in self.running.values()), default=0)
         return self._guard.plan(0, len(self.running), longest, prefills)
 
@@ -164,11 +164,11 @@ class BatchMemory:
         """The budget and its parts now: weights, the batch's KV, the prefix cache (the allocator
         cache is ``cache_bytes``), with the limits of the last two."""
         budget = self.memory_budget
-        kv_bytes = getattr(self.runner, "kv_bytes", None)
+        kv_bytes = self.runner.kv_bytes() if self.runner is not None else None
         return {
             "budget_bytes": budget.total,
             "weights_bytes": budget.weights,
-            "kv_bytes": kv_bytes() if kv_bytes is not None else 0,
+            "kv_bytes": kv_bytes or 0,
             "prefix_cache_bytes": self._cache.bytes_used,
             "prefix_cache_limit_bytes": budget.prefix_cache if self._cache.active else 0,
             "cache_limit_bytes": budget.allocator_cache,

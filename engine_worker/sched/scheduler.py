@@ -134,7 +134,7 @@ class Scheduler(BatchExits, BatchMemory, SchedulerOps):
     @property
     def batch_generator(self) -> Any:
         """The live mlx-lm ``BatchGenerator`` (``None`` before the first step)."""
-        return getattr(self.runner, "generator", self.runner)
+        return self.runner.generator if self.runner is not None else None
 
     def has_requests(self) -> bool:
         return bool(self.waiting or self.running or self._pending_outputs)
@@ -283,7 +283,7 @@ class Scheduler(BatchExits, BatchMemory, SchedulerOps):
         """Under ``PRIORITY``, a request more urgent than the least urgent request in the batch (the
         one a full batch would give way to it) starts in the urgent lane, where its first token does
         not wait for the batch's steps (:mod:`engine_worker.runner.urgent_lane`)."""
-        if self.config.policy is not SchedulingPolicy.PRIORITY or not hasattr(self.runner, "insert_urgent"):
+        if self.config.policy is not SchedulingPolicy.PRIORITY:
             return False
         batch = [r.priority for r in self.running.values() if not in_lane(r.batch_uid)]
         return bool(batch) and request.priority < max(batch)

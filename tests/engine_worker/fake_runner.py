@@ -1,10 +1,13 @@
-"""A scripted stand-in for the generator runner: scheduler tests without a model."""
+"""A scripted stand-in for the generator runner: scheduler tests without a model.
+
+It keeps :class:`BatchRunner`'s defaults for what it lacks: no urgent lane (``insert_urgent``
+inserts into its batch), no KV caches to extract, no KV bytes to measure."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine_worker.runner.generator import StepResult
+from engine_worker.runner.generator import BatchRunner, StepResult
 
 
 @dataclass
@@ -16,7 +19,7 @@ class Resp:
     all_tokens: object = None
 
 
-class ScriptedRunner:
+class ScriptedRunner(BatchRunner):
     """Emits token 100+n for the n-th token of every sequence; 'length' at max_tokens.
 
     Paced like mlx-lm's generator: a sequence's prompt ends in the first step after its insert

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import logging
 
+from engine_worker.cache.protocol import PrefixCacheBackend
 from engine_worker.common.config import SchedulerConfig, SchedulingPolicy
 from engine_worker.common.request import Request
 from engine_worker.sched.scheduler import Scheduler
 from tests.engine_worker.engine_helpers import final, greedy, prompt_ids, run_scheduler, solo_tokens
 
 
-class RecordingCache:
+class RecordingCache(PrefixCacheBackend):
     """A prefix-cache back end that keeps every stored entry and serves the longest prefix."""
 
     name = "prefix_cache"

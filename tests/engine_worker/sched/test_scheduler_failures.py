@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from engine_worker.cache.protocol import PrefixCacheBackend
 from engine_worker.common.errors import DuplicateRequest, PromptTooLong, RequestError, UnsupportedInput
 from engine_worker.common.request import Request, RequestStatus
 from engine_worker.sched.admission import RequestValidator
@@ -89,7 +90,7 @@ def test_prompt_too_long_carries_its_numbers():
     assert (err.limit, err.length) == (10, 12) and isinstance(err, ValueError)
 
 
-class BrokenCache:
+class BrokenCache(PrefixCacheBackend):
     name = "prefix_cache"
     active = True
 
