@@ -53,3 +53,12 @@ def context_length(model: Any, default: int | None = None) -> int | None:
 def vocab_size(model: Any) -> int | None:
     value = getattr(getattr(model, "args", None), "vocab_size", None)
     return value if isinstance(value, int) and value > 0 else None
+
+
+def drop_model_caches(model: Any) -> None:
+    """Drop every KV cache reference a model (or its layers' attention) may hold, as the seed's
+    ``deep_reset`` does: some model implementations keep one between calls."""
+    for obj in [model, *getattr(model, "layers", [])]:
+        for holder in (obj, getattr(obj, "self_attn", None)):
+            if holder is not None and hasattr(holder, "cache"):
+                holder.cache = None

@@ -1,21 +1,21 @@
-"""How a request leaves the scheduler's batch: it finishes, fails or is aborted.
+"""How a request leaves the scheduler: it finishes, fails or is aborted.
 
-A mixin of :class:`engine_worker.sched.scheduler.Scheduler`, kept apart so the step function's file stays
-readable; it works on the scheduler's own state, named below. Every way out releases the same
-things, once: the request's generator uid and bookkeeping, its text stream, the prefix-cache pins
-it was served from (after its own cache is stored), and its cache-lifecycle tracking.
+Every way out releases the same things, once: the request's place in the batch (its generator uid
+and bookkeeping), its text stream, the prefix-cache pins it was served from (after its own cache
+is stored) and its cache-lifecycle tracking. A request that ends outside a generator step (an
+error, an abort) has its final output kept in an outbox, which the next step hands out.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from engine_worker.cache.hooks import CacheLifecycle
 from engine_worker.cache.seam import PrefixSeam
 from engine_worker.common.request import Request, RequestOutput, RequestStatus, step_output
-from engine_worker.runner.generator import BatchRunner
-from engine_worker.runner.text_stream import TextStream
+from engine_worker.sched.batch import Batch
 from engine_worker.sched.stats import SchedulerCounters
 from engine_worker.sched.waiting_queue import WaitingQueue
 
@@ -24,51 +24,57 @@ logger = logging.getLogger(__name__)
 _FINISH_STATUS = {"stop": RequestStatus.FINISHED_STOPPED, "length": RequestStatus.FINISHED_LENGTH_CAPPED}
 
 
-class BatchExits:
-    """Finishing, failing and aborting requests, and dropping a failed generator."""
+class Exits:
+    """Finishing, failing and aborting the requests of one scheduler."""
 
-    requests: dict[str, Request]
-    running: dict[str, Request]
-    waiting: WaitingQueue
-    counters: SchedulerCounters
-    runner: BatchRunner | None
-    request_id_to_uid: dict[str, int]
-    uid_to_request_id: dict[int, str]
-    _cache: PrefixSeam
-    _lifecycle: CacheLifecycle
-    _streams: dict[str, TextStream]
-    _live_by_uid: dict[int, tuple[Request, TextStream]]
-    _logprobs_by_uid: dict[int, int]
-    _prefilling: set[int]
-    _first_tokens_due: int
-    _pending_outputs: list[RequestOutput]
-    _processor_errors: dict[str, BaseException]
+    def __init__(self, requests: dict[str, Request], waiting: WaitingQueue, batch: Batch, cache: PrefixSeam,
+                 lifecycle: CacheLifecycle, counters: SchedulerCounters) -> None:
+        self._requests = requests
+        self._waiting = waiting
+        self._batch = batch
+        self._cache = cache
+        self._lifecycle = lifecycle
+        self._counters = counters
+        self._outbox: list[RequestOutput] = []
+        self._processor_errors: dict[str, BaseException] = {}  # filled during a generator step
 
-    def _processor_guard(self, request: Request) -> Any:
-        if not request.sampling_params.logits_processors:
-            return None
-        errors, rid = self._processor_errors, request.request_id
-        return lambda exc: errors.setdefault(rid, exc)
+    # ---- the outbox --------------------------------------------------------------------------
 
-    def _fail_processor_errors(self) -> None:
-        errors, self._processor_errors = self._processor_errors, {}
-        for rid, exc in errors.items():
-            request = self.running.get(rid)
-            if request is not None:
-                self._remove_from_batch(request)
-                self._fail(request, f"logits processor failed: {exc!r}")
+    @property
+    def pending(self) -> bool:
+        """Whether final outputs wait for the next step."""
+        return bool(self._outbox)
 
-    def _remove_from_batch(self, request: Request, *, stop_string: bool = False) -> None:
-        uid = self.request_id_to_uid.get(request.request_id)
-        if uid is None or self.runner is None:
-            return
+    def take(self) -> list[RequestOutput]:
+        """The final outputs of requests that ended since the last call."""
+        outputs, self._outbox = self._outbox, []
+        return outputs
+
+    # ---- leaving -----------------------------------------------------------------------------
+
+    def unmap(self, request_id: str) -> None:
+        """Take a request out of the batch's books (not out of the generator) and give back what
+        the cache holds for it; its text stream stays (a preempted request goes on with it)."""
+        self._batch.leave(request_id)
+        self._lifecycle.forget(request_id)
+        self._cache.release(request_id)
+
+    def _release(self, request_id: str) -> None:
+        self.unmap(request_id)
+        self._batch.streams.pop(request_id, None)
+
+    def remove_from_batch(self, request: Request, *, stop_string: bool = False) -> None:
+        """Take a running request's sequence out of the generator. One ended by a stop string
+        keeps its cache, to be stored when it finishes (an active prefix cache only)."""
         want = stop_string and self._cache.active
-        removed = self.runner.remove([uid], return_caches=want)
+        uid = self._batch.request_id_to_uid.get(request.request_id)
+        removed = self._batch.remove([request], return_caches=want)
         if want and uid in removed:
             cache, tokens = removed[uid]
             request.prompt_cache = (cache, list(tokens))
 
-    def _finish(self, request: Request, reason: str, cache: Any = None, all_tokens: Any = None) -> None:
+    def finish(self, request: Request, reason: str, cache: Any = None, all_tokens: Any = None) -> None:
+        """A request ended with ``stop`` or ``length``: its cache is offered to the prefix cache."""
         rid = request.request_id
         request.set_finished(_FINISH_STATUS[reason], reason)
         if cache is None and isinstance(request.prompt_cache, tuple):
@@ -77,84 +83,79 @@ class BatchExits:
         if cache is not None and all_tokens is not None and self._cache.active:
             self._cache.store(rid, all_tokens, cache)
         self._release(rid)  # after the store: the blocks it was served from stay pinned till then
-        self.counters.num_requests_processed += 1
-        self.counters.total_completion_tokens += request.num_output_tokens
+        self._counters.num_requests_processed += 1
+        self._counters.total_completion_tokens += request.num_output_tokens
 
-    def _release(self, rid: str) -> None:
-        self._unmap(rid)
-        self._streams.pop(rid, None)
-
-    def _unmap(self, rid: str) -> None:
-        """Take a request out of the batch's bookkeeping (not out of the generator)."""
-        self.running.pop(rid, None)
-        self._lifecycle.forget(rid)
-        self._cache.release(rid)
-        uid = self.request_id_to_uid.pop(rid, None)
-        if uid is not None:
-            self.uid_to_request_id.pop(uid, None)
-            self._live_by_uid.pop(uid, None)
-            self._logprobs_by_uid.pop(uid, None)
-            self._prefilling.discard(uid)
-
-    def _final_output(self, request: Request) -> RequestOutput:
-        """The output of a request that ended outside a generator step (error, abort)."""
-        out = step_output(request, [], "", request.finish_reason)
-        out.finished = True
-        out.error = request.error
-        return out
-
-    def _fail(self, request: Request, message: str) -> None:
+    def fail(self, request: Request, message: str) -> None:
         """Finish one request with an error; its output goes out with the next step."""
         request.error = message
         request.set_finished(RequestStatus.FINISHED_ERROR, "error")
         request.prompt_cache = None
         self._release(request.request_id)
-        self.counters.num_requests_failed += 1
-        self._pending_outputs.append(self._final_output(request))
+        self._counters.num_requests_failed += 1
+        self._outbox.append(_final_output(request))
 
-    def _fail_running(self, message: str) -> None:
-        for request in list(self.running.values()):
-            self._fail(request, message)
-        self._drop_runner()
+    def fail_running(self, message: str) -> None:
+        """Fail every running request and drop the generator (its state is unknown)."""
+        for request in list(self._batch.running.values()):
+            self.fail(request, message)
+        self._batch.drop_runner()
 
-    def _drop_runner(self) -> None:
-        """Discard a generator whose state is unknown after a failed step."""
-        self._prefilling.clear()
-        self._first_tokens_due = 0
-        runner, self.runner = self.runner, None
-        if runner is not None:
-            try:
-                runner.close()
-            except Exception:  # best effort: the generator is being discarded anyway
-                logger.exception("closing a failed generator raised")
-
-    def abort_request(self, request_id: str) -> bool:
+    def abort(self, request_id: str) -> bool:
         """Abort now: a waiting request is dropped and never runs; a running one leaves the batch
         before the next step. Its final output (``finish_reason="abort"``) goes out with the next
         step. Returns False if the request is unknown or already finished."""
-        request = self.requests.get(request_id)
+        request = self._requests.get(request_id)
         if request is None or request.is_finished():
             return False
         if request.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED):
-            self.waiting.remove(request)
-            self.counters.total_completion_tokens += request.num_output_tokens  # a preempted one has some
+            self._waiting.remove(request)
         else:
             self._abort_in_batch(request)
-            self.counters.total_completion_tokens += request.num_output_tokens
+        self._counters.total_completion_tokens += request.num_output_tokens  # a preempted one has some
         request.set_finished(RequestStatus.FINISHED_ABORTED, "abort")
         request.prompt_cache = None
         self._release(request_id)
-        self.counters.num_requests_aborted += 1
-        self._pending_outputs.append(self._final_output(request))
+        self._counters.num_requests_aborted += 1
+        self._outbox.append(_final_output(request))
         return True
 
     def _abort_in_batch(self, request: Request) -> None:
         """Take a running request out of the batch, keeping what it had prefilled (and
         generated) in the prefix cache: a long prompt aborted halfway stays reusable."""
-        uid = self.request_id_to_uid.get(request.request_id)
-        if uid is None or self.runner is None:
+        uid = self._batch.request_id_to_uid.get(request.request_id)
+        if uid is None or self._batch.runner is None:
             return
         active = self._cache.active
-        removed = self.runner.remove([uid], return_caches=active)
+        removed = self._batch.remove([request], return_caches=active)
         if active:
             self._lifecycle.store_removed(request, removed.get(uid))
+
+    # ---- logits processors -------------------------------------------------------------------
+
+    def processor_guard(self, request: Request) -> Callable[[BaseException], Any] | None:
+        """What a request's logits processors report a failure to (during a generator step);
+        None for a request without processors."""
+        if not request.sampling_params.logits_processors:
+            return None
+        errors, rid = self._processor_errors, request.request_id
+        return lambda exc: errors.setdefault(rid, exc)
+
+    def fail_processor_errors(self) -> None:
+        """After a step: a request whose logits processor raised fails alone."""
+        if not self._processor_errors:
+            return
+        errors, self._processor_errors = self._processor_errors, {}
+        for rid, exc in errors.items():
+            request = self._batch.running.get(rid)
+            if request is not None:
+                self.remove_from_batch(request)
+                self.fail(request, f"logits processor failed: {exc!r}")
+
+
+def _final_output(request: Request) -> RequestOutput:
+    """The output of a request that ended outside a generator step (error, abort)."""
+    out = step_output(request, [], "", request.finish_reason)
+    out.finished = True
+    out.error = request.error
+    return out

@@ -1,27 +1,32 @@
 """The scheduler: the seed's ``Scheduler`` API over mlx-lm's ``BatchGenerator``.
 
-A state machine with no I/O. ``step()`` is the one step function: apply queued outputs, admit
-waiting requests within the budgets (``max_num_seqs``/generator capacity, the generator's free
-prefill slots, ``max_num_batched_tokens``, the worker's memory budget, policy order; none while
-first tokens are due and holding pays, see :mod:`engine_worker.sched.pacer`; under the
-priority policy a full batch gives way to more urgent requests), fit the batch
-to the memory budget (preempting if it must, see :mod:`engine_worker.sched.memory`), run one
-generator step, turn its responses into :class:`RequestOutput`s. A step that runs out of device
-memory is survived: the batch waits again and runs at most half as large.
+A state machine with no I/O. ``step()`` is the one step function: hand out the outputs of
+requests that ended between steps, admit waiting requests within the budgets
+(``max_num_seqs``/generator capacity, the generator's free prefill slots,
+``max_num_batched_tokens``, the worker's memory budget, policy order; none while first tokens are
+due and holding pays, see :mod:`engine_worker.sched.pacer`; under the priority policy a full batch
+gives way to more urgent requests), fit the batch to the memory budget, run one generator step,
+turn its responses into :class:`RequestOutput`s. A step that runs out of device memory is
+survived: the batch waits again and runs at most half as large.
 
-This file holds admission and the step; the class's other parts are mixins, one file each: how a
-request leaves the batch (:mod:`engine_worker.sched.exits`), the memory budget and preemption
-(:mod:`engine_worker.sched.preemption`), stats, caches and resets (:mod:`engine_worker.sched.ops`).
+One class, composed of its collaborators: the :class:`~engine_worker.sched.batch.Batch` (the
+running set, its maps and the runner), :class:`~engine_worker.sched.admission.Admission` (who
+joins it at a step), :func:`~engine_worker.sched.outputs.step_outputs` (a step's responses as
+outputs), :class:`~engine_worker.sched.exits.Exits` (how a request finishes, fails or is
+aborted), the :class:`~engine_worker.sched.preemption.Preemptor` (requests back to wait, for
+memory or priority), the memory guard (:mod:`engine_worker.sched.memory`) and the prefix cache's
+seam and hooks (:mod:`engine_worker.cache`).
 
 Not thread-safe: one thread calls every method (``EngineCore`` runs it on its engine thread and
-hands other threads' requests and aborts over through queues).
+hands other threads' requests and aborts over through its command queue).
 """
 
 from __future__ import annotations
 
+import gc
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,22 +35,22 @@ from engine_worker.cache.protocol import PrefixCacheBackend
 from engine_worker.cache.seam import PrefixSeam, default_backend
 from engine_worker.common.config import DEFAULT_GPU_MEMORY_UTILIZATION, SchedulerConfig, SchedulingPolicy
 from engine_worker.common.errors import DuplicateRequest, RequestError
-from engine_worker.common.request import Request, RequestOutput, RequestStatus, step_output
+from engine_worker.common.request import Request, RequestOutput, RequestStatus
 from engine_worker.runner import device_memory
 from engine_worker.runner.detokenizer import detokenizer_factory
 from engine_worker.runner.generator import BatchRunner
-from engine_worker.runner.loader import context_length, vocab_size
-from engine_worker.runner.logprobs import token_logprobs
+from engine_worker.runner.loader import context_length, drop_model_caches, vocab_size
 from engine_worker.runner.sampling import SamplingFactory, eos_token_ids
 from engine_worker.runner.text_stream import TextStream
 from engine_worker.runner.urgent_lane import LanedRunner, in_lane
-from engine_worker.sched.admission import RequestValidator
-from engine_worker.sched.exits import BatchExits
+from engine_worker.sched.admission import Admission, RequestValidator
+from engine_worker.sched.batch import Batch
+from engine_worker.sched.exits import Exits
 from engine_worker.sched.memory import MemoryBudget, MemoryGuard
-from engine_worker.sched.ops import SchedulerOps
+from engine_worker.sched.outputs import step_outputs
 from engine_worker.sched.pacer import AdmissionPacer
-from engine_worker.sched.preemption import BatchMemory, sequence_tokens
-from engine_worker.sched.stats import SchedulerCounters, mtp_status
+from engine_worker.sched.preemption import Preemptor
+from engine_worker.sched.stats import SchedulerCounters, mtp_status, request_rows
 from engine_worker.sched.waiting_queue import WaitingQueue
 
 logger = logging.getLogger(__name__)
@@ -65,7 +70,7 @@ class SchedulerOutput:
     has_work: bool = False
 
 
-class Scheduler(BatchExits, BatchMemory, SchedulerOps):
+class Scheduler:
     """Continuous-batching request manager (seed API: ``Scheduler(model, tokenizer, config)``).
 
     ``prefix_cache`` plugs a cache back end in (see :mod:`engine_worker.cache.protocol`); by
@@ -89,55 +94,59 @@ class Scheduler(BatchExits, BatchMemory, SchedulerOps):
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
-        self.config = config or SchedulerConfig()
-        self.memory_budget = memory_budget or MemoryBudget.for_model(model, self.config,
-                                                                     DEFAULT_GPU_MEMORY_UTILIZATION)
-        self._guard = MemoryGuard(self.memory_budget, self.config.prefill_batch_size,
-                                  self.config.effective_prefill_step_size)
+        self.config = config = config or SchedulerConfig()
+        self.memory_budget = memory_budget or MemoryBudget.for_model(model, config, DEFAULT_GPU_MEMORY_UTILIZATION)
+        self._guard = MemoryGuard(self.memory_budget, config.prefill_batch_size, config.effective_prefill_step_size)
         # "is None", not "or": a back end may be falsy when empty (it defines __len__).
         self.prefix_cache: PrefixCacheBackend = (
-            default_backend(model, self.config, self.memory_budget.prefix_cache) if prefix_cache is None
+            default_backend(model, config, self.memory_budget.prefix_cache) if prefix_cache is None
             else prefix_cache
         )
         self._cache = PrefixSeam(self.prefix_cache)
-        self._lifecycle = CacheLifecycle(self._cache, self.config.mid_prefill_save_interval,
-                                         self.config.max_kv_size)
+        self._lifecycle = CacheLifecycle(self._cache, config.mid_prefill_save_interval, config.max_kv_size)
         self._runner_factory = runner_factory or LanedRunner
-        self.runner: BatchRunner | None = None
         self.max_model_len = max_model_len or context_length(model)
         self._validator = RequestValidator(tokenizer, self.max_model_len, vocab_size(model))
-
-        self.waiting = WaitingQueue(self.config.policy)
-        self.running: dict[str, Request] = {}
-        self.requests: dict[str, Request] = {}
-        self.finished_req_ids: set[str] = set()
-        self.request_id_to_uid: dict[str, int] = {}
-        self.uid_to_request_id: dict[int, str] = {}
-        self._streams: dict[str, TextStream] = {}
-        self._live_by_uid: dict[int, tuple[Request, TextStream]] = {}  # the hot path's one lookup
-        self._logprobs_by_uid: dict[int, int] = {}  # uids whose requests ask for log probabilities: k
-        self._pending_outputs: list[RequestOutput] = []
-        # Generator uids inserted whose prompt has not ended yet: they hold the generator's
-        # prefill slots (``prefill_batch_size``). And how many prompts the last step ended: this
-        # step returns their first tokens (see ``_admits_this_step``).
-        self._prefilling: set[int] = set()
-        self._first_tokens_due = 0
-        self._pacer = AdmissionPacer()
-        self._processor_errors: dict[str, BaseException] = {}  # filled during a generator step
         self._sampling = SamplingFactory(eos_token_ids(tokenizer))
         self._new_detokenizer = detokenizer_factory(tokenizer)
+        self._pacer = AdmissionPacer()
         self.counters = SchedulerCounters()
-        self.mtp_status = mtp_status(model, self.config)
+        self.mtp_status = mtp_status(model, config)
+
+        self.waiting = WaitingQueue(config.policy)
+        self.requests: dict[str, Request] = {}
+        self.finished_req_ids: set[str] = set()
+        # The runner is made on the thread that first steps (its mlx stream is that thread's).
+        self._batch = Batch(lambda: self._runner_factory(self.model, self.config))
+        # The seed's attributes are the batch's own tables, which it only ever changes in place.
+        self.running = self._batch.running
+        self.request_id_to_uid = self._batch.request_id_to_uid
+        self.uid_to_request_id = self._batch.uid_to_request_id
+        self._exits = Exits(self.requests, self.waiting, self._batch, self._cache, self._lifecycle, self.counters)
+        self._preemptor = Preemptor(config, self._batch, self.waiting, self._guard, self._cache, self._exits,
+                                    self.counters)
+        self._admission = Admission(config, self.waiting, self._batch, self._guard, self._preemptor, self._cache,
+                                    self._lifecycle, self._exits)
 
     # ----------------------------------------------------------------- seed accessors
+
+    @property
+    def runner(self) -> BatchRunner | None:
+        """The runner stepping the batch (``None`` before the first step and after a close)."""
+        return self._batch.runner
 
     @property
     def batch_generator(self) -> Any:
         """The live mlx-lm ``BatchGenerator`` (``None`` before the first step)."""
         return self.runner.generator if self.runner is not None else None
 
+    @property
+    def ssd_wait(self) -> Any:
+        """The SSD wait policy (``max_wait_s``) while a cache is active, else ``None``."""
+        return self._lifecycle.ssd_wait
+
     def has_requests(self) -> bool:
-        return bool(self.waiting or self.running or self._pending_outputs)
+        return bool(self.waiting or self.running or self._exits.pending)
 
     def get_num_waiting(self) -> int:
         return len(self.waiting)
@@ -148,11 +157,6 @@ class Scheduler(BatchExits, BatchMemory, SchedulerOps):
     def get_request(self, request_id: str) -> Request | None:
         return self.requests.get(request_id)
 
-    @property
-    def ssd_wait(self) -> Any:
-        """The SSD wait policy (``max_wait_s``) while a cache is active, else ``None``."""
-        return self._lifecycle.ssd_wait
-
     def remove_finished_request(self, request_id: str) -> Request | None:
         """Forget a request; only finished ones can be forgotten (a live one stays tracked)."""
         request = self.requests.get(request_id)
@@ -160,7 +164,7 @@ class Scheduler(BatchExits, BatchMemory, SchedulerOps):
             return self.requests.pop(request_id)
         return None
 
-    # ----------------------------------------------------------------- admission
+    # ----------------------------------------------------------------- requests in and out
 
     def add_request(self, request: Request) -> None:
         """Queue a request.
@@ -176,14 +180,17 @@ class Scheduler(BatchExits, BatchMemory, SchedulerOps):
         try:
             self._validator.prepare(request)
         except RequestError as exc:
-            self._fail(request, str(exc))
+            self._exits.fail(request, str(exc))
             return
         self.waiting.push(request)
 
-    def _ensure_runner(self) -> BatchRunner:
-        if self.runner is None:
-            self.runner = self._runner_factory(self.model, self.config)
-        return self.runner
+    def abort_request(self, request_id: str) -> bool:
+        """Abort now: a waiting request is dropped and never runs; a running one leaves the batch
+        before the next step. Its final output (``finish_reason="abort"``) goes out with the next
+        step. Returns False if the request is unknown or already finished."""
+        return self._exits.abort(request_id)
+
+    # ----------------------------------------------------------------- admission
 
     def _admits_this_step(self) -> bool:
         """Whether this step hands the generator new prompts: not when it returns first tokens
@@ -191,86 +198,34 @@ class Scheduler(BatchExits, BatchMemory, SchedulerOps):
         (:mod:`engine_worker.sched.pacer`)."""
         if not self.running:
             return True
-        return not self._pacer.hold(due=self._first_tokens_due, waiting=len(self.waiting))
-
-    def _schedule_waiting(self, out: SchedulerOutput) -> None:
-        cap = self._guard.cap(self.config.max_running)
-        budget = self.config.max_num_batched_tokens
-        plan = self._plan() if self._guard.bounds_kv else None
-        # The generator prefills at most prefill_batch_size prompts at once and queues the rest
-        # inside, in arrival order. Handing it only what it can start keeps the others here, where
-        # the policy orders them, an abort is a queue removal, and a burst's later prompts do not
-        # make every step an admission step.
-        free = self.config.prefill_batch_size - len(self._prefilling)
-        if len(self.running) >= cap and free > 0 and self._give_way(free) and plan is not None:
-            plan = self._plan()
-        deferred: list[tuple[tuple, Request]] = []  # waiting for an SSD read or a shared prefill
-        while self.waiting and len(self.running) < cap and free > 0:
-            request = self.waiting.peek()
-            if request.remaining_tokens is None:
-                if self._lifecycle.holds(request):  # it follows a prefill in progress
-                    deferred.append(self.waiting.pop_entry())
-                    continue
-                self._cache.lookup(request)
-                if self._lifecycle.defer(request):
-                    deferred.append(self.waiting.pop_entry())
-                    continue
-            n = len(request.remaining_tokens)
-            # The first request of a step is admitted even above the budget, or a prompt longer
-            # than the budget would wait forever.
-            if out.scheduled_request_ids and out.num_scheduled_tokens + n > budget:
-                break
-            if plan is not None and not plan.admit(sequence_tokens(request), n):
-                if self.running or out.scheduled_request_ids:
-                    break  # it waits until finishing requests give their memory back
-                self.waiting.pop()
-                self._fail(request, str(self._too_big(plan, request, n)))
-                continue
-            self.waiting.pop()
-            if self._insert(request):
-                out.scheduled_request_ids.append(request.request_id)
-                out.num_scheduled_tokens += n
-                free -= 1
-        for entry in deferred:
-            self.waiting.restore(entry)
+        return not self._pacer.hold(due=self._batch.first_tokens_due, waiting=len(self.waiting))
 
     def _insert(self, request: Request) -> bool:
         sp = request.sampling_params
-        tokens = request.prompt_token_ids
         cache = request.prompt_cache
         # A preempted request resumes: its prompt and output so far are its new prompt.
         resumed = request.status == RequestStatus.PREEMPTED
-        runner = self._ensure_runner()
-        insert = runner.insert_urgent if self._urgent(request) else runner.insert
+        self._batch.ensure_runner()  # outside the try: a runner that cannot be made is not this request's fault
         try:
-            uid = insert(
+            uid = self._batch.insert(
                 request.remaining_tokens,
+                urgent=self._urgent(request),
                 max_tokens=sp.max_tokens - request.num_output_tokens,
                 cache=cache,
-                all_tokens=tokens[: request.cached_tokens] if cache is not None else None,
+                all_tokens=request.prompt_token_ids[: request.cached_tokens] if cache is not None else None,
                 sampler=self._sampling.sampler(sp),
-                logits_processors=self._sampling.logits_processors(sp, self._processor_guard(request)),
+                logits_processors=self._sampling.logits_processors(sp, self._exits.processor_guard(request)),
                 stop_sequences=self._sampling.stop_sequences(sp),
             )
         except (ValueError, TypeError) as exc:
             # The generator validates inserts before touching its state, so nothing else is hit.
             logger.warning("request %s could not be inserted: %s", request.request_id, exc)
-            self._fail(request, f"could not start generation: {exc}")
+            self._exits.fail(request, f"could not start generation: {exc}")
             return False
-        rid = request.request_id
         request.prompt_cache = None  # the generator merged (copied) it
-        request.batch_uid = uid
-        self._prefilling.add(uid)
         request.status = RequestStatus.RUNNING
-        self.request_id_to_uid[rid] = uid
-        self.uid_to_request_id[uid] = rid
-        self.running[rid] = request
-        stream = self._streams.get(rid) if resumed else None  # a resumed request's text goes on
-        if stream is None:
-            stream = self._streams[rid] = TextStream(self._new_detokenizer(), sp.stop)
-        self._live_by_uid[uid] = (request, stream)
-        if sp.logprobs is not None:
-            self._logprobs_by_uid[uid] = sp.logprobs
+        stream = self._batch.streams.get(request.request_id) if resumed else None  # its text goes on
+        self._batch.join(request, uid, stream or TextStream(self._new_detokenizer(), sp.stop))
         c = self.counters
         c.total_prefilled_tokens += len(request.remaining_tokens)
         if not resumed:
@@ -299,48 +254,20 @@ class Scheduler(BatchExits, BatchMemory, SchedulerOps):
         requests in that batch (each gets an error output).
         """
         out = SchedulerOutput()
-        outputs = self._pending_outputs
-        self._pending_outputs = []
+        outputs = self._exits.take()
         if self.waiting and self._admits_this_step():
-            self._schedule_waiting(out)
-            outputs.extend(self._pending_outputs)  # requests that failed to insert
-            self._pending_outputs = []
+            out.scheduled_request_ids, out.num_scheduled_tokens = self._admission.admit(self._insert)
+            outputs.extend(self._exits.take())  # requests that failed to insert
         if self.running and self._guard.bounds_kv:
-            self._fit_batch()
-            outputs.extend(self._pending_outputs)  # a request alone too big for the budget
-            self._pending_outputs = []
+            self._preemptor.fit_batch()
+            outputs.extend(self._exits.take())  # a request alone too big for the budget
         if self.running:
             out.has_work = True
-            prompt_work = bool(self._prefilling)  # inserted or prefilling: the step admits or prefills
-            started = time.perf_counter()
-            try:
-                responses, prompts_done = self.runner.step()
-            except Exception as exc:
-                # The batch's state is unknown after a failed step: drop the generator. Out of
-                # device memory, the batch waits again and runs smaller; any other failure fails
-                # the requests in it (each gets an error output). The queue keeps being served.
-                self.counters.num_step_errors += 1
-                if device_memory.is_allocation_failure(exc):
-                    self._recover_from_allocation_failure(exc)
-                else:
-                    logger.exception("generation step failed; failing %d running requests", len(self.running))
-                    self._fail_running("generation step failed")
-                outputs.extend(self._pending_outputs)
-                self._pending_outputs = []
-                responses = ()
-            else:
-                self._guard.step_succeeded(self.config.max_running)
-                self._pacer.record(time.perf_counter() - started, prompt_work=prompt_work)
-                self._first_tokens_due = len(prompts_done)
-                self._prefilling.difference_update(prompts_done)
-                self._lifecycle.after_step(self.runner)  # mid-prefill saves; no-op for short prompts
-            if self._processor_errors:
-                self._fail_processor_errors()
-                outputs.extend(self._pending_outputs)
-                self._pending_outputs = []
+            responses = self._run_generator()
+            outputs.extend(self._exits.take())  # the requests of a failed step or logits processor
             if responses:
                 self.counters.total_generated_tokens += len(responses)
-                self._process_responses(responses, outputs)
+                outputs.extend(step_outputs(responses, self._batch, self._exits))
         self.counters.num_steps += 1
         out.outputs = outputs
         finished = out.finished_request_ids
@@ -350,48 +277,123 @@ class Scheduler(BatchExits, BatchMemory, SchedulerOps):
         self.finished_req_ids = finished
         return out
 
-    def _process_responses(self, responses: Any, outputs: list[RequestOutput]) -> None:
-        # The per-token hot path: one dict lookup per response, no per-step rebuilds, nothing
-        # O(output length): tokens and text are appended, and step_output snapshots them in O(1).
-        now = time.time()
-        live = self._live_by_uid
-        append = outputs.append
-        wants = self._logprobs_by_uid
-        asking: list[tuple[RequestOutput, tuple[Any, int, int]]] = []  # outputs that want log probabilities
-        for r in responses:
-            entry = live.get(r.uid)
-            if entry is None:  # removed earlier in this step
-                continue
-            request, stream = entry
-            k = wants.get(r.uid) if wants else None  # before _finish releases the uid
-            if request.first_token_time is None:
-                request.first_token_time = now
-            reason = r.finish_reason
-            tokens = request.output_token_ids
-            if reason == "stop":
-                # The token is the stop token itself: it is neither text nor output.
-                new_ids: list[int] = []
-                text = stream.finish()
+    def _run_generator(self) -> Sequence[Any]:
+        """One generator step; its responses, or none when it failed. The batch's state is unknown
+        after a failed step: the generator is dropped. Out of device memory, the batch waits again
+        and runs smaller; any other failure fails the requests in it. The queue keeps being served."""
+        prompt_work = bool(self._batch.prefilling)  # inserted or prefilling: the step admits or prefills
+        started = time.perf_counter()
+        try:
+            responses = self._batch.step()
+        except Exception as exc:
+            self.counters.num_step_errors += 1
+            if device_memory.is_allocation_failure(exc):
+                self._preemptor.recover_from_allocation_failure(exc)
             else:
-                token = r.token
-                tokens.append(token)
-                new_ids = [token]
-                text = stream.add(token)
-                if stream.stopped:
-                    reason = "stop"
-                    self._remove_from_batch(request, stop_string=True)
-                elif reason == "length":
-                    text += stream.finish()
-            if text:
-                request.append_output_text(text)
-            if reason is not None:
-                self._finish(request, reason, r.prompt_cache, r.all_tokens)
-            out = step_output(request, new_ids, text, reason)
-            if k is not None:
-                out.new_logprobs = []
-                if new_ids:
-                    asking.append((out, (r.logprobs, new_ids[0], k)))
-            append(out)
-        if asking:
-            for (out, _), entry in zip(asking, token_logprobs([row for _, row in asking]), strict=True):
-                out.new_logprobs = [entry]
+                logger.exception("generation step failed; failing %d running requests", len(self.running))
+                self._exits.fail_running("generation step failed")
+            responses = ()
+        else:
+            self._guard.step_succeeded(self.config.max_running)
+            self._pacer.record(time.perf_counter() - started, prompt_work=prompt_work)
+            self._lifecycle.after_step(self._batch.runner)  # mid-prefill saves; no-op for short prompts
+        self._exits.fail_processor_errors()
+        return responses
+
+    # ----------------------------------------------------------------- stats (seed API)
+
+    def get_running_requests_info(self) -> list[dict[str, Any]]:
+        """Dashboard rows with exactly the seed's fields: waiting requests, then running ones."""
+        return request_rows(list(self.waiting), list(self.running.values()), time.time())
+
+    def get_stats(self) -> dict[str, Any]:
+        c = self.counters
+        budget = self.memory_budget
+        stats: dict[str, Any] = {
+            "num_waiting": len(self.waiting),
+            "num_running": len(self.running),
+            # Requests the batch may run at once now (the generator's capacity, lowered while the
+            # memory guard caps it): beyond it, admitted work waits.
+            "max_running": self._guard.cap(self.config.max_running),
+            "num_requests_processed": c.num_requests_processed,
+            "total_prompt_tokens": c.total_prompt_tokens,
+            "total_completion_tokens": c.total_completion_tokens,
+            "counters": {**c.as_dict(), "num_cache_errors": self._cache.errors},
+        }
+        # mlx's allocator now, and the budget with its parts (the allocator cache is cache_bytes).
+        stats["memory"] = mem = device_memory.memory_stats()
+        mem.update(budget_bytes=budget.total, weights_bytes=budget.weights, kv_bytes=self._batch.kv_bytes() or 0,
+                   prefix_cache_bytes=self._cache.bytes_used,
+                   prefix_cache_limit_bytes=budget.prefix_cache if self._cache.active else 0,
+                   cache_limit_bytes=budget.allocator_cache)
+        stats.update(device_memory.seed_memory_keys(mem))
+        if self.mtp_status is not None:
+            stats["mtp"] = dict(self.mtp_status)
+        cache_stats = self._cache.stats()
+        if cache_stats is not None:
+            stats[self.prefix_cache.name] = cache_stats
+        return stats
+
+    def get_cache_stats(self) -> dict[str, Any] | None:
+        return self._cache.stats()
+
+    def list_cache_entries(self) -> list[dict[str, Any]]:
+        """Operator view: one row per prefix-cache entry (key_hash, tokens, bytes, tier,
+        hit_count, last_used, quantized); empty without a cache."""
+        return self._lifecycle.list_entries()
+
+    def evict_cache_entry(self, key: str) -> bool:
+        """Drop one prefix-cache entry (every tier) by its ``key_hash``; False if unknown."""
+        return self._lifecycle.evict(key)
+
+    # ----------------------------------------------------------------- caches and resets (seed API)
+
+    def clear_runtime_caches(self) -> dict[str, bool]:
+        """Clear the prefix cache and the allocator cache; requests are untouched."""
+        result = {"paged_cache": False, "memory_aware_cache": False, "prefix_cache": False}
+        if self._cache.clear():
+            result[self.prefix_cache.name] = True
+        device_memory.clear_allocator_cache()
+        return result
+
+    def clear_prefix_cache(self) -> None:
+        self._cache.clear()
+
+    def save_cache_to_disk(self, cache_dir: str) -> bool:
+        return self._cache.save(cache_dir)
+
+    def load_cache_from_disk(self, cache_dir: str) -> int:
+        return self._cache.load(cache_dir)
+
+    def close_ssd_tier(self) -> None:
+        """Flush and stop the prefix cache's SSD tier, if it has one (``deep_reset`` does it too)."""
+        self._cache.close()
+
+    def reset(self) -> None:
+        """Abort every request, drop the generator, clear the caches and the counters' queues."""
+        # Detached while aborting: the generator is discarded, so nothing is removed from it and
+        # no aborted prefix is stored (the cache is cleared below; after a failure it is suspect).
+        batch = self._batch
+        runner, batch.runner = batch.runner, None
+        for rid in list(self.requests):
+            self.abort_request(rid)
+        batch.runner = runner
+        self.requests.clear()
+        self.waiting.clear()
+        batch.clear()
+        self._exits.take()
+        self.finished_req_ids = set()
+        self.close()
+        self.clear_runtime_caches()
+
+    def deep_reset(self) -> None:
+        """``reset()`` plus dropping every cache reference the model may hold, and closing the
+        prefix cache's disk tier (it flushes pending writes)."""
+        self.reset()
+        self._cache.close()
+        drop_model_caches(self.model)
+        gc.collect()
+
+    def close(self) -> None:
+        """Release the generator (on the thread that stepped it)."""
+        self._batch.close()
