@@ -4,8 +4,9 @@ Threads:
 
 * the **engine thread** creates the generator (and its mlx stream), and is the only thread that
   steps the scheduler. It blocks on a condition variable while there is nothing to do and wakes
-  at once when a request or abort arrives. Commands from other threads (add, abort) wait in a
-  queue and are applied at the start of the next step, never in the middle of one.
+  at once when a request or abort arrives. Commands from other threads (:class:`Submit` of a
+  request, :class:`Cancel` of one: :mod:`engine_worker.protocol`'s verbs) wait in a queue and are
+  applied at the start of the next step, never in the middle of one.
 * **asyncio callers** (``add_request``, ``stream_outputs``, ``generate``) receive outputs through a
   per-request collector; the engine thread hands each loop one callback per step.
 * **synchronous hosts** (the worker runtime) use ``submit``/``abort`` and an output listener,
@@ -40,6 +41,7 @@ from engine_worker.engine.async_api import AsyncRequestAPI
 from engine_worker.engine.collectors import AsyncCollector, SyncWaiter
 from engine_worker.engine.heap import freeze_startup_heap
 from engine_worker.engine.ownership import acquire_model, release_model
+from engine_worker.protocol import Cancel, Submit
 from engine_worker.runner import device_memory
 from engine_worker.runner.generator import release_thread_streams
 from engine_worker.sched.memory import MemoryBudget
@@ -89,7 +91,7 @@ class EngineCore(AsyncRequestAPI):
         self.scheduler = Scheduler(model, tokenizer, scheduler_config, prefix_cache=prefix_cache,
                                    memory_budget=self.memory_budget)
         self._cond = threading.Condition()
-        self._commands: deque[tuple[str, Any]] = deque()
+        self._commands: deque[Submit[Request] | Cancel] = deque()
         self._step_lock = threading.Lock()  # held while stepping and by readers of scheduler state
         self._live: set[str] = set()  # submitted, not yet finished
         self._collectors: dict[str, AsyncCollector] = {}
@@ -203,20 +205,21 @@ class EngineCore(AsyncRequestAPI):
             finally:
                 release_thread_streams()
 
-    def _step(self, commands: deque[tuple[str, Any]]) -> list[RequestOutput]:
+    def _step(self, commands: deque[Submit[Request] | Cancel]) -> list[RequestOutput]:
         scheduler = self.scheduler
         refused: list[RequestOutput] = []
         with self._step_lock:
-            for kind, arg in commands:
-                if kind == "abort":
-                    scheduler.abort_request(arg)
+            for command in commands:
+                if isinstance(command, Cancel):
+                    scheduler.abort_request(command.job_id)
                     continue
+                request = command.job
                 try:
-                    scheduler.add_request(arg)
+                    scheduler.add_request(request)
                 except DuplicateRequest as exc:
                     # Only reachable if the scheduler still tracks the id; _register refuses
                     # live duplicates before they are queued. The caller still gets a final.
-                    refused.append(RequestOutput(arg.request_id, finished=True, finish_reason="error",
+                    refused.append(RequestOutput(request.request_id, finished=True, finish_reason="error",
                                                  error=str(exc)))
             if not scheduler.has_requests():
                 self._idle_step = False
@@ -266,7 +269,7 @@ class EngineCore(AsyncRequestAPI):
             scheduler = self.scheduler
             if self._fatal is None:
                 for rid in live:
-                    # False: its "add" command never reached the scheduler.
+                    # False: its Submit never reached the scheduler.
                     if not scheduler.abort_request(rid):
                         outputs.append(_closing_output(rid, None))
                 if scheduler.has_requests():
@@ -286,8 +289,8 @@ class EngineCore(AsyncRequestAPI):
 
     # ------------------------------------------------------------------ submitting (any thread)
 
-    def _enqueue(self, kind: str, arg: Any) -> None:
-        self._commands.append((kind, arg))
+    def _enqueue(self, command: Submit[Request] | Cancel) -> None:
+        self._commands.append(command)
         self._cond.notify()
 
     def _register(self, request: Request, collector: AsyncCollector | None = None,
@@ -305,7 +308,7 @@ class EngineCore(AsyncRequestAPI):
                 self._collectors[rid] = collector
             if waiter is not None:
                 self._waiters[rid] = waiter
-            self._enqueue("add", request)
+            self._enqueue(Submit(request))
         if not self.is_running():
             self.start()
 
@@ -320,7 +323,7 @@ class EngineCore(AsyncRequestAPI):
         with self._cond:
             if request_id not in self._live:
                 return False
-            self._enqueue("abort", request_id)
+            self._enqueue(Cancel(request_id))
         return True
 
     def add_output_listener(self, fn: OutputListener) -> None:

@@ -289,7 +289,7 @@ def test_the_periodic_duties_run_on_the_io_thread_while_idle_and_between_batches
     host.stop()
 
     assert idle_ticks >= 3  # nothing to write, and the duties still ran
-    assert len(ticks) > idle_ticks and set(ticks) == {"worker-io"}
+    assert len(ticks) > idle_ticks and set(ticks) == {"engine-io"}
 
 
 def test_prefix_cache_entries_and_hit_rate_reach_the_heartbeat_and_an_evicted_entry_leaves_it(tiny_model):
