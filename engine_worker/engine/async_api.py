@@ -11,7 +11,7 @@ import asyncio
 import logging
 import threading
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Generator
 from typing import Any
 
 from engine_worker.common.config import EngineConfig
@@ -19,6 +19,16 @@ from engine_worker.common.request import Request, RequestOutput, SamplingParams
 from engine_worker.engine.collectors import AsyncCollector, SyncWaiter
 
 logger = logging.getLogger(__name__)
+
+
+class Done:
+    """An already-finished awaitable, so the engine's synchronous ``start``/``stop`` can also be
+    awaited, as the seed's are."""
+
+    __slots__ = ()
+
+    def __await__(self) -> Generator[Any, None, None]:
+        return iter(())
 
 
 class AsyncRequestAPI:

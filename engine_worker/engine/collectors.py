@@ -89,3 +89,10 @@ class SyncWaiter:
 
     def wait(self, timeout: float | None = None) -> bool:
         return self._done.wait(timeout)
+
+
+def deliver(items: list[tuple[AsyncCollector, RequestOutput]]) -> None:
+    """Put each output into its collector; runs on the collectors' event loop (the engine thread
+    schedules it there with ``call_soon_threadsafe``, once per loop per step)."""
+    for collector, out in items:
+        collector.put(out)

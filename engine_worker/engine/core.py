@@ -30,15 +30,15 @@ import time
 import uuid
 import weakref
 from collections import deque
-from collections.abc import Callable, Generator
+from collections.abc import Callable
 from typing import Any
 
 from engine_worker.cache.protocol import PrefixCacheBackend
 from engine_worker.common.config import EngineConfig, SchedulerConfig
 from engine_worker.common.errors import DuplicateRequest, EngineClosed, EngineFatalError
 from engine_worker.common.request import Request, RequestOutput, SamplingParams
-from engine_worker.engine.async_api import AsyncRequestAPI
-from engine_worker.engine.collectors import AsyncCollector, SyncWaiter
+from engine_worker.engine.async_api import AsyncRequestAPI, Done
+from engine_worker.engine.collectors import AsyncCollector, SyncWaiter, deliver
 from engine_worker.engine.heap import freeze_startup_heap
 from engine_worker.engine.ownership import acquire_model, release_model
 from engine_worker.protocol import Cancel, Submit
@@ -56,15 +56,6 @@ _DEFERRED_POLL_S = 0.005
 OutputListener = Callable[[list[RequestOutput]], None]
 
 _live_engines: weakref.WeakSet[EngineCore] = weakref.WeakSet()
-
-
-class _Done:
-    """An already-finished awaitable, so synchronous methods can also be awaited."""
-
-    __slots__ = ()
-
-    def __await__(self) -> Generator[Any, None, None]:
-        return iter(())
 
 
 class EngineCore(AsyncRequestAPI):
@@ -114,7 +105,7 @@ class EngineCore(AsyncRequestAPI):
 
     # ------------------------------------------------------------------ life cycle
 
-    def start(self) -> _Done:
+    def start(self) -> Done:
         """Start the engine thread (idempotent). Returns an awaitable, for the seed's ``await``."""
         freeze_startup_heap()  # the first start in a process: model and tokenizer are loaded by now
         while True:
@@ -129,13 +120,13 @@ class EngineCore(AsyncRequestAPI):
                     self._thread = threading.Thread(target=self._run, name=f"engine-{self._engine_id[:8]}",
                                                     daemon=True)
                     self._thread.start()
-                    return _Done()
+                    return Done()
                 if not self._stop_requested or thread is threading.current_thread():
-                    return _Done()
+                    return Done()
             # A stopping thread is still finishing its last requests: let it, then start afresh.
             thread.join()
 
-    def stop(self, timeout: float | None = None) -> _Done:
+    def stop(self, timeout: float | None = None) -> Done:
         """Stop the engine thread and wait for it to exit. Requests still in flight finish with
         ``finish_reason="abort"``. Safe to call repeatedly; awaitable like ``start()``."""
         with self._cond:
@@ -144,7 +135,7 @@ class EngineCore(AsyncRequestAPI):
             self._cond.notify_all()
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout)
-        return _Done()
+        return Done()
 
     def __enter__(self) -> EngineCore:
         self.start()
@@ -254,7 +245,7 @@ class EngineCore(AsyncRequestAPI):
                     by_loop.setdefault(collector.loop, []).append((collector, out))
         for loop, items in by_loop.items():
             try:
-                loop.call_soon_threadsafe(_deliver, items)
+                loop.call_soon_threadsafe(deliver, items)
             except RuntimeError:  # the caller's loop is closed: nobody is listening any more
                 logger.debug("dropping outputs for a closed event loop")
 
@@ -392,11 +383,6 @@ class EngineCore(AsyncRequestAPI):
     def clear_prefix_cache(self) -> None:
         with self._step_lock:
             self.scheduler.clear_prefix_cache()
-
-
-def _deliver(items: list[tuple[AsyncCollector, RequestOutput]]) -> None:
-    for collector, out in items:
-        collector.put(out)
 
 
 def _closing_output(request_id: str, fatal: BaseException | None) -> RequestOutput:
