@@ -7,7 +7,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from engine_worker.common.config import SchedulerConfig
 from engine_worker.runner.generator import BatchRunner, StepResult
+from engine_worker.sched.scheduler import Scheduler
 
 
 @dataclass
@@ -74,3 +76,39 @@ class ScriptedRunner(BatchRunner):
 
     def close(self):
         self.closed = True
+
+
+class Tok:
+    """A tokenizer for the scripted runner: characters encode to small ids, token t reads "<t>"."""
+
+    eos_token_ids = {2}
+
+    class _Detok:
+        def __init__(self):
+            self.text, self._off = "", 0
+
+        def add_token(self, t):
+            self.text += f"<{t}>"
+
+        def finalize(self):
+            pass
+
+        @property
+        def last_segment(self):
+            seg, self._off = self.text[self._off:], len(self.text)
+            return seg
+
+    @property
+    def detokenizer(self):
+        return self._Detok()
+
+    def encode(self, text):
+        return [ord(c) % 50 for c in text]
+
+
+def scripted_scheduler(max_model_len: int = 100, **config) -> Scheduler:
+    """A scheduler over a :class:`ScriptedRunner`, with no model behind it (its memory is not
+    budgeted: the model's sizes are unknown)."""
+    ScriptedRunner.instances.clear()
+    return Scheduler(object(), Tok(), SchedulerConfig(**config), runner_factory=ScriptedRunner,
+                     max_model_len=max_model_len)

@@ -6,13 +6,13 @@ from engine_worker.common.config import SchedulerConfig
 from engine_worker.common.request import Request, RequestStatus
 from engine_worker.sched.scheduler import Scheduler
 from tests.engine_worker.engine_helpers import final, greedy, prompt_ids, run_scheduler, solo_tokens
+from tests.engine_worker.fake_runner import scripted_scheduler
 
 
-def test_abort_of_waiting_request_never_runs(tiny_model):
-    model, tokenizer = tiny_model
-    scheduler = Scheduler(model, tokenizer, SchedulerConfig(max_num_seqs=1))
-    scheduler.add_request(Request("busy", prompt_ids(tokenizer, 6), greedy(5, ignore_eos=True)))
-    scheduler.add_request(Request("victim", prompt_ids(tokenizer, 6), greedy(5, ignore_eos=True)))
+def test_abort_of_waiting_request_never_runs():
+    scheduler = scripted_scheduler(max_num_seqs=1)  # scheduling alone: the scripted runner
+    scheduler.add_request(Request("busy", list(range(10, 16)), greedy(5, ignore_eos=True)))
+    scheduler.add_request(Request("victim", list(range(20, 26)), greedy(5, ignore_eos=True)))
     scheduler.step()
     assert scheduler.get_request("victim").status == RequestStatus.WAITING
     assert scheduler.abort_request("victim") is True
@@ -49,9 +49,8 @@ def test_abort_of_running_request_leaves_batch_before_next_step_and_others_match
         assert final(got).output_token_ids == solo_tokens(model, tokenizer, prompts[rid], 16)
 
 
-def test_abort_of_unknown_request_is_refused(tiny_model):
-    model, tokenizer = tiny_model
-    assert Scheduler(model, tokenizer).abort_request("nope") is False
+def test_abort_of_unknown_request_is_refused():
+    assert scripted_scheduler().abort_request("nope") is False
 
 
 def test_abort_during_a_shared_chunked_prefill_leaves_the_co_prefilled_requests_intact(tiny_model):

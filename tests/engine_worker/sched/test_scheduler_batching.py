@@ -6,6 +6,7 @@ from engine_worker.common.config import SchedulerConfig
 from engine_worker.common.request import Request
 from engine_worker.sched.scheduler import Scheduler, SchedulerOutput
 from tests.engine_worker.engine_helpers import final, greedy, prompt_ids, run_scheduler, solo_tokens
+from tests.engine_worker.fake_runner import scripted_scheduler
 
 
 def _mixed_workload(tokenizer):
@@ -39,11 +40,10 @@ def test_mixed_batch_of_ten_greedy_requests_matches_each_solo_mlx_lm_run(tiny_mo
     assert scheduler.get_num_running() == 0 and not scheduler.has_requests()
 
 
-def test_finished_request_leaves_while_others_continue(tiny_model):
-    model, tokenizer = tiny_model
-    scheduler = Scheduler(model, tokenizer)
-    scheduler.add_request(Request("short", prompt_ids(tokenizer, 10), greedy(3, ignore_eos=True)))
-    scheduler.add_request(Request("long", prompt_ids(tokenizer, 12), greedy(20, ignore_eos=True)))
+def test_finished_request_leaves_while_others_continue():
+    scheduler = scripted_scheduler()  # scheduling alone: the scripted runner
+    scheduler.add_request(Request("short", list(range(10, 20)), greedy(3, ignore_eos=True)))
+    scheduler.add_request(Request("long", list(range(10, 22)), greedy(20, ignore_eos=True)))
     finished_at: dict[str, int] = {}
     step = 0
     while scheduler.has_requests():
@@ -56,11 +56,10 @@ def test_finished_request_leaves_while_others_continue(tiny_model):
     assert scheduler.get_request("long").num_output_tokens == 20
 
 
-def test_step_output_reports_scheduled_requests_and_prefilled_tokens(tiny_model):
-    model, tokenizer = tiny_model
-    scheduler = Scheduler(model, tokenizer)
-    scheduler.add_request(Request("a", prompt_ids(tokenizer, 7), greedy(2)))
-    scheduler.add_request(Request("b", prompt_ids(tokenizer, 11), greedy(2)))
+def test_step_output_reports_scheduled_requests_and_prefilled_tokens():
+    scheduler = scripted_scheduler()  # scheduling alone: the scripted runner
+    scheduler.add_request(Request("a", list(range(10, 17)), greedy(2)))
+    scheduler.add_request(Request("b", list(range(20, 31)), greedy(2)))
     out = scheduler.step()
     assert out.scheduled_request_ids == ["a", "b"]
     assert out.num_scheduled_tokens == 18

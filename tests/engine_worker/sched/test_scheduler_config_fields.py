@@ -1,4 +1,5 @@
-"""Every SchedulerConfig field the scheduler owns does what it says."""
+"""Every SchedulerConfig field the scheduler owns does what it says. The admission fields and
+policies are scheduling alone and run on the scripted runner; the rest on the real tiny model."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from engine_worker.common.config import SchedulerConfig, SchedulingPolicy
 from engine_worker.common.request import Request
 from engine_worker.sched.scheduler import Scheduler
 from tests.engine_worker.engine_helpers import final, greedy, prompt_ids, run_scheduler, solo_tokens
+from tests.engine_worker.fake_runner import scripted_scheduler
 
 
 class RecordingCache(PrefixCacheBackend):
@@ -42,21 +44,24 @@ class RecordingCache(PrefixCacheBackend):
         self.entries.clear()
 
 
-def test_max_num_seqs_caps_the_running_batch(tiny_model):
-    model, tokenizer = tiny_model
-    scheduler = Scheduler(model, tokenizer, SchedulerConfig(max_num_seqs=3))
-    requests = [Request(f"r{i}", prompt_ids(tokenizer, 5 + i), greedy(4, ignore_eos=True)) for i in range(7)]
+def _prompt(n: int) -> list[int]:
+    """A prompt of ``n`` token ids, for the scripted runner."""
+    return list(range(10, 10 + n))
+
+
+def test_max_num_seqs_caps_the_running_batch():
+    scheduler = scripted_scheduler(max_num_seqs=3)
+    requests = [Request(f"r{i}", _prompt(5 + i), greedy(4, ignore_eos=True)) for i in range(7)]
     seen = []
     outputs = run_scheduler(scheduler, {0: requests}, on_step=lambda k, o: seen.append(scheduler.get_num_running()))
     assert max(seen) == 3
     assert len(outputs) == 7 and all(final(o).completion_tokens == 4 for o in outputs.values())
 
 
-def test_max_num_batched_tokens_bounds_prompt_tokens_admitted_per_step(tiny_model):
-    model, tokenizer = tiny_model
-    scheduler = Scheduler(model, tokenizer, SchedulerConfig(max_num_batched_tokens=45))
+def test_max_num_batched_tokens_bounds_prompt_tokens_admitted_per_step():
+    scheduler = scripted_scheduler(max_num_batched_tokens=45)
     sizes = [20, 20, 20, 60, 10]
-    requests = [Request(f"r{i}", prompt_ids(tokenizer, n), greedy(3, ignore_eos=True)) for i, n in enumerate(sizes)]
+    requests = [Request(f"r{i}", _prompt(n), greedy(3, ignore_eos=True)) for i, n in enumerate(sizes)]
     admitted = []
     run_scheduler(scheduler, {0: requests},
                   on_step=lambda k, o: admitted.append((o.scheduled_request_ids, o.num_scheduled_tokens)))
@@ -68,13 +73,13 @@ def test_max_num_batched_tokens_bounds_prompt_tokens_admitted_per_step(tiny_mode
     assert sorted(r for ids, _ in per_step for r in ids) == [f"r{i}" for i in range(5)]
 
 
-def _admission_order(model, tokenizer, policy):
-    scheduler = Scheduler(model, tokenizer, SchedulerConfig(max_num_seqs=1, policy=policy))
+def _admission_order(policy):
+    scheduler = scripted_scheduler(max_num_seqs=1, policy=policy)
     requests = [
-        Request("first", prompt_ids(tokenizer, 5), greedy(2, ignore_eos=True), priority=9),
-        Request("low_a", prompt_ids(tokenizer, 5), greedy(2, ignore_eos=True), priority=5, arrival_time=10.0),
-        Request("low_b", prompt_ids(tokenizer, 5), greedy(2, ignore_eos=True), priority=5, arrival_time=11.0),
-        Request("urgent", prompt_ids(tokenizer, 5), greedy(2, ignore_eos=True), priority=0, arrival_time=12.0),
+        Request("first", _prompt(5), greedy(2, ignore_eos=True), priority=9),
+        Request("low_a", _prompt(5), greedy(2, ignore_eos=True), priority=5, arrival_time=10.0),
+        Request("low_b", _prompt(5), greedy(2, ignore_eos=True), priority=5, arrival_time=11.0),
+        Request("urgent", _prompt(5), greedy(2, ignore_eos=True), priority=0, arrival_time=12.0),
     ]
     order: list[str] = []
     run_scheduler(scheduler, {0: requests[:1], 1: requests[1:]},
@@ -82,16 +87,14 @@ def _admission_order(model, tokenizer, policy):
     return order
 
 
-def test_priority_policy_admits_by_priority_then_arrival(tiny_model):
-    model, tokenizer = tiny_model
+def test_priority_policy_admits_by_priority_then_arrival():
     # "first" (priority 9) gives its slot to the more urgent arrivals and resumes after them.
-    assert _admission_order(model, tokenizer, SchedulingPolicy.PRIORITY) == [
+    assert _admission_order(SchedulingPolicy.PRIORITY) == [
         "first", "urgent", "low_a", "low_b", "first"]
 
 
-def test_fcfs_policy_admits_by_arrival_whatever_the_priority(tiny_model):
-    model, tokenizer = tiny_model
-    assert _admission_order(model, tokenizer, SchedulingPolicy.FCFS) == ["first", "low_a", "low_b", "urgent"]
+def test_fcfs_policy_admits_by_arrival_whatever_the_priority():
+    assert _admission_order(SchedulingPolicy.FCFS) == ["first", "low_a", "low_b", "urgent"]
 
 
 def test_batch_sizes_and_prefill_step_reach_the_generator(tiny_model):

@@ -2,43 +2,9 @@
 
 from __future__ import annotations
 
-from engine_worker.common.config import SchedulerConfig
 from engine_worker.common.request import Request, SamplingParams
-from engine_worker.sched.scheduler import Scheduler
 from tests.engine_worker.engine_helpers import final, run_scheduler
-from tests.engine_worker.fake_runner import ScriptedRunner
-
-
-class Tok:
-    eos_token_ids = {2}
-
-    class _Detok:
-        def __init__(self):
-            self.text, self._off = "", 0
-
-        def add_token(self, t):
-            self.text += f"<{t}>"
-
-        def finalize(self):
-            pass
-
-        @property
-        def last_segment(self):
-            seg, self._off = self.text[self._off:], len(self.text)
-            return seg
-
-    @property
-    def detokenizer(self):
-        return self._Detok()
-
-    def encode(self, text):
-        return [ord(c) % 50 for c in text]
-
-
-def _scheduler(**config):
-    ScriptedRunner.instances.clear()
-    return Scheduler(object(), Tok(), SchedulerConfig(**config), runner_factory=ScriptedRunner,
-                     max_model_len=100)
+from tests.engine_worker.fake_runner import ScriptedRunner, scripted_scheduler
 
 
 def sp(n):
@@ -46,7 +12,7 @@ def sp(n):
 
 
 def test_scripted_tokens_flow_into_outputs_text_and_usage():
-    scheduler = _scheduler()
+    scheduler = scripted_scheduler()
     out = final(run_scheduler(scheduler, {0: [Request("a", "hello", sp(3))]})["a"])
     assert out.output_token_ids == [101, 102, 103]
     assert out.output_text == "<101><102><103>"
@@ -55,7 +21,7 @@ def test_scripted_tokens_flow_into_outputs_text_and_usage():
 
 
 def test_a_generator_step_failing_with_a_bug_fails_the_batch_with_errors_and_the_queue_keeps_going():
-    scheduler = _scheduler(max_num_seqs=2)
+    scheduler = scripted_scheduler(max_num_seqs=2)
     for rid in ("a", "b", "c"):
         scheduler.add_request(Request(rid, "xyz", sp(5)))
     scheduler.step()
@@ -71,7 +37,7 @@ def test_a_generator_step_failing_with_a_bug_fails_the_batch_with_errors_and_the
 
 
 def test_phase_and_rows_follow_requests_through_their_life():
-    scheduler = _scheduler(max_num_seqs=1)
+    scheduler = scripted_scheduler(max_num_seqs=1)
     scheduler.add_request(Request("a", "abc", sp(3)))
     scheduler.add_request(Request("b", "de", sp(3)))
     rows = scheduler.get_running_requests_info()

@@ -1,5 +1,6 @@
 """Admission paced to the generator: no more prompts than it can prefill at once, and nothing new
-in a step that hands out first tokens while that pays (the real tiny model)."""
+in a step that hands out first tokens while that pays (the real tiny model; the hold decision
+alone on the scripted runner)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from engine_worker.common.request import Request
 from engine_worker.sched.pacer import AdmissionPacer
 from engine_worker.sched.scheduler import Scheduler
 from tests.engine_worker.engine_helpers import final, greedy, prompt_ids, run_scheduler, solo_tokens
+from tests.engine_worker.fake_runner import scripted_scheduler
 
 
 class _FixedPacer(AdmissionPacer):
@@ -87,11 +89,12 @@ def test_a_request_of_higher_priority_arriving_during_a_burst_starts_before_the_
     assert all(final(outs).finish_reason == "length" for outs in outputs.values())
 
 
-def test_a_deep_queue_is_admitted_without_holding_and_a_short_one_is_held(tiny_model):
-    model, tokenizer = tiny_model
+def test_a_deep_queue_is_admitted_without_holding_and_a_short_one_is_held():
     # Holding gains each of 4 due requests 4 ms and costs each waiter 2 ms: held below 8 waiting.
-    scheduler = _scheduler(model, tokenizer, _FixedPacer(admit_ms=6, decode_ms=2), prefill_batch_size=4)
-    requests = [Request(f"r{i:02d}", prompt_ids(tokenizer, 12 + i % 5), greedy(3)) for i in range(24)]
+    # Pacing alone: the scripted runner, paced like mlx-lm's generator.
+    scheduler = scripted_scheduler(enable_prefix_cache=False, prefill_batch_size=4)
+    scheduler._pacer = _FixedPacer(admit_ms=6, decode_ms=2)
+    requests = [Request(f"r{i:02d}", list(range(10, 22 + i % 5)), greedy(3)) for i in range(24)]
 
     outputs, admitted, waiting_after = _run(scheduler, {0: requests})
 

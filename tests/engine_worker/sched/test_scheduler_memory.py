@@ -11,8 +11,8 @@ from engine_worker.runner.device_memory import KV_STEP, ModelDims
 from engine_worker.sched.memory import BatchShape, MemoryBudget, round_up
 from engine_worker.sched.scheduler import Scheduler
 from tests.engine_worker.engine_helpers import final, greedy, prompt_ids, run_scheduler, solo_tokens
-from tests.engine_worker.fake_runner import ScriptedRunner
-from tests.engine_worker.sched.test_scheduler_fake_runner import Tok, sp
+from tests.engine_worker.fake_runner import ScriptedRunner, Tok
+from tests.engine_worker.sched.test_scheduler_fake_runner import sp
 
 # A model whose token takes 2 bytes of KV (keys and values) and nothing else.
 BYTE_DIMS = ModelDims(kv_layers=1, kv_heads=1, head_dim=1, heads=0, hidden=0, intermediate=0, vocab=0,

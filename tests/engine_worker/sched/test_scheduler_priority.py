@@ -1,6 +1,6 @@
 """With the PRIORITY policy a full batch gives way: a more urgent request that arrives takes the
 place of the least urgent decoding one, which waits and resumes with the same greedy tokens
-(the real tiny model)."""
+(the real tiny model); otherwise the newcomer waits (scheduling alone: the scripted runner)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from engine_worker.common.config import SchedulerConfig, SchedulingPolicy
 from engine_worker.common.request import Request
 from engine_worker.sched.scheduler import Scheduler
 from tests.engine_worker.engine_helpers import final, greedy, prompt_ids, run_scheduler, solo_tokens
+from tests.engine_worker.fake_runner import scripted_scheduler
 
 LONG = 40
 
@@ -60,11 +61,13 @@ def test_a_more_urgent_request_preempts_the_least_urgent_and_everyone_keeps_thei
         assert final(outputs[request.request_id]).finish_reason in ("length", "stop")
 
 
-def test_under_fcfs_or_at_equal_priority_a_full_batch_makes_the_newcomer_wait(tiny_model):
-    model, tokenizer = tiny_model
+def test_under_fcfs_or_at_equal_priority_a_full_batch_makes_the_newcomer_wait():
+    # Scheduling alone: the scripted runner, with the same batch of two.
     for policy, urgent_priority in ((SchedulingPolicy.FCFS, 0), (SchedulingPolicy.PRIORITY, 100)):
-        scheduler = _scheduler(model, tokenizer, policy)
-        low, urgent = _requests(tokenizer, urgent_priority)
+        scheduler = scripted_scheduler(enable_prefix_cache=False, completion_batch_size=2, prefill_batch_size=2,
+                                       policy=policy)
+        low = [Request(f"low{i}", list(range(10, 22 + i)), greedy(LONG), priority=100) for i in range(2)]
+        urgent = Request("urgent", list(range(30, 44)), greedy(4), priority=urgent_priority)
 
         outputs = _run_stepped(scheduler, low, urgent)
 

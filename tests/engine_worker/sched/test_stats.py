@@ -8,6 +8,7 @@ from engine_worker.runner import device_memory
 from engine_worker.sched.scheduler import Scheduler
 from engine_worker.sched.stats import running_row
 from tests.engine_worker.engine_helpers import greedy, prompt_ids
+from tests.engine_worker.fake_runner import scripted_scheduler
 
 SEED_ROW_FIELDS = [
     "request_id", "status", "phase", "elapsed_s", "prompt_tokens", "completion_tokens", "max_tokens",
@@ -15,13 +16,12 @@ SEED_ROW_FIELDS = [
 ]
 
 
-def test_rows_have_exactly_the_seed_fields_waiting_first(tiny_model):
-    model, tokenizer = tiny_model
-    scheduler = Scheduler(model, tokenizer)
-    scheduler.add_request(Request("run", prompt_ids(tokenizer, 6), greedy(50, ignore_eos=True)))
+def test_rows_have_exactly_the_seed_fields_waiting_first():
+    scheduler = scripted_scheduler()  # the rows need no model: the scripted runner
+    scheduler.add_request(Request("run", list(range(10, 16)), greedy(50, ignore_eos=True)))
     for _ in range(3):
         scheduler.step()
-    scheduler.add_request(Request("wait", prompt_ids(tokenizer, 6), greedy(5)))
+    scheduler.add_request(Request("wait", list(range(20, 26)), greedy(5)))
     rows = scheduler.get_running_requests_info()
     assert [list(r) for r in rows] == [SEED_ROW_FIELDS, SEED_ROW_FIELDS]
     waiting, running = rows
