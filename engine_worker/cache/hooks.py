@@ -189,9 +189,9 @@ class CacheLifecycle:
     def __init__(self, seam: PrefixSeam, mid_prefill_save_interval: int, max_kv_size: int = 0) -> None:
         self._seam = seam
         self.backend = seam.backend
-        self._saver: Any = None
-        self.ssd_wait: Any = None  # SSDWaitPolicy while a cache is active
-        self._shared: Any = None  # SharedPrefill while a cache is active
+        self._saver: MidPrefillSaver | None = None
+        self.ssd_wait: SSDWaitPolicy | None = None  # while a cache is active
+        self._shared: SharedPrefill | None = None  # while a cache is active
         self._interval = 0
         # Prompts at least this long wrap the sliding window (0: no window, or a back end that
         # cannot store a wrapped window).
