@@ -22,7 +22,7 @@ $(VENV)/.installed: pyproject.toml
 	@touch $@
 
 model: setup
-	$(BIN)/python -m engine_worker.model.builder var/models/tiny
+	$(BIN)/python -m demo_model.builder var/models/tiny
 
 run: setup
 	@bash scripts/run.sh

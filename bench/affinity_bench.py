@@ -54,7 +54,7 @@ def system_prompt(model_path: Path, tokens: int, part: int = 0) -> str:
     tokens of the shipped corpus (part 1 shares no prefix with part 0)."""
     from transformers import AutoTokenizer
 
-    from engine_worker.model.builder import CORPUS_PATH
+    from demo_model.builder import CORPUS_PATH
 
     tokenizer = AutoTokenizer.from_pretrained(str(model_path))
     ids = tokenizer.encode(CORPUS_PATH.read_text(encoding="utf-8")[: tokens * 16 * (part + 1)])

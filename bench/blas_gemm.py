@@ -1,7 +1,7 @@
-"""CPU GEMM GFLOP/s of mlx with and without the OpenBLAS preload (engine_worker/blas.py).
+"""CPU GEMM GFLOP/s of mlx with and without the OpenBLAS preload (engine_worker/runner/blas.py).
 
 Each measurement runs in a fresh subprocess, because the BLAS is chosen when ``mlx.core`` is first
-loaded: one child imports it through ``engine_worker.mlx_core`` (OpenBLAS preloaded), the other with
+loaded: one child imports it through ``engine_worker.runner.mlx_core`` (OpenBLAS preloaded), the other with
 ``MLX_DISABLE_OPENBLAS=1`` (mlx's bundled reference BLAS). The children alternate
 (OpenBLAS, OpenBLAS with ``OPENBLAS_NUM_THREADS=1``, bundled, ...) ``--rounds`` times; the
 report gives medians and the ratios.
@@ -31,9 +31,9 @@ SHAPES = {
 
 def child(iters: int) -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from engine_worker.mlx_core import mx  # the preload, unless MLX_DISABLE_OPENBLAS=1
+    from engine_worker.runner.mlx_core import mx  # the preload, unless MLX_DISABLE_OPENBLAS=1
 
-    from engine_worker.blas import blas_status
+    from engine_worker.runner.blas import blas_status
 
     out = {"blas": blas_status()}
     for name, (m, k, n) in SHAPES.items():

@@ -28,14 +28,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import dump_json_line, ensure_default_model, environment, load_model, median  # noqa: E402
 
 from engine_worker.cache import build_prefix_cache  # noqa: E402
-from engine_worker.config import SchedulerConfig  # noqa: E402
-from engine_worker.request import Request, SamplingParams  # noqa: E402
-from engine_worker.scheduler import Scheduler  # noqa: E402
+from engine_worker.common.config import SchedulerConfig  # noqa: E402
+from engine_worker.common.request import Request, SamplingParams  # noqa: E402
+from engine_worker.sched.scheduler import Scheduler  # noqa: E402
 
 
 def token_stream(tokenizer, n: int, offset: int = 0) -> list[int]:
     """``n`` tokens of the repository's corpus starting near character ``offset``."""
-    from engine_worker.model.builder import CORPUS_PATH
+    from demo_model.builder import CORPUS_PATH
 
     text = CORPUS_PATH.read_text(encoding="utf-8")[offset : offset + 40 * n]
     out: list[int] = []

@@ -1,7 +1,7 @@
 """Helpers shared by the benchmark scripts: model loading, deterministic prompts, statistics.
 
 Importing this module puts the repository on ``sys.path`` and imports mlx through
-:mod:`engine_worker.mlx_core`, so OpenBLAS is loaded first (unless ``MLX_DISABLE_OPENBLAS=1``).
+:mod:`engine_worker.runner.mlx_core`, so OpenBLAS is loaded first (unless ``MLX_DISABLE_OPENBLAS=1``).
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from engine_worker.mlx_core import mx  # noqa: E402
+from engine_worker.runner.mlx_core import mx  # noqa: E402
 
-from engine_worker.blas import blas_status  # noqa: E402
+from engine_worker.runner.blas import blas_status  # noqa: E402
 
 DEFAULT_MODEL = REPO / "var" / "models" / "tiny"
 
@@ -29,7 +29,7 @@ def ensure_default_model(path: str | Path | None) -> Path:
     """Return ``path``; with no path, build (once) and return the tiny test model."""
     if path:
         return Path(path)
-    from engine_worker.model.builder import ensure_model
+    from demo_model.builder import ensure_model
 
     return ensure_model(DEFAULT_MODEL)
 
@@ -68,7 +68,7 @@ def make_prompts(tokenizer, n: int, lo: int = 16, hi: int = 128) -> list[list[in
     Each prompt is BOS (when the tokenizer has one) followed by a slice of the tokenized corpus;
     the same tokenizer always gives the same prompts.
     """
-    from engine_worker.model.builder import CORPUS_PATH
+    from demo_model.builder import CORPUS_PATH
 
     text = CORPUS_PATH.read_text(encoding="utf-8")[:400_000]
     # encode line by line: one long encode() makes transformers warn about model_max_length

@@ -44,7 +44,7 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parent
 sys.path[:0] = [str(BENCH), str(BENCH.parent)]  # common and engine_worker
 
-from engine_worker.mlx_core import mx  # noqa: E402
+from engine_worker.runner.mlx_core import mx  # noqa: E402
 
 from common import (  # noqa: E402
     count_params,
@@ -113,8 +113,8 @@ def run_raw(model, prompts, max_tokens, completion_batch_size, prefill_batch_siz
 
 def import_engine():
     """The engine's public classes, through the seed's import path."""
+    from engine_worker.common.request import SamplingParams
     from engine_worker.engine_core import EngineConfig, EngineCore, SchedulerConfig
-    from engine_worker.request import SamplingParams
 
     return EngineCore, EngineConfig, SchedulerConfig, SamplingParams
 

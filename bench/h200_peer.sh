@@ -26,7 +26,7 @@ LD_LIBRARY_PATH=$PWD/.whl/bin .whl/bin/redis-server --port 6379 --save '' --appe
 for _ in $(seq 50); do python3 -c 'import redis; redis.Redis().ping()' 2>/dev/null && break; sleep 0.1; done
 MODEL=${MODEL:-/tmp/m300}
 if [ ! -d "$MODEL" ]; then
-    python3 -m engine_worker.model.builder "$MODEL" ${MODEL_ARGS:---hidden 1024 --layers 24 --heads 16 --kv_heads 8 \
+    python3 -m demo_model.builder "$MODEL" ${MODEL_ARGS:---hidden 1024 --layers 24 --heads 16 --kv_heads 8 \
         --intermediate 2816 --vocab 32000 --dtype bfloat16} >/tmp/build.log 2>&1 || { tail -20 /tmp/build.log; exit 1; }
 fi
 out=${OUT:-/tmp/peer}

@@ -30,6 +30,6 @@ else
     export BENCH_DATABASE_URL=sqlite:////tmp/service_bench.sqlite3
 fi
 MODEL=${MODEL:-var/models/tiny}
-[ -d "$MODEL" ] || python3 -m engine_worker.model.builder "$MODEL" ${MODEL_ARGS:-}
+[ -d "$MODEL" ] || python3 -m demo_model.builder "$MODEL" ${MODEL_ARGS:-}
 # SCRIPT=bench/engine_bench.py (or another script taking --model) runs that instead of the service benchmark.
 python3 "${SCRIPT:-bench/service_bench.py}" --model "$MODEL" "$@"

@@ -42,16 +42,15 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parent
 sys.path[:0] = [str(BENCH), str(BENCH.parent)]  # common and engine_worker
 
-from engine_worker.mlx_core import mx  # noqa: E402
+from engine_worker.runner.mlx_core import mx  # noqa: E402
 
 from common import dump_json_line, ensure_default_model, environment, make_prompts, median  # noqa: E402
 
-from engine_worker.config import EngineConfig, SchedulerConfig  # noqa: E402
+from engine_worker.common.config import EngineConfig, SchedulerConfig  # noqa: E402
+from engine_worker.common.request import SamplingParams  # noqa: E402
 from engine_worker.engine_core import EngineCore  # noqa: E402
-from engine_worker.loader import load_model  # noqa: E402
-from engine_worker.memory import device_memory_bytes  # noqa: E402
-from engine_worker.memory_budget import weights_bytes  # noqa: E402
-from engine_worker.request import SamplingParams  # noqa: E402
+from engine_worker.runner.device_memory import device_memory_bytes, weights_bytes  # noqa: E402
+from engine_worker.runner.loader import load_model  # noqa: E402
 
 MIB = 1 << 20
 PREFILL_BATCH = 8

@@ -28,9 +28,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from common import dump_json_line, ensure_default_model, environment, load_model, percentile  # noqa: E402
 
-from engine_worker.config import EngineConfig  # noqa: E402
-from engine_worker.engine import EngineCore  # noqa: E402
-from engine_worker.request import SamplingParams  # noqa: E402
+from engine_worker.common.config import EngineConfig  # noqa: E402
+from engine_worker.common.request import SamplingParams  # noqa: E402
+from engine_worker.engine.core import EngineCore  # noqa: E402
 
 INTERACTIVE_PRIORITY, BATCH_PRIORITY = 10, 100
 

@@ -67,15 +67,15 @@ sys.path.insert(0, str(ROOT))
 from common import dump_json_line, ensure_default_model, environment, median, percentile, proc_cpu_ticks  # noqa: E402
 from http_clients import openai_stream, post_job  # noqa: E402
 
-from engine_worker.config import EngineConfig  # noqa: E402
+from engine_worker.common.config import EngineConfig  # noqa: E402
+from engine_worker.common.request import SamplingParams  # noqa: E402
 from engine_worker.engine_core import EngineCore  # noqa: E402
-from engine_worker.loader import load_model  # noqa: E402  (the worker's loader: same dtype)
-from engine_worker.request import SamplingParams  # noqa: E402
+from engine_worker.runner.loader import load_model  # noqa: E402  (the worker's loader: same dtype)
 
 
 def candidate_prompts(tokenizer, n: int) -> list[str]:
     """A deterministic pool of text prompts (lines of the shipped corpus, 20-80 words)."""
-    from engine_worker.model.builder import CORPUS_PATH
+    from demo_model.builder import CORPUS_PATH
 
     words = CORPUS_PATH.read_text(encoding="utf-8")[:300_000].split()
     out = []

@@ -50,7 +50,7 @@ from http_clients import post_job  # noqa: E402
 from service_bench import Service, _children, candidate_prompts  # noqa: E402
 
 MIB = 1 << 20
-# The worker's own log line for a step that ran out of device memory (engine_worker/scheduler_memory.py).
+# The worker's own log line for a step that ran out of device memory (engine_worker/sched/preemption.py).
 OOM_LOG = "the device ran out of memory"
 METRIC = re.compile(r'^inference_worker_memory_bytes\{kind="(\w+)",worker="([^"]+)"\} ([0-9.e+]+)$')
 

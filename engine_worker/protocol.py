@@ -1,9 +1,18 @@
-"""Typed messages between the web side and the engine worker.
+"""Typed messages between the web side, the engine worker and its engine: the one vocabulary.
 
-Plain frozen dataclasses of ids, numbers and strings: never ORM objects. The web side builds a
-:class:`JobSpec` (prompt already tokenized, so the context check happens before dispatch); the
-worker emits :class:`OutputChunk` per engine step and one :class:`FinalResult`, and publishes
-:class:`WorkerHeartbeat` periodically. ``to_dict``/``from_dict`` give the JSON wire form.
+Plain frozen dataclasses of ids, numbers and strings: never ORM objects.
+
+* **Jobs and their outputs.** The web side builds a :class:`JobSpec` (prompt already tokenized, so
+  the context check happens before dispatch); the worker emits :class:`OutputChunk` per engine
+  step and one :class:`FinalResult`, folded into :class:`StepBatch` es, and publishes
+  :class:`WorkerHeartbeat` periodically. ``to_dict``/``from_dict`` give the JSON wire form.
+* **Commands**, the same on every queue that carries them: the worker's connection to its engine
+  process, that process's I/O queue and the engine's own command queue. :class:`Submit` starts a
+  job, :class:`Cancel` stops one with a final (``finish_reason="abort"``), :class:`HandBack` stops
+  some without one (they go back to the broker's queue); :class:`Evict` drops a prefix-cache entry
+  and :class:`Stop` ends the engine process.
+* **The engine process's answers** besides its batches and heartbeats: :class:`Refused` (a job the
+  engine would not start, classified there: the job's fault or the engine's) and :class:`Stopped`.
 
 This module imports nothing heavy (no mlx), so web processes can use it.
 """
@@ -12,9 +21,10 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
+J = TypeVar("J")
 
 FINISH_REASONS = ("stop", "length", "abort", "error")
 
@@ -149,3 +159,59 @@ class StepBatch:
 
     def __bool__(self) -> bool:
         return bool(self.chunks or self.finals or self.first_tokens)
+
+
+# ---- commands ------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Submit(Generic[J]):
+    """Start a job: a :class:`JobSpec` to the engine process and on its I/O queue, the engine's
+    ``Request`` (whose id is the job id) on the engine's own command queue."""
+
+    job: J
+
+
+@dataclass(frozen=True)
+class Cancel:
+    """Stop a job: it ends with ``finish_reason="abort"`` and its text so far."""
+
+    job_id: str
+
+
+@dataclass(frozen=True)
+class HandBack:
+    """Stop jobs without a final: they go back to the broker's queue for another worker, and
+    nothing more of theirs is written."""
+
+    job_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Evict:
+    """Drop one prefix-cache entry, by its ``key_hash``; the engine process's next heartbeat, sent
+    at once, no longer lists it."""
+
+    key: str
+
+
+@dataclass(frozen=True)
+class Stop:
+    """End the engine process once every output is sent."""
+
+
+# ---- the engine process's answers ---------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Refused:
+    """The engine would not start a job: ``job_fault`` when the job itself cannot run anywhere (an
+    invalid request), else the engine's trouble (another worker may run it). The engine side
+    classifies; the worker acts on it."""
+
+    job_id: str
+    error: str
+    job_fault: bool
+
+
+@dataclass(frozen=True)
+class Stopped:
+    """The engine process's last message: its engine stopped and every output was sent."""

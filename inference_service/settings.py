@@ -1,7 +1,7 @@
 """Django settings, read from the environment through :mod:`inference_service.env`.
 
 Embedded defaults (no variables set): SQLite under ``var/``, Redis on localhost DB 0, the demo
-model shipped in ``engine_worker/model/demo``. ``DATABASE_URL``/``REDIS_URL``/``MODEL_PATH``
+model shipped in ``demo_model/demo``. ``DATABASE_URL``/``REDIS_URL``/``MODEL_PATH``
 switch to real deployments.
 """
 
@@ -183,7 +183,7 @@ SPECTACULAR_SETTINGS = {
 # The model the web side tokenizes for (the engine worker loads the same folder): by default the
 # demo model shipped in the repository, or (a checkout without its weights) the locally built test
 # model, as scripts/run.sh chooses.
-_DEMO_MODEL = BASE_DIR / "engine_worker" / "model" / "demo"
+_DEMO_MODEL = BASE_DIR / "demo_model" / "demo"
 MODEL_PATH = env_str("MODEL_PATH", str(_DEMO_MODEL if (_DEMO_MODEL / "model.safetensors").exists()
                                        else VAR_DIR / "models" / "tiny"))
 # An engine worker serves the model at MODEL_PATH under MODEL_NAME (default: the folder's name) and

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The fast BLAS for mlx on Linux (engine_worker/blas.py picks the first one that loads and can run
+# The fast BLAS for mlx on Linux (engine_worker/runner/blas.py picks the first one that loads and can run
 # on this CPU): cmeel-openblas (a pip package) needs libgfortran.so.5 and, being built for SKYLAKEX
 # only, a CPU with AVX-512; Debian's libopenblas0-pthread chooses its kernels at run time and is
 # the one used elsewhere. Without either the engine still works, on mlx's slow reference BLAS, so a

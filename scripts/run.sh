@@ -3,7 +3,7 @@
 #
 #   database  SQLite under var/ (DATABASE_URL switches to Postgres)
 #   Redis     REDIS_URL, default redis://127.0.0.1:6379/0; a local redis-server is started if none answers
-#   model     MODEL_PATH, default the trained demo model shipped in engine_worker/model/demo
+#   model     MODEL_PATH, default the trained demo model shipped in demo_model/demo
 #   models    MODELS=name=path,name2=path2 serves several models (MODEL_PATH is then ignored);
 #             WORKERS_PER_MODEL (default 1) engine workers each
 #   processes daphne (HTTP + WebSocket), the engine workers, celery beat, a light celery worker
@@ -66,13 +66,13 @@ if ! redis_answers 2>/dev/null; then
 fi
 
 if [ -z "${MODEL_PATH:-}" ]; then
-  if [ -f engine_worker/model/demo/model.safetensors ]; then
-    export MODEL_PATH="$PWD/engine_worker/model/demo"
+  if [ -f demo_model/demo/model.safetensors ]; then
+    export MODEL_PATH="$PWD/demo_model/demo"
     echo "  model: the demo code model in $MODEL_PATH"
   else  # a checkout without the trained weights: the untrained test model, which writes gibberish
     export MODEL_PATH="$PWD/var/models/tiny"
-    echo "  model: no trained weights in engine_worker/model/demo; building the untrained test model in $MODEL_PATH"
-    $BIN/python -m engine_worker.model.builder "$MODEL_PATH" >"$LOG_DIR/model-build.log" 2>&1
+    echo "  model: no trained weights in demo_model/demo; building the untrained test model in $MODEL_PATH"
+    $BIN/python -m demo_model.builder "$MODEL_PATH" >"$LOG_DIR/model-build.log" 2>&1
   fi
 fi
 

@@ -15,7 +15,7 @@ TINY_MODEL_DIR = ROOT / "var" / "models" / "tiny"
 def tiny_model_path() -> Path:
     """Path of the local test model (built on first use; MODEL_PATH is ignored in tests on purpose,
     so token-level expectations always refer to the same model)."""
-    from engine_worker.model.builder import ensure_model
+    from demo_model.builder import ensure_model
 
     return ensure_model(TINY_MODEL_DIR)
 
@@ -23,7 +23,7 @@ def tiny_model_path() -> Path:
 @pytest.fixture(scope="session")
 def tiny_model(tiny_model_path):
     """``(model, tokenizer)`` loaded once through ``mlx_lm.load``."""
-    import engine_worker.mlx_core  # noqa: F401  (OpenBLAS before mlx-lm loads mlx)
+    import engine_worker.runner.mlx_core  # noqa: F401  (OpenBLAS before mlx-lm loads mlx)
 
     from mlx_lm import load
 

@@ -11,7 +11,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("api", "inference_service", "engine_worker", "bench")
+PACKAGES = ("api", "inference_service", "engine_worker", "demo_model", "bench")
 
 
 def _modules() -> dict[str, Path]:

@@ -25,7 +25,7 @@ MAX_MESSAGES = 512
 MAX_LOGIT_BIAS_ENTRIES = 300
 LOGIT_BIAS_LIMIT = 100.0
 PENALTY_LIMIT = 2.0
-MAX_TOP_LOGPROBS = 20  # engine_worker.logprobs.MAX_TOP_LOGPROBS (the web side does not import mlx)
+MAX_TOP_LOGPROBS = 20  # engine_worker.runner.logprobs.MAX_TOP_LOGPROBS (the web side does not import mlx)
 
 
 @extend_schema_field(

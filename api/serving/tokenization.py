@@ -20,7 +20,7 @@ from jinja2.exceptions import TemplateError, TemplateSyntaxError
 
 from api.common.errors import ChatTemplateMissing, InvalidRequest, ServiceUnavailable
 from api.serving.catalog import configured_models
-from engine_worker.token_bytes import piece_bytes
+from engine_worker.runner.token_bytes import piece_bytes
 
 logger = logging.getLogger(__name__)
 

@@ -21,7 +21,6 @@ from api.models import JobStatus
 from api.worker.admission import stream_restart
 from api.worker.config import WorkerConfig
 from api.worker.control import WorkerControl
-from engine_worker.errors import RequestError
 from engine_worker.runtime import Host, OutputSink
 
 logger = logging.getLogger(__name__)
@@ -39,8 +38,8 @@ def current() -> EngineWorkerService | None:
     return _current
 
 
-# (sink, on_tick, on_refused) -> the host; on_refused(job_id, error, job_fault) for a job the
-# engine refused after submit() returned.
+# (sink, on_tick, on_refused) -> the host; the host calls on_refused(job_id, error, job_fault) for
+# a job its engine would not start, classified on the engine side (engine_worker.runtime.host.refusal).
 HostFactory = Callable[[OutputSink, Callable[[], None], Callable[[str, str, bool], None]], Any]
 
 
@@ -87,20 +86,24 @@ class EngineWorkerService:
             return False
         try:
             first_seq = stream_restart(redis_client=self._redis, job=job) if job.attempts > 1 else 1
-            spec = job_lifecycle.job_spec(job, first_seq=first_seq)  # malformed params raise ValueError/TypeError
-            if self.host.submit(spec):
-                return True
-            self._hand_back([job_id])  # draining
-        except (RequestError, ValueError, TypeError) as exc:  # this job cannot run anywhere: it fails alone
+            spec = job_lifecycle.job_spec(job, first_seq=first_seq)
+        except (ValueError, TypeError) as exc:  # its stored parameters are malformed: it fails alone
             self._refused(job_id, str(exc), True)
-        except Exception as exc:  # the engine's trouble, not the job's: another worker may run it
-            logger.exception("could not start job %s here", job_id)
+            return False
+        except Exception as exc:  # this worker's trouble (Redis), not the job's: another may run it
+            logger.exception("could not prepare job %s here", job_id)
             self._refused(job_id, str(exc), False)
+            return False
+        if self.host.submit(spec):
+            return True
+        # Not started: the host is draining, or its engine refused the job at once (_refused has
+        # failed it or handed it back already, and this conditional hand-back changes nothing).
+        self._hand_back([job_id])
         return False
 
     def _refused(self, job_id: str, error: str, job_fault: bool) -> None:
-        """The engine would not take the job: it fails alone when the fault is its own, else it
-        goes back to the queue for another worker."""
+        """The job cannot start here: it fails alone when the fault is its own, else it goes back
+        to the queue for another worker. The engine side says which (``job_fault``)."""
         if job_fault:
             logger.warning("job %s cannot run: %s", job_id, error)
             job_lifecycle.job_fail(job_id=job_id, worker_id=self.worker_id, error=error)

@@ -19,7 +19,7 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine_worker.mlx_core import mx
+from engine_worker.runner.mlx_core import mx
 
 import numpy as np
 import safetensors.numpy as st

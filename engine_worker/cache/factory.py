@@ -1,5 +1,4 @@
-"""Pick and build the prefix-cache back end from a ``SchedulerConfig`` (duck-typed on the seed's
-field names, so this module does not import the scheduler's config).
+"""Pick and build the prefix-cache back end from a ``SchedulerConfig``.
 
 Precedence, as in the seed: ``enable_prefix_cache`` off → none; ``use_paged_cache`` → paged;
 ``use_memory_aware_cache`` → memory-aware (+ SSD tier when ``ssd_cache_dir`` is set); else the
@@ -17,52 +16,48 @@ from engine_worker.cache.paged_blocks import PagedCacheManager
 from engine_worker.cache.paged_cache import BlockAwarePrefixCache
 from engine_worker.cache.prefix_cache import PrefixCacheManager
 from engine_worker.cache.ssd_tier import SSDCacheConfig, SSDCacheTier
+from engine_worker.common.config import SchedulerConfig
 
 logger = logging.getLogger(__name__)
 
 PrefixCache = MemoryAwarePrefixCache | BlockAwarePrefixCache | PrefixCacheManager
 
 
-def memory_cache_config(config: Any, max_bytes: int | None = None) -> MemoryCacheConfig:
+def memory_cache_config(config: SchedulerConfig, max_bytes: int | None = None) -> MemoryCacheConfig:
     """The seed's cache fields; ``max_bytes``, when given, is the limit already resolved from them
     (the engine resolves ``cache_memory_percent`` against the worker's memory budget)."""
     return MemoryCacheConfig(
-        max_memory_mb=max_bytes / MB if max_bytes is not None else getattr(config, "cache_memory_mb", None),
-        max_memory_percent=getattr(config, "cache_memory_percent", 0.2),
-        kv_quantize=getattr(config, "kv_cache_quantization", False),
-        kv_bits=getattr(config, "kv_cache_quantization_bits", 8),
-        kv_group_size=getattr(config, "kv_cache_quantization_group_size", 64),
-        kv_min_quantize_tokens=getattr(config, "kv_cache_min_quantize_tokens", 256),
+        max_memory_mb=max_bytes / MB if max_bytes is not None else config.cache_memory_mb,
+        max_memory_percent=config.cache_memory_percent,
+        kv_quantize=config.kv_cache_quantization,
+        kv_bits=config.kv_cache_quantization_bits,
+        kv_group_size=config.kv_cache_quantization_group_size,
+        kv_min_quantize_tokens=config.kv_cache_min_quantize_tokens,
     )
 
 
-def build_prefix_cache(model: Any, scheduler_config: Any, max_bytes: int | None = None) -> PrefixCache | None:
-    """The back end ``scheduler_config`` asks for, or None when prefix caching is off. The
-    memory-aware one holds at most ``max_bytes`` when given (else its config fields decide).
+def build_prefix_cache(model: Any, config: SchedulerConfig, max_bytes: int | None = None) -> PrefixCache | None:
+    """The back end ``config`` asks for, or None when prefix caching is off. The memory-aware one
+    holds at most ``max_bytes`` when given (else its config fields decide).
 
     With an SSD tier, its I/O thread is started and its index reconciled here (start-up, not a
-    step); call ``cache.ssd_tier.close()`` on shutdown to flush pending writes.
+    step); the back end's ``close()`` flushes pending writes on shutdown.
     """
-    cfg = scheduler_config
-    if not getattr(cfg, "enable_prefix_cache", True):
+    if not config.enable_prefix_cache:
         return None
-    if getattr(cfg, "use_paged_cache", False):
-        manager = PagedCacheManager(
-            block_size=getattr(cfg, "paged_cache_block_size", 64),
-            max_blocks=getattr(cfg, "max_cache_blocks", 1000),
-        )
+    if config.use_paged_cache:
+        manager = PagedCacheManager(block_size=config.paged_cache_block_size, max_blocks=config.max_cache_blocks)
         logger.info("prefix cache: paged, %d blocks of %d tokens", manager.max_blocks, manager.block_size)
         return BlockAwarePrefixCache(model=model, paged_cache_manager=manager)
-    if getattr(cfg, "use_memory_aware_cache", True):
-        cache = MemoryAwarePrefixCache(model=model, config=memory_cache_config(cfg, max_bytes))
-        ssd_dir = getattr(cfg, "ssd_cache_dir", None)
-        if ssd_dir:
-            tier = SSDCacheTier(SSDCacheConfig(cache_dir=ssd_dir, max_size_gb=getattr(cfg, "ssd_cache_max_gb", 10.0)))
+    if config.use_memory_aware_cache:
+        cache = MemoryAwarePrefixCache(model=model, config=memory_cache_config(config, max_bytes))
+        if config.ssd_cache_dir:
+            tier = SSDCacheTier(SSDCacheConfig(cache_dir=config.ssd_cache_dir, max_size_gb=config.ssd_cache_max_gb))
             kept = tier.reconcile()
             tier.start_writer()
             cache.set_ssd_tier(tier)
-            logger.info("prefix cache: SSD tier at %s with %d entries", ssd_dir, kept)
+            logger.info("prefix cache: SSD tier at %s with %d entries", config.ssd_cache_dir, kept)
         logger.info("prefix cache: memory-aware, limit=%.1fMB", cache.memory_limit_mb)
         return cache
-    logger.info("prefix cache: legacy, %d entries", getattr(cfg, "prefix_cache_size", 100))
-    return PrefixCacheManager(model=model, max_entries=getattr(cfg, "prefix_cache_size", 100))
+    logger.info("prefix cache: legacy, %d entries", config.prefix_cache_size)
+    return PrefixCacheManager(model=model, max_entries=config.prefix_cache_size)

@@ -21,9 +21,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from engine_worker.mlx_core import mx
+from engine_worker.runner.mlx_core import mx
 
-from mlx_lm.models.cache import KVCache, RotatingKVCache
+from mlx_lm.models.cache import KVCache, RotatingKVCache, can_trim_prompt_cache, trim_prompt_cache
 
 from engine_worker.cache.types import UnsupportedCache
 
@@ -97,6 +97,24 @@ def is_sliceable(cache_layers: Sequence[Any]) -> bool:
     """True when any prefix of these layers can be cut out (the paged cache needs this)."""
     return is_storable(cache_layers) and all(
         type(c) is KVCache or c.offset < c.max_size for c in cache_layers)
+
+
+def batchable(cache_layers: Sequence[Any]) -> bool:
+    """Whether the generator can merge these layers into its batch (mlx-lm's ``QuantizedKVCache``,
+    for one, has no ``merge``: inserting it would fail the whole batch's next step)."""
+    return all(hasattr(layer, "merge") for layer in cache_layers)
+
+
+def trimmable(cache_layers: Sequence[Any]) -> bool:
+    """Whether every layer of a live per-layer cache can drop its last positions (mlx-lm's rule: a
+    rotating cache that wrapped, or a recurrent state, cannot)."""
+    return can_trim_prompt_cache(cache_layers)
+
+
+def trim(cache_layers: Sequence[Any], num_tokens: int) -> int:
+    """Drop the last ``num_tokens`` positions of a live per-layer cache in place; returns how many
+    were dropped."""
+    return trim_prompt_cache(cache_layers, num_tokens)
 
 
 def cache_offset(cache_layers: Sequence[Any]) -> int:

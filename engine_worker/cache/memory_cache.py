@@ -1,7 +1,7 @@
 """The memory-aware prefix cache (the default back end): a byte budget, LRU eviction, optional KV
 quantization of stored entries, and an optional SSD tier for what RAM evicts.
 
-Contract (see :mod:`engine_worker.cache_protocol`): :meth:`fetch` returns
+Contract (see :mod:`engine_worker.cache.protocol`): :meth:`fetch` returns
 ``(cache_layers | None, remaining_tokens, hit_type)`` where ``cache_layers`` is a fresh copy
 covering at most ``len(tokens) - 1`` tokens, so ``remaining_tokens`` is never empty.
 :meth:`store` snapshots a finished (or partially prefilled) request's cache under its tokens; the
@@ -12,7 +12,7 @@ What is stored on finish is prompt + output (multi-turn reuse). A cache that can
 to a shorter prefix (a sliding-window ``RotatingKVCache`` that wrapped, under ``max_kv_size``) is
 stored whole under exactly the tokens it holds and only serves prompts that extend them (the next
 turn); the scheduler therefore also stores a prompt-only snapshot of such a request, taken when
-its prompt is processed (``stores_wrapped_windows``; see :mod:`engine_worker.cache_lifecycle`),
+its prompt is processed (``stores_wrapped_windows``; see :mod:`engine_worker.cache.hooks`),
 so the same prompt with another follow-up hits too. Recurrent (``ArraysCache``) state is not
 stored.
 """
@@ -30,6 +30,7 @@ from engine_worker.cache import entry_io, kv
 from engine_worker.cache.budget import MB, resolve_budget_bytes
 from engine_worker.cache.index import as_token_array
 from engine_worker.cache.persistence import load_entries, save_entries
+from engine_worker.cache.protocol import PrefixCacheBackend
 from engine_worker.cache.ssd_tier import SSDCacheTier
 from engine_worker.cache.store import Entry, EntryStore
 from engine_worker.cache.types import (
@@ -48,7 +49,7 @@ logger = logging.getLogger(__name__)
 class MemoryCacheConfig:
     """The seed's knobs. ``max_memory_mb`` wins over ``max_memory_percent``, a fraction of
     ``total_bytes`` (the engine passes its worker's memory budget; by default the device's
-    memory, see :func:`engine_worker.memory.device_memory_bytes`)."""
+    memory, see :func:`engine_worker.runner.device_memory.device_memory_bytes`)."""
 
     max_memory_mb: float | None = None
     max_memory_percent: float = 0.2
@@ -65,7 +66,7 @@ class MemoryCacheConfig:
             raise ValueError("kv_group_size must be 32, 64 or 128")
 
 
-class MemoryAwarePrefixCache:
+class MemoryAwarePrefixCache(PrefixCacheBackend):
     name = "memory_aware_cache"
     active = True
     #: Stores wrapped sliding windows whole: the scheduler takes prompt-only snapshots for it.
@@ -217,6 +218,11 @@ class MemoryAwarePrefixCache:
     @property
     def ssd_tier(self) -> SSDCacheTier | None:
         return self._ssd
+
+    def close(self) -> None:
+        """Flush and stop the SSD tier, if any (its pending writes reach the disk)."""
+        if self._ssd is not None:
+            self._ssd.close()
 
     def absorb_promotions(self) -> int:
         """Move entries the SSD reader finished into RAM (host → mlx copies, no disk I/O)."""

@@ -21,7 +21,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine_worker.mlx_core import mx
+# Per layer, the block's (keys, values): mlx arrays cut from a request's cache (paged_cache.py).
+LayerArrays = tuple[tuple[Any, Any], ...]
 
 
 @dataclass(slots=True)
@@ -29,7 +30,7 @@ class Block:
     block_id: int
     chain_hash: int
     depth: int
-    layers: tuple[tuple[mx.array, mx.array], ...]
+    layers: LayerArrays
     ref_count: int = 0
     users: int = 0
     last_used: float = field(default_factory=time.monotonic)
@@ -83,7 +84,7 @@ class PagedCacheManager:
                 if block is not None and block.ref_count > 0:
                     block.ref_count -= 1
 
-    def add(self, chain_hash: int, depth: int, layers: tuple[tuple[mx.array, mx.array], ...]) -> int | None:
+    def add(self, chain_hash: int, depth: int, layers: LayerArrays) -> int | None:
         """Store a block (or find it stored): returns its id, or None when the pool is full of
         blocks in use. Counts one more ``user`` either way."""
         with self.lock:

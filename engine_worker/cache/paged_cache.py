@@ -20,19 +20,20 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from engine_worker.mlx_core import mx
+from engine_worker.runner.mlx_core import mx
 
 from mlx_lm.models.cache import KVCache
 
 from engine_worker.cache import kv
 from engine_worker.cache.index import as_token_array, chain_hashes
 from engine_worker.cache.paged_blocks import BlockTable, PagedCacheManager
+from engine_worker.cache.protocol import PrefixCacheBackend
 from engine_worker.cache.types import NO_SSD_STATS, CacheCounters, EntryInfo, MatchType, Tier
 
 logger = logging.getLogger(__name__)
 
 
-class BlockAwarePrefixCache:
+class BlockAwarePrefixCache(PrefixCacheBackend):
     name = "paged_cache"
     active = True
 

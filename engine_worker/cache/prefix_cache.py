@@ -11,13 +11,14 @@ from typing import Any
 
 from engine_worker.cache import kv
 from engine_worker.cache.index import as_token_array
+from engine_worker.cache.protocol import PrefixCacheBackend
 from engine_worker.cache.store import Entry, EntryStore
 from engine_worker.cache.types import NO_SSD_STATS, CacheCounters, CacheHit, UnsupportedCache, key_hash
 
 logger = logging.getLogger(__name__)
 
 
-class PrefixCacheManager:
+class PrefixCacheManager(PrefixCacheBackend):
     name = "prefix_cache"
     active = True
 

@@ -7,7 +7,7 @@ prefill it: none of them is in the cache yet. Instead, a waiting prompt that sha
 that leader *follows* it: it stays in the waiting queue, not looked up, until the leader's prompt
 is processed. (The cache serves a prompt the longest prefix it shares with any entry, so what it
 gave the leader is what it holds of the shared part.) The leader's cache is then stored under its
-prompt (:func:`~engine_worker.cache.scheduler_hooks.store_prompt_snapshot`), and the follower's
+prompt (:func:`~engine_worker.cache.hooks.store_prompt_snapshot`), and the follower's
 next lookup hits the shared part. So the shared prefix is prefilled once, and the followers
 prefill only what is their own.
 
@@ -15,20 +15,18 @@ A follower waits at most as long as its leader prefills: an aborted or failed le
 followers at once. Prompts that share less than :data:`MIN_GAIN_TOKENS` with a prefill in
 progress are admitted as before.
 
-Runs on the engine thread (:class:`engine_worker.cache_lifecycle.CacheLifecycle`).
+Runs on the engine thread (:class:`engine_worker.cache.hooks.CacheLifecycle`, which stores the
+leaders' prompts).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 
 from engine_worker.cache.index import as_token_array, common_prefix_len
-from engine_worker.cache.scheduler_hooks import store_prompt_snapshot
-from engine_worker.cache_protocol import PrefixCacheBackend
-from engine_worker.request import Request
+from engine_worker.common.request import Request
 
 # A follower waits for its leader's prefill only to skip at least this many prompt tokens, so
 # short prompts and a conversation's next turn (its history already cached) never wait. Also the
@@ -37,8 +35,7 @@ MIN_GAIN_TOKENS = 256
 
 
 class SharedPrefill:
-    def __init__(self, backend: PrefixCacheBackend) -> None:
-        self.backend = backend
+    def __init__(self) -> None:
         # First MIN_GAIN_TOKENS tokens of a prompt -> its requests still prefilling, by id.
         self._prefilling: dict[bytes, dict[str, tuple[Request, np.ndarray]]] = {}
         self._block_of: dict[str, bytes] = {}  # leader id -> its group
@@ -96,25 +93,20 @@ class SharedPrefill:
                 return True
         return False
 
-    def after_step(self, extract_cache: Callable[[list[int]], dict[int, Any]] | None) -> None:
-        """Store the prompts of leaders that someone follows once they are processed; a leader
-        whose first token came (or that left the batch) stops leading."""
+    def after_step(self, store_prompt: Callable[[Request], bool | None]) -> None:
+        """Store the prompts of leaders that someone follows once they are processed
+        (``store_prompt(leader)``: None while its prompt is still prefilling); a leader whose first
+        token came (or that left the batch) stops leading."""
         for group in list(self._prefilling.values()):
             for rid, (request, _tokens) in list(group.items()):
-                uid = request.batch_uid
-                if uid is None or request.is_finished():
+                if request.batch_uid is None or request.is_finished():
                     self._stop_leading(rid)
                     continue
                 if rid not in self._followers:
                     if request.output_token_ids:
                         self._stop_leading(rid)
                     continue
-                if extract_cache is None:
-                    self._stop_leading(rid)
-                    continue
-                stored = store_prompt_snapshot(self.backend, request.prompt_token_ids,
-                                               extract_cache([uid]).get(uid), trimmable=True)
-                if stored is not None or request.output_token_ids:  # None: still prefilling
+                if store_prompt(request) is not None or request.output_token_ids:
                     self._stop_leading(rid)
 
     def forget(self, request_id: str) -> None:

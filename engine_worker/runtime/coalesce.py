@@ -18,8 +18,8 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from engine_worker.common.request import RequestOutput
 from engine_worker.protocol import FinalResult, FirstToken, OutputChunk, StepBatch
-from engine_worker.request import RequestOutput
 
 logger = logging.getLogger(__name__)
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from engine_worker.common.request import Request, SamplingParams
 from engine_worker.protocol import JobSpec
-from engine_worker.request import Request, SamplingParams
 
 
 def spec_to_request(spec: JobSpec) -> Request:

@@ -3,14 +3,14 @@
 :class:`EngineProcess` offers :class:`JobHost`'s methods (``submit``, ``cancel``, ``hand_back``,
 ``drain``, ``heartbeat``...) to the worker, and runs the JobHost itself (model, engine thread,
 coalescer) in a child started with multiprocessing's *spawn* (mlx does not survive a fork; the
-parent never imports mlx). One duplex connection carries the messages below, each a small frozen
-dataclass pickled by multiprocessing:
+parent never imports mlx). One duplex connection carries the messages of
+:mod:`engine_worker.protocol`, each a small frozen dataclass pickled by multiprocessing:
 
 * parent → child: :class:`Submit`, :class:`Cancel`, :class:`HandBack`, :class:`Evict`,
   :class:`Stop`;
 * child → parent: :class:`StepBatch` (the engine's outputs), :class:`WorkerHeartbeat` (every
   ``heartbeat_s``, the first one meaning "ready"), :class:`Refused` (a job the engine would not
-  take) and :class:`Stopped`.
+  take, classified by the child's :class:`JobHost`) and :class:`Stopped`.
 
 The parent's I/O thread receives them: it hands each batch to the sink, keeps the last heartbeat,
 and between messages (at least every ``tick_s``) runs ``on_tick``. Supervision is one rule: if the
@@ -30,55 +30,24 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from engine_worker.protocol import JobSpec, StepBatch, WorkerHeartbeat
+from engine_worker.protocol import (
+    Cancel,
+    Evict,
+    HandBack,
+    JobSpec,
+    Refused,
+    StepBatch,
+    Stop,
+    Stopped,
+    Submit,
+    WorkerHeartbeat,
+)
+from engine_worker.runtime.host import OnRefused
 from engine_worker.runtime.sink import OutputSink
 
 logger = logging.getLogger(__name__)
 
 START_TIMEOUT_S = 600.0  # loading a large model from a slow disk
-
-
-@dataclass(frozen=True)
-class Submit:
-    spec: JobSpec
-
-
-@dataclass(frozen=True)
-class Cancel:
-    job_id: str
-
-
-@dataclass(frozen=True)
-class HandBack:
-    job_ids: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class Evict:
-    """Drop one prefix-cache entry, by its ``key_hash``; the child's next heartbeat, sent at once,
-    no longer lists it."""
-
-    key: str
-
-
-@dataclass(frozen=True)
-class Stop:
-    pass
-
-
-@dataclass(frozen=True)
-class Refused:
-    """The engine would not take a job: ``job_fault`` when the job itself cannot run anywhere
-    (an invalid request), else the engine's trouble (another worker may run it)."""
-
-    job_id: str
-    error: str
-    job_fault: bool
-
-
-@dataclass(frozen=True)
-class Stopped:
-    pass
 
 
 @dataclass(frozen=True)
@@ -91,9 +60,6 @@ class ChildSpec:
     stream_interval_s: float
     heartbeat_s: float
     model_name: str = ""  # the name in heartbeats; default: the model folder's name
-
-
-OnRefused = Callable[[str, str, bool], None]
 
 
 class EngineProcess:
@@ -306,10 +272,9 @@ class _ConnectionSink:
 def serve(conn: Any, spec: ChildSpec) -> None:
     """The child's main: load the model, run the engine, obey the parent's messages until
     :class:`Stop` (or the parent is gone). Runs in a spawned process."""
-    from engine_worker.config import EngineConfig
-    from engine_worker.engine import EngineCore
-    from engine_worker.errors import RequestError
-    from engine_worker.loader import context_length, load_model
+    from engine_worker.common.config import EngineConfig
+    from engine_worker.engine.core import EngineCore
+    from engine_worker.runner.loader import context_length, load_model
     from engine_worker.runtime.host import JobHost
 
     logging.basicConfig(level=os.environ.get("LOG_LEVEL", "INFO"), format="%(asctime)s %(levelname)s %(name)s %(message)s")
@@ -320,7 +285,7 @@ def serve(conn: Any, spec: ChildSpec) -> None:
     beats = _Beats(spec, out)
     host = JobHost(engine, out, model_name=spec.model_name or os.path.basename(os.path.normpath(spec.model_path)),
                    context_length=context_length(model), stream_interval_s=spec.stream_interval_s,
-                   on_tick=lambda: beats.tick(host), tick_s=min(0.5, spec.heartbeat_s))
+                   on_tick=lambda: beats.tick(host), tick_s=min(0.5, spec.heartbeat_s), on_refused=_refusals(out))
     host.start()
     beats.send(host)  # ready
     try:
@@ -331,7 +296,7 @@ def serve(conn: Any, spec: ChildSpec) -> None:
                 break
             if isinstance(message, Stop):
                 break
-            _obey(host, out, message, RequestError)
+            _obey(host, message)
             if isinstance(message, Evict):
                 beats.send(host)  # the dashboard sees the entry gone without waiting a period
     finally:
@@ -347,21 +312,20 @@ def serve(conn: Any, spec: ChildSpec) -> None:
     os._exit(0)
 
 
-def _obey(host: Any, out: _ConnectionSink, message: object, request_error: type[Exception]) -> None:
+def _obey(host: Any, message: object) -> None:
     if isinstance(message, Submit):
-        try:
-            host.submit(message.spec)
-        except (request_error, ValueError, TypeError) as exc:  # the job cannot run anywhere: it fails alone
-            out.publish(Refused(message.spec.job_id, str(exc), job_fault=True))
-        except Exception as exc:  # the engine's trouble: another worker may run it
-            logger.exception("could not start job %s", message.spec.job_id)
-            out.publish(Refused(message.spec.job_id, str(exc), job_fault=False))
+        host.submit(message.job)  # a refusal reaches the parent through the host's on_refused
     elif isinstance(message, Cancel):
         host.cancel(message.job_id)
     elif isinstance(message, HandBack):
         host.hand_back(list(message.job_ids))
     elif isinstance(message, Evict):
         host.evict_cache_entry(message.key)
+
+
+def _refusals(out: _ConnectionSink) -> OnRefused:
+    """The child's ``on_refused``: each refusal goes to the parent as it was classified."""
+    return lambda job_id, error, job_fault: out.publish(Refused(job_id, error, job_fault))
 
 
 class _Beats:

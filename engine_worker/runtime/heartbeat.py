@@ -20,9 +20,9 @@ def memory_stats(stats: dict[str, Any] | None = None) -> MemoryStats:
     and its parts), or mlx's allocator figures alone when ``stats`` has none."""
     raw = (stats or {}).get("memory")
     if raw is None:
-        from engine_worker import memory
+        from engine_worker.runner import device_memory
 
-        raw = memory.memory_stats()
+        raw = device_memory.memory_stats()
     return from_dict(MemoryStats, {k: int(v) if k != "device" else v for k, v in raw.items()})
 
 

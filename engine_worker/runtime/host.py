@@ -9,6 +9,10 @@ Threads (one of them owns the model):
 * callers (the Celery consumer's thread, the periodic duties) use :meth:`submit`, :meth:`cancel`,
   :meth:`hand_back`, :meth:`heartbeat`, which never block on the engine.
 
+A job the engine will not start is refused here, once, for every host: :func:`refusal` says whether
+the fault is the job's (it cannot run anywhere) or the engine's, and ``on_refused`` hands that to
+the worker (through the connection, when the host runs in an engine process of its own).
+
 This module imports neither Django nor Celery; the service plugs in through :class:`OutputSink`.
 """
 
@@ -20,14 +24,27 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from engine_worker.protocol import JobSpec, WorkerHeartbeat
-from engine_worker.request import Request, RequestOutput
+from engine_worker.common.errors import RequestError
+from engine_worker.common.request import Request, RequestOutput
+from engine_worker.protocol import Cancel, HandBack, JobSpec, Refused, Submit, WorkerHeartbeat
 from engine_worker.runtime.convert import spec_to_request
 from engine_worker.runtime.heartbeat import build_heartbeat
-from engine_worker.runtime.io_thread import Cancel, Forget, IOThread, Track
+from engine_worker.runtime.io_thread import IOThread
 from engine_worker.runtime.sink import OutputSink
 
 logger = logging.getLogger(__name__)
+
+
+# on_refused(job_id, error, job_fault): the worker's answer to a job the engine would not start.
+OnRefused = Callable[[str, str, bool], None]
+
+
+def refusal(job_id: str, exc: Exception) -> Refused:
+    """How a job the engine would not start is refused: the job's own fault when it cannot run
+    anywhere (a ``RequestError``, or settings the request types reject with ``ValueError`` or
+    ``TypeError``), else the engine's (``EngineClosed``...: another worker may run it)."""
+    job_fault = isinstance(exc, RequestError | ValueError | TypeError)
+    return Refused(job_id, str(exc), job_fault=job_fault)
 
 
 class HostedEngine(Protocol):
@@ -48,7 +65,12 @@ class Host(Protocol):
     process) or :class:`~engine_worker.runtime.engine_process.EngineProcess` (in a child)."""
 
     def start(self) -> None: ...
-    def submit(self, spec: JobSpec) -> bool: ...
+    def submit(self, spec: JobSpec) -> bool:
+        """Hand a job to the engine. False when it does not run here: the host holds it already,
+        is draining, or its engine refused it at once. A refusal, at once or later (an engine in a
+        process of its own answers after this returns), reaches the host's ``on_refused``."""
+        ...
+
     def cancel(self, job_id: str) -> bool: ...
     def hand_back(self, job_ids: list[str]) -> list[str]: ...
     def holds(self, job_id: str) -> bool: ...
@@ -70,13 +92,16 @@ class JobHost:
 
     def __init__(self, engine: HostedEngine, sink: OutputSink, *, model_name: str = "",
                  context_length: int | None = None, stream_interval_s: float = 0.0,
-                 on_tick: Callable[[], None] | None = None, tick_s: float = 0.5) -> None:
+                 on_tick: Callable[[], None] | None = None, tick_s: float = 0.5,
+                 on_refused: OnRefused | None = None) -> None:
         """``stream_interval_s``: the least time between two sink writes of ordinary deltas
         (first tokens, finals and commands go at once); 0 writes after every step. ``on_tick``:
-        the worker's periodic duties, run on the I/O thread at least every ``tick_s`` seconds."""
+        the worker's periodic duties, run on the I/O thread at least every ``tick_s`` seconds.
+        ``on_refused``: what a refused job is reported to (without one, it is logged)."""
         self.engine = engine
         self.model_name = model_name
         self.context_length = context_length
+        self._on_refused = on_refused
         self._held: dict[str, float] = {}  # job id -> admitted at
         self._lock = threading.Condition()
         self._io = IOThread(sink, self._finished, interval_s=stream_interval_s, on_tick=on_tick, tick_s=tick_s)
@@ -118,20 +143,29 @@ class JobHost:
     # -- jobs ---------------------------------------------------------------------------------
 
     def submit(self, spec: JobSpec) -> bool:
-        """Admit a job. False (and nothing happens) when this host already holds it or is
-        draining. Engine errors (e.g. ``EngineClosed``) propagate after the job is released."""
+        """Admit a job. False when this host already holds it or is draining (nothing happens),
+        or when the engine will not start it: it is released and refused (:func:`refusal`)."""
         with self._lock:
             if self._closed or spec.job_id in self._held:
                 return False
             self._held[spec.job_id] = time.time()
-        # Track before submitting: the FIFO queue then orders the track before any output.
-        self._io.put(Track(spec.job_id, len(spec.prompt_token_ids), spec.first_seq))
+        # Queued before the engine has it: the FIFO queue then orders the start before any output.
+        self._io.put(Submit(spec))
         try:
             self.engine.submit(spec_to_request(spec))
-        except BaseException:
-            self._io.put(Forget(spec.job_id))
+        except BaseException as exc:
+            self._io.put(HandBack((spec.job_id,)))
             self._finished(spec.job_id)
-            raise
+            if not isinstance(exc, Exception):
+                raise
+            refused = refusal(spec.job_id, exc)
+            if not refused.job_fault:
+                logger.exception("the engine could not start job %s", spec.job_id)
+            if self._on_refused is not None:
+                self._on_refused(refused.job_id, refused.error, refused.job_fault)
+            else:
+                logger.warning("job %s refused, with nobody to tell: %s", spec.job_id, refused.error)
+            return False
         return True
 
     def cancel(self, job_id: str) -> bool:
@@ -149,7 +183,7 @@ class JobHost:
         for job_id in job_ids:
             if self.holds(job_id):
                 self.engine.abort(job_id)
-                self._io.put(Forget(job_id))
+                self._io.put(HandBack((job_id,)))
                 self._finished(job_id)
                 released.append(job_id)
         return released

@@ -3,9 +3,10 @@
 The engine thread only appends its step outputs to a queue (the output listener). This thread
 takes whatever has accumulated, folds it with :class:`ChunkCoalescer` into one
 :class:`StepBatch` and hands that to the sink, so the sink's Redis/database round trips happen
-once per batch, off the engine thread, and never per token. Commands from other threads (track a
-new job, cancel, hand back) travel through the same FIFO queue, which orders them with respect
-to the outputs: a job is tracked before its first output can arrive.
+once per batch, off the engine thread, and never per token. Commands from other threads
+(:class:`~engine_worker.protocol.Submit`, ``Cancel``, ``HandBack``: a new job to follow, one to end
+with an abort, some to drop without a final) travel through the same FIFO queue, which orders
+them with respect to the outputs: a job is followed before its first output can arrive.
 
 Between batches, and at least every ``tick_s`` when idle, it calls ``on_tick``: the worker's
 periodic duties (heartbeat, lease renewal, cancellations from outside) run here too, so one
@@ -21,29 +22,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from engine_worker.protocol import FinalResult, StepBatch
-from engine_worker.request import RequestOutput
+from engine_worker.common.request import RequestOutput
+from engine_worker.protocol import Cancel, FinalResult, HandBack, StepBatch, Submit
 from engine_worker.runtime.coalesce import ChunkCoalescer
 from engine_worker.runtime.sink import OutputSink
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Track:
-    job_id: str
-    prompt_tokens: int
-    first_seq: int = 1
-
-
-@dataclass(frozen=True)
-class Cancel:
-    job_id: str
-
-
-@dataclass(frozen=True)
-class Forget:
-    job_id: str
 
 
 @dataclass(frozen=True)
@@ -71,7 +55,9 @@ class IOThread:
         self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
         self._wake = threading.Event()  # set when something urgent is queued
         self._coalescer = ChunkCoalescer()
-        self._thread = threading.Thread(target=self._run, name="worker-io", daemon=True)
+        # Named apart from the worker's own I/O thread (EngineProcess's "worker-io"), which receives
+        # this thread's batches when the engine runs in a process of its own.
+        self._thread = threading.Thread(target=self._run, name="engine-io", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
@@ -169,14 +155,16 @@ class IOThread:
             if steps:
                 self._publish(self._coalescer.fold(steps, finals))
                 steps, finals = [], []
-            if isinstance(item, Track):
-                self._coalescer.track(item.job_id, item.prompt_tokens, item.first_seq)
+            if isinstance(item, Submit):
+                spec = item.job
+                self._coalescer.track(spec.job_id, len(spec.prompt_token_ids), spec.first_seq)
             elif isinstance(item, Cancel):
                 final = self._coalescer.cancel(item.job_id)
                 if final is not None:
                     finals.append(final)
-            elif isinstance(item, Forget):
-                self._coalescer.forget(item.job_id)
+            elif isinstance(item, HandBack):
+                for job_id in item.job_ids:
+                    self._coalescer.forget(job_id)
             elif isinstance(item, Barrier):
                 barriers.append(item.event)
             elif item is _STOP:

@@ -6,8 +6,8 @@ from typing import Any
 
 from mlx_lm import stream_generate
 
-from engine_worker.request import Request, RequestOutput, SamplingParams
-from engine_worker.scheduler import Scheduler
+from engine_worker.common.request import Request, RequestOutput, SamplingParams
+from engine_worker.sched.scheduler import Scheduler
 
 GREEDY = dict(temperature=0.0)
 

@@ -1,10 +1,15 @@
-"""A scripted stand-in for the generator runner: scheduler tests without a model."""
+"""A scripted stand-in for the generator runner: scheduler tests without a model.
+
+It keeps :class:`BatchRunner`'s defaults for what it lacks: no urgent lane (``insert_urgent``
+inserts into its batch), no KV caches to extract, no KV bytes to measure."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine_worker.generator import StepResult
+from engine_worker.common.config import SchedulerConfig
+from engine_worker.runner.generator import BatchRunner, StepResult
+from engine_worker.sched.scheduler import Scheduler
 
 
 @dataclass
@@ -16,7 +21,7 @@ class Resp:
     all_tokens: object = None
 
 
-class ScriptedRunner:
+class ScriptedRunner(BatchRunner):
     """Emits token 100+n for the n-th token of every sequence; 'length' at max_tokens.
 
     Paced like mlx-lm's generator: a sequence's prompt ends in the first step after its insert
@@ -71,3 +76,39 @@ class ScriptedRunner:
 
     def close(self):
         self.closed = True
+
+
+class Tok:
+    """A tokenizer for the scripted runner: characters encode to small ids, token t reads "<t>"."""
+
+    eos_token_ids = {2}
+
+    class _Detok:
+        def __init__(self):
+            self.text, self._off = "", 0
+
+        def add_token(self, t):
+            self.text += f"<{t}>"
+
+        def finalize(self):
+            pass
+
+        @property
+        def last_segment(self):
+            seg, self._off = self.text[self._off:], len(self.text)
+            return seg
+
+    @property
+    def detokenizer(self):
+        return self._Detok()
+
+    def encode(self, text):
+        return [ord(c) % 50 for c in text]
+
+
+def scripted_scheduler(max_model_len: int = 100, **config) -> Scheduler:
+    """A scheduler over a :class:`ScriptedRunner`, with no model behind it (its memory is not
+    budgeted: the model's sizes are unknown)."""
+    ScriptedRunner.instances.clear()
+    return Scheduler(object(), Tok(), SchedulerConfig(**config), runner_factory=ScriptedRunner,
+                     max_model_len=max_model_len)

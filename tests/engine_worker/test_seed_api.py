@@ -7,7 +7,7 @@ import inspect
 import time
 
 from engine_worker import engine_core, scheduler
-from engine_worker.config import EngineConfig, SchedulerConfig, SchedulingPolicy
+from engine_worker.common.config import EngineConfig, SchedulerConfig, SchedulingPolicy
 from engine_worker.request import Request, RequestOutput, RequestStatus, SamplingParams
 
 
@@ -92,7 +92,7 @@ SEED_SCHEDULER_METHODS = {
     "load_cache_from_disk": [("cache_dir", REQUIRED)], "clear_prefix_cache": [], "close_ssd_tier": [],
 }
 # Documented by the seed, deliberately absent here. promote_from_ssd: the seed's engine never calls
-# it; an SSD entry is promoted inside step(), on its own I/O thread (engine_worker/cache_lifecycle.py).
+# it; an SSD entry is promoted inside step(), on its own I/O thread (engine_worker/cache/hooks.py).
 # CACHE_CORRUPTION_PATTERNS: errors are types here, never matched by message (STYLE.md).
 NOT_PORTED = {"Scheduler.promote_from_ssd", "scheduler.CACHE_CORRUPTION_PATTERNS"}
 SEED_ENGINE_METHODS = {

@@ -1,5 +1,5 @@
 """End to end on the shipped demo model: daphne and an engine worker serving
-engine_worker/model/demo, as ``make run`` does, write code that holds identifiers and no U+FFFD
+demo_model/demo, as ``make run`` does, write code that holds identifiers and no U+FFFD
 or control characters."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import asyncio
 import pytest
 from tokenizers import Tokenizer
 
-from engine_worker.model import DEMO_MODEL_DIR
-from engine_worker.model.evaluate import PROMPTS, SAMPLE_TOKENS, sample_checks, token_spans
+from demo_model import DEMO_MODEL_DIR
+from demo_model.evaluate import PROMPTS, SAMPLE_TOKENS, sample_checks, token_spans
 from tests.api.factories import make_api_key
 from tests.integration.client import ServiceClient
 from tests.integration.procs import START_TIMEOUT_S, free_port, port_open, start_daphne, wait_for
@@ -19,8 +19,8 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.timeout(600),
     pytest.mark.skipif(not (DEMO_MODEL_DIR / "model.safetensors").exists(),
-                       reason="no trained weights in engine_worker/model/demo yet: train them with "
-                              "python -m engine_worker.model.train (README, The models)"),
+                       reason="no trained weights in demo_model/demo yet: train them with "
+                              "python -m demo_model.train (README, The models)"),
 ]
 
 
@@ -52,5 +52,5 @@ def test_the_service_serves_the_demo_model_and_its_greedy_code_holds_identifiers
         assert body["usage"]["completion_tokens"] == SAMPLE_TOKENS
         ids = tokenizer.encode(body["output_text"], add_special_tokens=False).ids
         checks = sample_checks(body["output_text"], token_spans(tokenizer, ids))
-        # The repetition goal is not met yet (tests/engine_worker/model/test_demo_model.py says so).
+        # The repetition goal is not met yet (tests/demo_model/test_demo_model.py says so).
         assert checks["distinct_identifiers"] >= 1 and not checks["bad_characters"], (prompt, body["output_text"], checks)

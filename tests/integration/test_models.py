@@ -29,7 +29,7 @@ SYSTEM = "You are a helpful assistant. Answer briefly and precisely, in plain wo
 @pytest.fixture(scope="session")
 def other_model_path() -> Path:
     """The test model's shape with other weights (seed 1): the same prompt, another answer."""
-    from engine_worker.model.builder import ModelSpec, ensure_model
+    from demo_model.builder import ModelSpec, ensure_model
 
     return ensure_model(OTHER_MODEL_DIR, ModelSpec(seed=1))
 
@@ -55,12 +55,12 @@ def _submit(api_key, *, model: str | None = None, prompt: str | None = None, mes
 
 def _in_process_text(model_path: Path, token_ids: list[int], max_tokens: int) -> str:
     """What the engine, run in this process on ``model_path``, writes for these tokens (greedy)."""
-    import engine_worker.mlx_core  # noqa: F401  (OpenBLAS before mlx-lm loads mlx)
+    import engine_worker.runner.mlx_core  # noqa: F401  (OpenBLAS before mlx-lm loads mlx)
 
     from mlx_lm import load
 
-    from engine_worker.engine import EngineCore
-    from engine_worker.request import SamplingParams
+    from engine_worker.common.request import SamplingParams
+    from engine_worker.engine.core import EngineCore
 
     model, tokenizer = load(str(model_path))
     engine = EngineCore(model, tokenizer)

@@ -12,7 +12,7 @@ from typing import Any
 
 from api.worker.config import WorkerConfig
 from api.worker.service import EngineWorkerService
-from engine_worker.config import EngineConfig
+from engine_worker.common.config import EngineConfig
 from engine_worker.engine_core import EngineCore
 from engine_worker.protocol import FinalResult, JobSpec
 from engine_worker.runtime import JobHost, MemorySink
@@ -54,7 +54,8 @@ def live_worker(tiny_model: Any, redis_client: Any, *, worker_id: str = "w-live"
                           redispatch_after_s=30, stream_interval_s=0, prefetch=16)
 
     def make_host(sink: MemorySink, on_tick: Callable[[], None], on_refused: Any) -> JobHost:
-        return JobHost(engine, sink, model_name="tiny", context_length=4096, on_tick=on_tick, tick_s=0.05)
+        return JobHost(engine, sink, model_name="tiny", context_length=4096, on_tick=on_tick, tick_s=0.05,
+                       on_refused=on_refused)
 
     service = EngineWorkerService(config=config, make_host=make_host, sink=sink, redis_client=redis_client,
                                   dispatch=lambda job_id: None)

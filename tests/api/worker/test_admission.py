@@ -10,7 +10,7 @@ from api.models import JobStatus
 from api.streaming import messages
 from api.worker.config import WorkerConfig
 from api.worker.service import EngineWorkerService
-from engine_worker.errors import EngineClosed, InvalidRequest
+from engine_worker.common.errors import EngineClosed, InvalidRequest
 from engine_worker.protocol import OutputChunk
 from engine_worker.runtime import JobHost, MemorySink
 from tests.api.factories import make_job
@@ -51,7 +51,8 @@ class FakeEngine:
 def _service(engine: FakeEngine, redis_client, dispatch=lambda job_id: None) -> EngineWorkerService:
     config = WorkerConfig(worker_id="w1", model_path="tiny", model_name="tiny", lease_s=30, heartbeat_s=2, drain_s=1,
                           redispatch_after_s=30, stream_interval_s=0, prefetch=16)
-    return EngineWorkerService(config=config, make_host=lambda sink, on_tick, on_refused: JobHost(engine, sink),
+    return EngineWorkerService(config=config,
+                               make_host=lambda sink, on_tick, on_refused: JobHost(engine, sink, on_refused=on_refused),
                                sink=MemorySink(), redis_client=redis_client, dispatch=dispatch)
 
 

@@ -10,7 +10,7 @@ import pytest
 
 # Real, non-periodic text (the tiny model's own training corpus), so prompts of different
 # variants really diverge.
-CORPUS = Path(__file__).resolve().parents[3] / "engine_worker" / "model" / "corpus.txt"
+CORPUS = Path(__file__).resolve().parents[3] / "demo_model" / "corpus.txt"
 
 
 @pytest.fixture(scope="session")

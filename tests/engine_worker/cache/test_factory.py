@@ -12,8 +12,8 @@ from engine_worker.cache import (
     PrefixCacheManager,
     build_prefix_cache,
 )
-from engine_worker.cache_protocol import PrefixCacheBackend
-from engine_worker.config import SchedulerConfig
+from engine_worker.cache.protocol import PrefixCacheBackend
+from engine_worker.common.config import SchedulerConfig
 
 
 @pytest.mark.parametrize(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from engine_worker.cache import MemoryAwarePrefixCache, MemoryCacheConfig
-from engine_worker.memory import device_memory_bytes
+from engine_worker.runner.device_memory import device_memory_bytes
 
 
 @pytest.fixture

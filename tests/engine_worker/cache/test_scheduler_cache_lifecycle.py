@@ -1,17 +1,17 @@
 """Cache behaviour that needs the Scheduler's cooperation: aborted and mid-prefill prefixes stay
 reusable, SSD promotions happen in the background while other requests decode, operator view.
 
-The scheduler wires :mod:`engine_worker.cache.scheduler_hooks` in through
-:mod:`engine_worker.cache_lifecycle`.
+The scheduler wires :mod:`engine_worker.cache.hooks` in through
+:mod:`engine_worker.cache.hooks`.
 """
 
 from __future__ import annotations
 
 import threading
 
-from engine_worker.config import SchedulerConfig
-from engine_worker.request import Request
-from engine_worker.scheduler import Scheduler
+from engine_worker.common.config import SchedulerConfig
+from engine_worker.common.request import Request
+from engine_worker.sched.scheduler import Scheduler
 from tests.engine_worker.engine_helpers import final, greedy, run_scheduler, solo_tokens
 
 
@@ -109,7 +109,7 @@ def test_ssd_promotion_happens_in_the_background_while_other_requests_decode(
 
 
 def test_engine_core_lists_and_evicts_entries_between_steps(tiny_model, prompts):
-    from engine_worker.config import EngineConfig
+    from engine_worker.common.config import EngineConfig
     from engine_worker.engine_core import EngineCore
 
     model, tokenizer = tiny_model

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from engine_worker.cache import MemoryAwarePrefixCache, MemoryCacheConfig
-from engine_worker.cache.scheduler_hooks import SSDWaitPolicy, store_removed_prefix
-from engine_worker.cache_protocol import NoPrefixCache
-from engine_worker.config import SchedulerConfig
-from engine_worker.prefix_seam import default_backend
+from engine_worker.cache.hooks import SSDWaitPolicy, store_removed_prefix
+from engine_worker.cache.protocol import NoPrefixCache
+from engine_worker.cache.seam import default_backend
+from engine_worker.common.config import SchedulerConfig
 
 
 def test_a_long_prompt_aborted_halfway_leaves_its_processed_prefix_reusable(tiny_model, prompts, greedy):
@@ -50,7 +50,7 @@ def test_mid_prefill_saves_store_the_processed_prefix_every_interval(tiny_model,
     import mlx.core as mx
     from mlx_lm.generate import BatchGenerator
 
-    from engine_worker.cache.scheduler_hooks import MidPrefillSaver
+    from engine_worker.cache.hooks import MidPrefillSaver
 
     model, _ = tiny_model
     cache = MemoryAwarePrefixCache(model, MemoryCacheConfig(max_memory_mb=64))

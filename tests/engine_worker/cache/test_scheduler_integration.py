@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from engine_worker.cache import build_prefix_cache
-from engine_worker.config import SchedulerConfig
-from engine_worker.request import Request
-from engine_worker.scheduler import Scheduler
+from engine_worker.common.config import SchedulerConfig
+from engine_worker.common.request import Request
+from engine_worker.sched.scheduler import Scheduler
 from tests.engine_worker.engine_helpers import final, greedy, run_scheduler, solo_tokens
 
 MAX_TOKENS = 8

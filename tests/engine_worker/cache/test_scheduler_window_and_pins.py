@@ -10,9 +10,9 @@
 
 from __future__ import annotations
 
-from engine_worker.config import SchedulerConfig
-from engine_worker.request import Request
-from engine_worker.scheduler import Scheduler
+from engine_worker.common.config import SchedulerConfig
+from engine_worker.common.request import Request
+from engine_worker.sched.scheduler import Scheduler
 from tests.engine_worker.engine_helpers import final, greedy, run_scheduler
 
 WINDOW = 32
@@ -124,7 +124,7 @@ def test_prompt_snapshot_keys_on_exactly_the_tokens_the_cache_covers(tiny_model,
     import mlx.core as mx
     from mlx_lm.models.cache import RotatingKVCache, make_prompt_cache
 
-    from engine_worker.cache.scheduler_hooks import store_prompt_snapshot
+    from engine_worker.cache.hooks import store_prompt_snapshot
 
     model, _ = tiny_model
     prompt, first_token = prompts(40), 7

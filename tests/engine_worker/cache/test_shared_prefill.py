@@ -4,9 +4,9 @@
 from __future__ import annotations
 
 from engine_worker.cache.shared_prefill import MIN_GAIN_TOKENS
-from engine_worker.config import SchedulerConfig
-from engine_worker.request import Request
-from engine_worker.scheduler import Scheduler
+from engine_worker.common.config import SchedulerConfig
+from engine_worker.common.request import Request
+from engine_worker.sched.scheduler import Scheduler
 from tests.engine_worker.engine_helpers import final, greedy, run_scheduler, solo_tokens
 
 SHARED = 400  # a system prompt's tokens

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from engine_worker.request import RequestOutput
+from engine_worker.common.request import RequestOutput
 from engine_worker.runtime.coalesce import ChunkCoalescer
 
 
@@ -68,7 +68,7 @@ def test_untracked_jobs_are_ignored():
 
 
 def test_a_jobs_log_probabilities_collect_over_its_steps_into_its_final_and_a_cancel_keeps_them():
-    from engine_worker.logprobs import TokenLogprob
+    from engine_worker.runner.logprobs import TokenLogprob
 
     def asking(rid: str, n: int, **kw) -> RequestOutput:
         o = out(rid, "t", n, **kw)
@@ -90,7 +90,7 @@ def test_a_jobs_log_probabilities_collect_over_its_steps_into_its_final_and_a_ca
 
 
 def test_each_chunk_carries_its_tokens_log_probabilities_and_a_token_without_text_goes_with_the_next():
-    from engine_worker.logprobs import TokenLogprob
+    from engine_worker.runner.logprobs import TokenLogprob
 
     def asking(rid: str, text: str, n: int, **kw) -> RequestOutput:
         o = out(rid, text, n, **kw)
@@ -111,7 +111,7 @@ def test_each_chunk_carries_its_tokens_log_probabilities_and_a_token_without_tex
 
 
 def test_log_probabilities_of_last_tokens_without_text_go_out_in_an_empty_last_chunk():
-    from engine_worker.logprobs import TokenLogprob
+    from engine_worker.runner.logprobs import TokenLogprob
 
     co = ChunkCoalescer()
     co.track("a", 5)

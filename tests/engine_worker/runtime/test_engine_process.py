@@ -9,10 +9,19 @@ import time
 
 import pytest
 
-from engine_worker.errors import EngineClosed, InvalidRequest, RequestError
-from engine_worker.protocol import FinalResult, FirstToken, JobSpec, OutputChunk, StepBatch
-from engine_worker.runtime import ChildSpec, EngineProcess, MemorySink
-from engine_worker.runtime.engine_process import Evict, Refused, Submit, _obey
+from engine_worker.common.errors import EngineClosed, InvalidRequest
+from engine_worker.protocol import (
+    Evict,
+    FinalResult,
+    FirstToken,
+    JobSpec,
+    OutputChunk,
+    Refused,
+    StepBatch,
+    Submit,
+)
+from engine_worker.runtime import ChildSpec, EngineProcess, JobHost, MemorySink
+from engine_worker.runtime.engine_process import _obey, _refusals
 
 PROMPT = (1, 40, 41, 42, 43)
 
@@ -79,11 +88,16 @@ def test_a_job_that_cannot_run_fails_alone_with_an_error_final(started):
     assert bad.finish_reason == "error" and bad.error and fine.finish_reason == "length"
 
 
-class RefusingHost:
+class RefusingEngine:
+    """The part of EngineCore a JobHost drives, refusing every request with ``error``."""
+
     def __init__(self, error: Exception) -> None:
         self.error = error
 
-    def submit(self, spec: JobSpec) -> bool:
+    def add_output_listener(self, fn) -> None:
+        pass
+
+    def submit(self, request) -> None:
         raise self.error
 
 
@@ -92,7 +106,7 @@ class RefusingHost:
 def test_a_submit_the_engine_refuses_is_sent_back_as_the_jobs_fault_or_the_engines(error, job_fault):
     sent: list[object] = []
     out = type("Out", (), {"publish": lambda self, message: sent.append(message)})()
-    _obey(RefusingHost(error), out, Submit(spec("x")), RequestError)
+    _obey(JobHost(RefusingEngine(error), MemorySink(), on_refused=_refusals(out)), Submit(spec("x")))
     assert sent == [Refused("x", str(error), job_fault=job_fault)]
 
 
@@ -131,10 +145,9 @@ class EvictingHost:
 
 def test_an_evict_message_crosses_the_connection_and_reaches_the_childs_host():
     message = pickle.loads(pickle.dumps(Evict("07c1c96c835529d3562b0677")))
-    host, sent = EvictingHost(), []
-    out = type("Out", (), {"publish": lambda self, m: sent.append(m)})()
-    _obey(host, out, message, RequestError)
-    assert host.evicted == ["07c1c96c835529d3562b0677"] and sent == []
+    host = EvictingHost()
+    _obey(host, message)
+    assert host.evicted == ["07c1c96c835529d3562b0677"]
 
 
 def test_an_evicted_prefix_cache_entry_leaves_the_childs_next_heartbeat(started):

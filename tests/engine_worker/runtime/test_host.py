@@ -7,10 +7,10 @@ import time
 
 import pytest
 
-from engine_worker.config import EngineConfig, SchedulerConfig
+from engine_worker.common.config import EngineConfig, SchedulerConfig
+from engine_worker.common.request import SamplingParams
 from engine_worker.engine_core import EngineCore
 from engine_worker.protocol import JobSpec, StepBatch
-from engine_worker.request import SamplingParams
 from engine_worker.runtime import JobHost, MemorySink
 
 PROMPTS = ["The quick brown fox", "Once upon a time", "def main():", "In the beginning"]
@@ -202,7 +202,7 @@ def test_stream_interval_folds_deltas_but_never_delays_first_tokens_or_finals(en
     for i, final in enumerate(finals):
         assert "".join(c.text for c in sink.chunks(f"i-{i}")) == final.text
     for previous, now, batch in zip(sink.times, sink.times[1:], sink.batches[1:], strict=False):
-        ordinary = not (batch.first_tokens or batch.finals or batch.started)  # starts are commands: urgent
+        ordinary = not (batch.first_tokens or batch.finals)
         if ordinary:
             assert now - previous >= 0.29, "a plain delta batch came sooner than the interval"
     first_batch_of = {ft.job_id: n for n, b in enumerate(sink.batches) for ft in b.first_tokens}
@@ -289,7 +289,7 @@ def test_the_periodic_duties_run_on_the_io_thread_while_idle_and_between_batches
     host.stop()
 
     assert idle_ticks >= 3  # nothing to write, and the duties still ran
-    assert len(ticks) > idle_ticks and set(ticks) == {"worker-io"}
+    assert len(ticks) > idle_ticks and set(ticks) == {"engine-io"}
 
 
 def test_prefix_cache_entries_and_hit_rate_reach_the_heartbeat_and_an_evicted_entry_leaves_it(tiny_model):

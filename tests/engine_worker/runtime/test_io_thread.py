@@ -4,9 +4,15 @@ from __future__ import annotations
 
 import time
 
-from engine_worker.request import RequestOutput
-from engine_worker.runtime.io_thread import IOThread, Track
+from engine_worker.common.request import RequestOutput
+from engine_worker.protocol import JobSpec, Submit
+from engine_worker.runtime.io_thread import IOThread
 from engine_worker.runtime.sink import MemorySink
+
+
+def _submit(job_id: str, prompt_tokens: int) -> Submit[JobSpec]:
+    """The I/O thread's command to follow a job of ``prompt_tokens`` prompt tokens."""
+    return Submit(JobSpec(job_id, tuple(range(prompt_tokens)), max_tokens=64))
 
 
 def _token(job_id: str, n: int) -> list[RequestOutput]:
@@ -25,7 +31,7 @@ def test_plain_deltas_do_not_wake_the_io_thread_during_the_interval_but_a_first_
 
     io._urgent = counting_urgent  # type: ignore[method-assign]
     io.start()
-    io.put(Track("steady", 3))
+    io.put(_submit("steady", 3))
     io.on_outputs(_token("steady", 1))  # its first token: published at once
     deadline = time.monotonic() + 5
     while not any(b.first_tokens for b in sink.batches):
@@ -39,7 +45,7 @@ def test_plain_deltas_do_not_wake_the_io_thread_during_the_interval_but_a_first_
     # engine thread kept the GIL for its steps.
     assert len(checks) <= 2, f"woken {len(checks)} times by plain deltas"
 
-    io.put(Track("late", 3))
+    io.put(_submit("late", 3))
     started = time.monotonic()
     io.on_outputs(_token("late", 1))
     while not any(ft.job_id == "late" for b in sink.batches for ft in b.first_tokens):
@@ -56,7 +62,7 @@ def test_a_first_token_without_text_keeps_its_job_urgent_until_its_first_text_go
     sink = MemorySink()
     io = IOThread(sink, on_finished=lambda job_id: None, interval_s=2.0)
     io.start()
-    io.put(Track("split", 3))
+    io.put(_submit("split", 3))
     io.on_outputs([RequestOutput("split", new_token_ids=[0xE4], new_text="", completion_tokens=1)])
     deadline = time.monotonic() + 5
     while not any(b.first_tokens for b in sink.batches):
