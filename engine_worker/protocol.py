@@ -21,9 +21,12 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-T = TypeVar("T")
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+T = TypeVar("T", bound="DataclassInstance")
 J = TypeVar("J")
 
 FINISH_REASONS = ("stop", "length", "abort", "error")
@@ -36,7 +39,7 @@ def to_dict(message: Any) -> dict[str, Any]:
 def from_dict(cls: type[T], data: dict[str, Any]) -> T:
     """Build ``cls`` from a wire dict, ignoring unknown keys (newer senders) and turning lists
     back into the tuples the frozen dataclasses declare."""
-    names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    names = {f.name for f in dataclasses.fields(cls)}
     kwargs = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items() if k in names}
     return cls(**kwargs)
 

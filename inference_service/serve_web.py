@@ -78,8 +78,8 @@ class Supervisor:
     def _spawn(self, slot: int) -> None:
         fd = self._sockets[slot % len(self._sockets)].fileno()
         argv = [sys.executable, "-m", DAPHNE, "--fd", str(fd), *self._daphne_args, ASGI_APP]
-        self._children[slot] = subprocess.Popen(argv, pass_fds=(fd,))
-        logger.info("daphne %s started (pid %s)", slot, self._children[slot].pid)
+        child = self._children[slot] = subprocess.Popen(argv, pass_fds=(fd,))
+        logger.info("daphne %s started (pid %s)", slot, child.pid)
 
     def stop(self, *_: object) -> None:
         self._stopping = True

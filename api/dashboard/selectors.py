@@ -32,7 +32,8 @@ def engine_overview(*, since: float | None = None) -> dict[str, Any]:
         redis_error = None
     except redis.RedisError as exc:
         workers, history, redis_error = [], {}, type(exc).__name__
-    worker_rows, request_rows = [], []
+    worker_rows: list[dict[str, Any]] = []
+    request_rows: list[dict[str, Any]] = []
     for worker in workers:
         worker_rows.append({
             "worker_id": worker.worker_id,

@@ -76,7 +76,8 @@ class LogitBiasField(serializers.Field):
             try:
                 out[str(int(token))] = self._bias.run_validation(bias)
             except serializers.ValidationError as exc:
-                raise serializers.ValidationError(f"The bias of token {token}: {exc.detail[0]}") from None
+                detail = exc.detail[0] if isinstance(exc.detail, list) else exc.detail
+                raise serializers.ValidationError(f"The bias of token {token}: {detail}") from None
         return out
 
     def to_representation(self, value: dict[str, float]) -> dict[str, float]:

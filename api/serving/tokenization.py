@@ -58,7 +58,8 @@ class PromptTokenizer:
 
     def decode_tokens(self, token_ids: list[int]) -> str:
         """The text of some token ids (a log probability's ``token``: api/jobs/logprobs.py)."""
-        return self._tokenizer.decode(token_ids)
+        text = self._tokenizer.decode(token_ids)
+        return text if isinstance(text, str) else "".join(text)  # a list only for a batch of sequences
 
     def token_bytes(self, token_id: int) -> bytes:
         """The token's own bytes (OpenAI's logprobs ``bytes``), which for a token that ends inside
@@ -66,7 +67,7 @@ class PromptTokenizer:
         a SentencePiece byte-fallback token's (``<0xE2>``) its byte, any other token its text's
         UTF-8 (SentencePiece's "▁" read as the space it stands for)."""
         piece = self._tokenizer.convert_ids_to_tokens(token_id)
-        if piece is None:
+        if not isinstance(piece, str):  # None for an id outside the vocabulary (one id: never a list)
             return b""
         if self._byte_level:
             return piece_bytes(piece)

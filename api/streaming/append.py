@@ -31,5 +31,5 @@ def stream_append(pipe: redis.client.Pipeline, *, job_id: str, entries: Iterable
     transaction with what else it holds if it was made with ``transaction=True``."""
     key = job_stream_key(job_id)
     for entry in entries:
-        pipe.xadd(key, entry, maxlen=STREAM_MAXLEN, approximate=True)
+        pipe.xadd(key, entry, maxlen=STREAM_MAXLEN, approximate=True)  # type: ignore[arg-type]  # redis-py wants an invariant dict of its own value union
     pipe.expire(key, stream_ttl_s())

@@ -68,7 +68,7 @@ class JobStreamRelay:
         except aioredis.RedisError as exc:
             logger.warning("job %s: cannot read its stream", self.job_id, exc_info=True)
             raise ServiceUnavailable(STREAM_UNAVAILABLE) from exc
-        self._first = reply[0][1] if reply else []
+        self._first = _entries(reply)
 
     async def run(self) -> None:
         """Forward the stream until the final is sent; returns then. Raises :class:`JobNotFound`
@@ -102,7 +102,7 @@ class JobStreamRelay:
             await asyncio.sleep(BLOCK_S)
             return []
         self._read_failing = False
-        return reply[0][1] if reply else []
+        return _entries(reply)
 
     async def _on_entry(self, fields: dict[str, str]) -> None:
         kind = fields.get("type", "delta")
@@ -179,3 +179,9 @@ class JobStreamRelay:
 @database_sync_to_async
 def _load_job(job_id: str) -> Job | None:
     return Job.objects.filter(id=job_id, deleted_at__isnull=True).first()
+
+
+def _entries(reply: Any) -> list[tuple[str, dict[str, str]]]:
+    """The entries of a one-stream XREAD reply (RESP2, decoded: ``[[key, entries]]``; redis-py
+    types it as the union of every protocol's shape)."""
+    return reply[0][1] if reply else []

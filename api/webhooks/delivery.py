@@ -59,7 +59,7 @@ def webhook_deliver(*, delivery_id: str, attempt: int) -> WebhookDeliveryStatus 
     delivery = WebhookDelivery.objects.select_related("api_key").get(id=delivery_id)
     started_at = timezone.now()
     refusal = _refusal(delivery)
-    if refusal:
+    if refusal or delivery.api_key is None:  # no key: a refusal
         response = WebhookResponse(None, refusal, "", 0.0)
         return _record(delivery, number, started_at, response, give_up=True)
     body = delivery.payload or _render(delivery)

@@ -2,7 +2,7 @@
 
 It owns the host of the engine (an :class:`EngineProcess` in a worker: the engine in a child
 process, its outputs written here by the I/O thread) and the worker's periodic duties
-(control.py, run on that I/O thread). ``run_job`` (api/tasks.py) calls :meth:`admit` on the Celery
+(control.py, run on that I/O thread). ``run_job`` (api/jobs/tasks.py) calls :meth:`admit` on the Celery
 consumer's thread: one claim and a hand-over to the engine, which batches the job with those it is
 running.
 """

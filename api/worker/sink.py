@@ -179,7 +179,7 @@ class RedisJobSink:
 
     def _batch_jobs_ended(self, job_ids: list[str]) -> None:
         """Ask the light worker to send the next jobs of the batches these jobs were part of
-        (api/services/batch_feed.py); beat's tick does it too, so a failure here only delays."""
+        (api/batches/feed.py); beat's tick does it too, so a failure here only delays."""
         try:
             batch_jobs_ended(job_ids=job_ids)
         except DatabaseError:

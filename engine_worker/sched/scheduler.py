@@ -207,12 +207,14 @@ class Scheduler:
         resumed = request.status == RequestStatus.PREEMPTED
         self._batch.ensure_runner()  # outside the try: a runner that cannot be made is not this request's fault
         try:
+            if request.remaining_tokens is None:
+                raise ValueError("its prompt was not looked up in the prefix cache")
             uid = self._batch.insert(
                 request.remaining_tokens,
                 urgent=self._urgent(request),
                 max_tokens=sp.max_tokens - request.num_output_tokens,
                 cache=cache,
-                all_tokens=request.prompt_token_ids[: request.cached_tokens] if cache is not None else None,
+                all_tokens=request.prompt_ids[: request.cached_tokens] if cache is not None else None,
                 sampler=self._sampling.sampler(sp),
                 logits_processors=self._sampling.logits_processors(sp, self._exits.processor_guard(request)),
                 stop_sequences=self._sampling.stop_sequences(sp),
@@ -225,7 +227,7 @@ class Scheduler:
         request.prompt_cache = None  # the generator merged (copied) it
         request.status = RequestStatus.RUNNING
         stream = self._batch.streams.get(request.request_id) if resumed else None  # its text goes on
-        self._batch.join(request, uid, stream or TextStream(self._new_detokenizer(), sp.stop))
+        self._batch.join(request, uid, stream or TextStream(self._new_detokenizer(), sp.stop or ()))
         c = self.counters
         c.total_prefilled_tokens += len(request.remaining_tokens)
         if not resumed:
@@ -296,7 +298,7 @@ class Scheduler:
         else:
             self._guard.step_succeeded(self.config.max_running)
             self._pacer.record(time.perf_counter() - started, prompt_work=prompt_work)
-            self._lifecycle.after_step(self._batch.runner)  # mid-prefill saves; no-op for short prompts
+            self._lifecycle.after_step(self._batch.ensure_runner())  # mid-prefill saves; no-op for short prompts
         self._exits.fail_processor_errors()
         return responses
 

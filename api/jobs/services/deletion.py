@@ -27,7 +27,7 @@ import uuid
 from functools import partial
 
 import redis
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.db import transaction
 from django.utils import timezone
 
@@ -47,7 +47,7 @@ STREAM_REDROP_S = 10
 DROP_JOB_STREAM_TASK = "api.tasks.drop_job_stream"
 
 
-def job_delete(*, job_id: uuid.UUID | str, owner: AbstractBaseUser | None) -> Job:
+def job_delete(*, job_id: uuid.UUID | str, owner: User | None) -> Job:
     """Clear the content of ``owner``'s finished job and mark it deleted (see the module's
     docstring); ``owner`` None: any user's, for operators (a user's request to erase their data).
     Raises JobNotFound for no such job, another user's or one already deleted, and

@@ -12,7 +12,7 @@ from functools import partial
 from typing import Any, NamedTuple
 
 from django.conf import settings
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.db import IntegrityError, transaction
 
 from api.common.errors import (
@@ -89,7 +89,7 @@ class JobSubmission(NamedTuple):
 
 
 def job_create(
-    *, owner: AbstractBaseUser, api_key: ApiKey, request: JobRequest, idempotency_key: str | None = None
+    *, owner: User, api_key: ApiKey, request: JobRequest, idempotency_key: str | None = None
 ) -> JobSubmission:
     """Create a queued job and dispatch it to the engine once the transaction commits.
 
@@ -137,7 +137,7 @@ def job_create(
     return JobSubmission(job, True, job_queue_position(job=job), rate_limit)
 
 
-def job_build(*, owner: AbstractBaseUser, api_key: ApiKey, request: JobRequest, priority: int | None = None) -> Job:
+def job_build(*, owner: User, api_key: ApiKey, request: JobRequest, priority: int | None = None) -> Job:
     """The unsaved job of ``request``: its model resolved, tokenized, its max_tokens set within the
     key's limit and the context. Raises ModelNotFound/ModelRequired/ModelNotAllowed for a model
     the key cannot use here, InvalidRequest/MaxTokensTooLarge/PromptTooLong/TokenIdOutOfRange for
@@ -200,7 +200,7 @@ def _check_idempotency_key(key: str) -> None:
         )
 
 
-def _job_for_idempotency_key(*, owner: AbstractBaseUser, key: str, fingerprint: str) -> Job | None:
+def _job_for_idempotency_key(*, owner: User, key: str, fingerprint: str) -> Job | None:
     job = Job.objects.filter(owner=owner, idempotency_key=key).first()
     if job is not None and job.request_fingerprint != fingerprint:
         raise IdempotencyKeyReused()

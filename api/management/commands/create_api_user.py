@@ -4,6 +4,8 @@ run`` mints its demo key this way, so only the latest one works)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandParser
 
@@ -23,7 +25,7 @@ class Command(BaseCommand):
                             help="revoke the user's earlier keys of this --key-name: only the new one is valid")
         parser.add_argument("--quiet", action="store_true", help="print only the key")
 
-    def handle(self, *args: object, **options: object) -> None:
+    def handle(self, *args: Any, **options: Any) -> None:
         user_model = get_user_model()
         user, created = user_model.objects.get_or_create(
             username=options["username"], defaults={"email": options["email"]}
