@@ -6,7 +6,8 @@
 #   model     MODEL_PATH, default the trained demo model shipped in demo_model/demo
 #   models    MODELS=name=path,name2=path2 serves several models (MODEL_PATH is then ignored);
 #             WORKERS_PER_MODEL (default 1) engine workers each
-#   processes daphne (HTTP + WebSocket), the engine workers, celery beat, a light celery worker
+#   processes daphne (HTTP + WebSocket), the engine workers, celery beat, a light celery worker,
+#             a webhooks celery worker
 #
 # `make setup` (a dependency of `make run`) installs the packages; this script installs nothing.
 set -euo pipefail
@@ -121,6 +122,11 @@ FIRST_MODEL="${FIRST_MODEL// /}"
 if [[ "$FIRST_MODEL" == *=* ]]; then FIRST_MODEL="${FIRST_MODEL%%=*}"; else FIRST_MODEL=$(basename "$FIRST_MODEL"); fi
 start celery-beat $BIN/celery -A inference_service beat --loglevel INFO -s var/celerybeat-schedule
 start celery-worker $BIN/celery -A inference_service worker -Q celery -P solo --loglevel INFO -n "light@%h"
+# Webhook attempts on a worker of their own, WEBHOOK_WORKERS at once (Celery's thread pool; an
+# attempt mostly waits on its receiver): on the light worker, one key's hanging receivers held every
+# batch and every other key's webhooks for 100 s. WEBHOOK_CONCURRENCY_PER_KEY bounds one key's share.
+start webhooks-worker $BIN/celery -A inference_service worker -Q webhooks -P threads -c "${WEBHOOK_WORKERS:-8}" \
+  --loglevel INFO -n "webhooks@%h"
 
 wait_until 120 "the web server" $BIN/python -c "import socket; socket.create_connection(('$HOST', $PORT), 1)"
 wait_until 300 "the engine worker" $BIN/python -c "
