@@ -187,8 +187,8 @@ class JobSerializer(serializers.Serializer):
     queue_position = serializers.IntegerField(allow_null=True)
     model = serializers.CharField()
     model_served = serializers.BooleanField(
-        allow_null=True, help_text="While queued: whether a live worker serves the job's model (false: it waits "
-                                   "for one to start). Null once it left the queue, or when the heartbeats cannot be read.")
+        allow_null=True, help_text="Whether a live worker serves the job's model (false: a queued job waits for one "
+                                   "to start; null: unknown, the workers' heartbeats cannot be read). As in the 202.")
     output_text = serializers.CharField(allow_blank=True)
     finish_reason = serializers.CharField(allow_null=True)
     cancel_requested = serializers.BooleanField()

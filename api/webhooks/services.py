@@ -152,6 +152,20 @@ def webhook_redeliver(*, delivery_id: str) -> bool:
     return True
 
 
+JOB_DELETED = "not sent: the job was deleted"
+
+
+def job_deliveries_erase(*, job_id: str) -> list[tuple[int | None, str]]:
+    """A job's delete, in its transaction: clear the bodies of the job's deliveries and end the
+    pending ones (``failed``, never sent again). Returns their (API key id, delivery id) pairs, for
+    :func:`api.webhooks.slots.slots_wait_released` once the delete commits."""
+    deliveries = WebhookDelivery.objects.filter(job_id=job_id)
+    deliveries.filter(status=WebhookDeliveryStatus.PENDING).update(status=WebhookDeliveryStatus.FAILED,
+                                                                  last_error=JOB_DELETED)
+    deliveries.exclude(payload="").update(payload="")
+    return [(key_id, str(delivery_id)) for delivery_id, key_id in deliveries.values_list("id", "api_key_id")]
+
+
 def webhook_deliveries_purge(*, older_than_days: int) -> int:
     """Delete the deliveries (and their attempts) that ended more than ``older_than_days`` ago,
     as finished jobs are purged (JOB_RETENTION_DAYS). Pending ones stay."""
