@@ -3,16 +3,16 @@ host for on every page it has not seen an icon for; the admin's pages also name 
 
 from __future__ import annotations
 
-from django.contrib.staticfiles import finders
+from pathlib import Path
+
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.cache import cache_control
 from django.views.decorators.http import require_GET
 
-ICON = "api/favicon.ico"
+ICON = Path(__file__).resolve().parent.parent / "static" / "api" / "favicon.ico"
 
 
 @require_GET
 @cache_control(public=True, max_age=86400)
 def favicon(request: HttpRequest) -> HttpResponse:
-    with open(finders.find(ICON), "rb") as icon:
-        return HttpResponse(icon.read(), content_type="image/x-icon")
+    return HttpResponse(ICON.read_bytes(), content_type="image/x-icon")
