@@ -16,7 +16,9 @@ from typing import Any
 import redis
 from django.db import DatabaseError, close_old_connections
 
+from api.jobs.services import claim as job_claims
 from api.jobs.services import lifecycle as job_lifecycle
+from api.jobs.services import outputs as job_outputs
 from api.models import JobStatus
 from api.worker.admission import stream_restart
 from api.worker.config import WorkerConfig
@@ -74,10 +76,10 @@ class EngineWorkerService:
             self._redispatch(job_id)
             return False
         try:
-            job = job_lifecycle.job_claim(job_id=job_id, worker_id=self.worker_id, lease_s=self.config.lease_s,
+            job = job_claims.job_claim(job_id=job_id, worker_id=self.worker_id, lease_s=self.config.lease_s,
                                           model=self.config.model_name)
             if job is None:
-                if job_lifecycle.job_queued_for_other_model(job_id=job_id, model=self.config.model_name):
+                if job_claims.job_queued_for_other_model(job_id=job_id, model=self.config.model_name):
                     self._redispatch(job_id)  # a message on the old shared queue: to its model's queue
                 return False
         except DatabaseError:  # it stays queued in the database; the reconciler sends it again
@@ -86,7 +88,7 @@ class EngineWorkerService:
             return False
         try:
             first_seq = stream_restart(redis_client=self._redis, job=job) if job.attempts > 1 else 1
-            spec = job_lifecycle.job_spec(job, first_seq=first_seq)
+            spec = job_claims.job_spec(job, first_seq=first_seq)
         except (ValueError, TypeError) as exc:  # its stored parameters are malformed: it fails alone
             self._refused(job_id, str(exc), True)
             return False
@@ -106,7 +108,7 @@ class EngineWorkerService:
         to the queue for another worker. The engine side says which (``job_fault``)."""
         if job_fault:
             logger.warning("job %s cannot run: %s", job_id, error)
-            job_lifecycle.job_fail(job_id=job_id, worker_id=self.worker_id, error=error)
+            job_outputs.job_fail(job_id=job_id, worker_id=self.worker_id, error=error)
         else:
             logger.warning("job %s could not start here (%s); handing it back", job_id, error)
             self._hand_back([job_id])

@@ -13,7 +13,7 @@ For each :class:`StepBatch` (one or more engine steps, at most one chunk per job
 A final is published only once its row is stored, so a client that sees ``final`` and then reads
 the job finds it finished, and a final the database did not take (the job was handed on, or the
 write failed) is never announced. The webhook of a job that named one is recorded in the
-transaction of its final (job_lifecycle.jobs_complete), and sent by the light worker: nothing here
+transaction of its final (job_outputs.jobs_complete), and sent by the light worker: nothing here
 waits on the broker or on a receiver. Bookkeeping that no client waits for comes last.
 
 One job's bad write never costs the others theirs: when a batch's write fails, each job is written
@@ -34,7 +34,7 @@ import redis
 from django.db import DatabaseError, InterfaceError, OperationalError, close_old_connections
 
 from api.batches.feed import batch_jobs_ended
-from api.jobs.services import lifecycle as job_lifecycle
+from api.jobs.services import outputs as job_outputs
 from api.streaming import messages
 from api.streaming.append import stream_append
 from engine_worker.protocol import FinalResult, OutputChunk, StepBatch
@@ -85,7 +85,7 @@ class RedisJobSink:
 
     def _write_finals(self, results: list[FinalResult]) -> list[dict[str, Any]]:
         try:
-            written = set(job_lifecycle.jobs_complete(results=results, worker_id=self.worker_id))
+            written = set(job_outputs.jobs_complete(results=results, worker_id=self.worker_id))
         except DatabaseError:
             logger.warning("writing %s finals together failed; writing each alone", len(results), exc_info=True)
             close_old_connections()
@@ -100,7 +100,7 @@ class RedisJobSink:
         stored: list[dict[str, Any]] = []
         for i, result in enumerate(results):
             try:
-                if job_lifecycle.jobs_complete(results=[result], worker_id=self.worker_id):
+                if job_outputs.jobs_complete(results=[result], worker_id=self.worker_id):
                     stored.append(messages.final_from_result(result))
             except _CONNECTION_ERRORS:
                 logger.warning("database out of reach: %s finals not stored; their leases decide",
@@ -118,7 +118,7 @@ class RedisJobSink:
         published_seq = self._tokens.get(job_id, (0, 0))[0]  # its chunks so far; none go out after this
         self._forget(job_id)
         try:
-            job = job_lifecycle.job_fail_held(job_id=job_id, worker_id=self.worker_id,
+            job = job_outputs.job_fail_held(job_id=job_id, worker_id=self.worker_id,
                                               error=OUTPUT_NOT_STORED.format(error=type(exc).__name__))
         except DatabaseError:
             logger.warning("could not record the failure of job %s; its lease decides", job_id, exc_info=True)
@@ -154,11 +154,11 @@ class RedisJobSink:
         due = []
         for job_id in self._unsaved:
             seq, tokens = self._tokens[job_id]
-            due.append(job_lifecycle.Progress(job_id=job_id, text="".join(self._texts[job_id]), last_seq=seq,
+            due.append(job_outputs.Progress(job_id=job_id, text="".join(self._texts[job_id]), last_seq=seq,
                                               completion_tokens=tokens, first_token_at=self._first_at.pop(job_id, None)))
         self._unsaved.clear()
         try:
-            job_lifecycle.jobs_record_progress(worker_id=self.worker_id, progress=due)
+            job_outputs.jobs_record_progress(worker_id=self.worker_id, progress=due)
             return []
         except DatabaseError:
             logger.warning("writing the progress of %s jobs together failed; writing each alone", len(due),
@@ -167,7 +167,7 @@ class RedisJobSink:
         failed: list[dict[str, Any]] = []
         for i, progress in enumerate(due):
             try:
-                job_lifecycle.jobs_record_progress(worker_id=self.worker_id, progress=[progress])
+                job_outputs.jobs_record_progress(worker_id=self.worker_id, progress=[progress])
             except _CONNECTION_ERRORS:
                 logger.warning("database out of reach: the progress of %s jobs not stored", len(due) - i,
                                exc_info=True)

@@ -13,6 +13,7 @@ from django.db import DataError, OperationalError
 
 from api.common.redis_keys import job_stream_key
 from api.jobs.services import lifecycle as job_lifecycle
+from api.jobs.services import outputs as job_outputs
 from api.models import Job, JobStatus
 from api.worker.sink import OUTPUT_NOT_STORED, RedisJobSink
 from engine_worker.protocol import FinalResult, OutputChunk, StepBatch
@@ -22,9 +23,9 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def _refuse(monkeypatch, name: str, bad: str, error: type[Exception] = DataError) -> list[int]:
-    """Make ``job_lifecycle.<name>`` fail, as the database would, for any call whose batch holds
+    """Make ``job_outputs.<name>`` fail, as the database would, for any call whose batch holds
     job ``bad``; returns the sizes of the batches it was called with."""
-    real = getattr(job_lifecycle, name)
+    real = getattr(job_outputs, name)
     sizes: list[int] = []
 
     def write(**kwargs):
@@ -34,7 +35,7 @@ def _refuse(monkeypatch, name: str, bad: str, error: type[Exception] = DataError
             raise error("refused")
         return real(**kwargs)
 
-    monkeypatch.setattr(job_lifecycle, name, write)
+    monkeypatch.setattr(job_outputs, name, write)
     return sizes
 
 
