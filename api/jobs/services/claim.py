@@ -38,6 +38,54 @@ def job_claim(*, job_id: str, worker_id: str, lease_s: float, model: str | None 
     return claimed[0] if claimed else None
 
 
+def jobs_claim(*, job_id: str, worker_id: str, lease_s: float, model: str, limit: int) -> list[Job]:
+    """:func:`job_claim` of ``job_id`` and, in the same statement, of the other queued jobs of
+    ``model`` this worker may take, up to ``limit`` jobs in all (``limit`` <= 1: ``job_id``
+    alone). Returns the claimed jobs, ``job_id`` first, the others in queue order (priority, then
+    arrival). The others: not cancelled, routed to no worker or to this one, and sent to the broker
+    at least once (a batch's job the feeder holds back is not); their own messages then find them
+    claimed and do nothing.
+
+    PostgreSQL locks the chosen rows with ``FOR UPDATE SKIP LOCKED``, so two workers claiming at
+    once take different jobs instead of waiting on each other; the outer ``WHERE`` repeats the
+    conditions, so a row that changed meanwhile is not taken. SQLite, which has one writer at a
+    time, runs the same statement without the lock clause (its ``UPDATE`` is one write)."""
+    now = timezone.now()
+    values = {"status": JobStatus.IN_PROGRESS.value, "worker_id": worker_id,
+              "lease_expires_at": now + dt.timedelta(seconds=lease_s), "started_at": now, "first_token_at": None,
+              "output_text": "", "completion_tokens": 0}
+    pk = Job._meta.pk
+    job_pk = pk.get_db_prep_value(pk.to_python(job_id), connection)
+    queued = JobStatus.QUEUED.value
+    sql, sets = _batch_claim_statement(values)
+    params = [queued, False, model, job_pk, limit > 1, worker_id, job_pk, max(1, limit), *sets, queued, False]
+    claimed = list(Job.objects.raw(sql, params))
+    claimed.sort(key=lambda job: (str(job.id) != str(job_id), job.priority, job.queued_at))
+    return claimed
+
+
+def _batch_claim_statement(values: dict) -> tuple[str, list]:
+    q = connection.ops.quote_name
+    field = Job._meta.get_field
+    column = {name: q(field(name).column) for name in (
+        "status", "cancel_requested", "model", "dispatch_count", "routed_worker", "priority", "queued_at", "attempts")}
+    table, pk = q(Job._meta.db_table), q(Job._meta.pk.column)
+    sets = [f"{q(field(name).column)} = %s" for name in values]
+    # The chosen ids in a CTE evaluated once: as ``IN (subquery)`` PostgreSQL may run the subquery
+    # again per row it updates, and LIMIT would no longer bound the claim.
+    pg = connection.vendor == "postgresql"
+    sql = (f"WITH picked AS {'MATERIALIZED ' if pg else ''}(SELECT {pk} FROM {table} WHERE {column['status']} = %s "
+           f"AND {column['cancel_requested']} = %s AND {column['model']} = %s "
+           f"AND ({pk} = %s OR (%s AND {column['dispatch_count']} > 0 "
+           f"AND ({column['routed_worker']} IS NULL OR {column['routed_worker']} = %s))) "
+           f"ORDER BY CASE WHEN {pk} = %s THEN 0 ELSE 1 END, {column['priority']}, {column['queued_at']} "
+           f"LIMIT %s{' FOR UPDATE SKIP LOCKED' if pg else ''}) "
+           f"UPDATE {table} SET {', '.join(sets)}, {column['attempts']} = {column['attempts']} + 1 "
+           f"WHERE {pk} IN (SELECT {pk} FROM picked) AND {column['status']} = %s "
+           f"AND {column['cancel_requested']} = %s RETURNING *")
+    return sql, [field(name).get_db_prep_save(value, connection) for name, value in values.items()]
+
+
 def job_queued_for_other_model(*, job_id: str, model: str) -> bool:
     """Whether ``job_id`` waits in the queue for a model other than ``model`` (its message reached
     a worker of another model: it is sent on to its own)."""

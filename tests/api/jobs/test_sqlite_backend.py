@@ -61,9 +61,15 @@ old = [job_create(owner=user, api_key=key, request=JobRequest(prompt="hi", max_t
 fallback = [[s.queue_position for s in old],
             [str(claims.job_claim(job_id=str(s.job.id), worker_id="w", lease_s=30).id) for s in old]
             == [str(s.job.id) for s in old]]
+Job.objects.filter(id__in=[j.id for j in jobs[1:]]).update(dispatch_count=1)
+extra = Job.objects.create(owner=user, status="queued", prompt="x", prompt_token_ids=[1], params={"max_tokens": 1},
+                           model=jobs[1].model, dispatch_count=1)
+batch = [str(j.id) for j in claims.jobs_claim(job_id=str(jobs[2].id), worker_id="w2", lease_s=30, model=jobs[1].model,
+                                              limit=2)]
+batch_claim = batch == [str(jobs[2].id), str(jobs[1].id)] and Job.objects.get(id=extra.id).status == "queued"
 print(json.dumps({
     "positions": positions, "insert_positions": [s.queue_position for s in submissions],
-    "claim_same": claim_same, "fallback": fallback,
+    "claim_same": claim_same, "fallback": fallback, "batch_claim": batch_claim,
     "active": active, "tokens": tokens, "prompt_len": len(jobs[0].prompt_token_ids), "refused": refused,
     "progress": [written, jobs[0].output_text, jobs[0].last_seq, jobs[0].completion_tokens,
                  jobs[0].first_token_at.timestamp()],
