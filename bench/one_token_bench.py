@@ -6,7 +6,10 @@ its own checkout, both started before the first round. Then, ``--rounds`` times,
 turn: ``--clients`` clients, each sending one-token requests (``max_tokens=1``, the OpenAI
 ``POST /v1/completions`` without ``stream``: one HTTP request that submits and waits for the
 answer) one after another for ``--seconds``. A request's latency is its request to its answer.
-Any request that does not end with 200 is an error, and the run fails.
+Any request that does not end with 200 is an error, and the run fails. With ``--drain-jobs N``
+(default 256), each round also sends N one-token jobs straight to each tree's worker (rows
+written and messages sent by ``manage.py shell``, no web tier) and times them until none is queued
+or running: the worker's own rate (claim, engine, sink), apart from the web tier's.
 
     python bench/one_token_bench.py --before /work/main [--model PATH] [--clients 128] [--rounds 3]
         [--seconds 5] [--keys 1] [--redis-port 6470]
@@ -36,6 +39,28 @@ from common import dump_json_line, ensure_default_model, environment, median, pe
 from http_clients import openai_complete  # noqa: E402
 from service_bench import Service  # noqa: E402
 
+DRAIN_SCRIPT = """
+import json, time
+from django.contrib.auth.models import User
+from api.models import Job, JobStatus
+from api.jobs.services.dispatch import job_dispatch
+from api.serving.catalog import model_queue
+user, _ = User.objects.get_or_create(username="drain")
+jobs = Job.objects.bulk_create([Job(owner=user, prompt="x", prompt_token_ids=[1, 2, 3, 4], dispatch_count=1,
+                                    params={{"max_tokens": 1, "temperature": 0.0}}) for _ in range({n})])
+queue = model_queue(jobs[0].model)
+t0 = time.perf_counter()
+for job in jobs:
+    job_dispatch(job_id=str(job.id), queue=queue)
+sent = time.perf_counter() - t0
+ids = [job.id for job in jobs]
+while Job.objects.filter(id__in=ids, status__in=[JobStatus.QUEUED, JobStatus.IN_PROGRESS]).exists():
+    time.sleep(0.005)
+wall = time.perf_counter() - t0
+done = Job.objects.filter(id__in=ids, status=JobStatus.COMPLETED).count()
+print(json.dumps({{"wall_s": wall, "send_s": sent, "completed": done}}))
+"""
+
 
 class TreeService(Service):
     """service_bench's Service, run from the checkout ``root`` with ``python``."""
@@ -57,6 +82,13 @@ class TreeService(Service):
         argv = [self.python if arg == sys.executable else arg for arg in argv]
         self.procs.append(subprocess.Popen(argv, cwd=self.root, env={**self.env, **(extra_env or {})}, stdout=log,
                                            stderr=subprocess.STDOUT))
+
+
+def drain_round(service: TreeService, jobs: int) -> dict:
+    """The worker alone: ``jobs`` one-token jobs written straight to the database and sent to the
+    broker back to back (no web tier), timed from the first send until none is queued or running."""
+    result = service.shell_json(DRAIN_SCRIPT.format(n=jobs))
+    return {**result, "jobs_s": jobs / result["wall_s"], "errors": jobs - result["completed"]}
 
 
 async def one_round(port: int, keys: list[str], *, clients: int, seconds: float, model: str) -> dict:
@@ -124,6 +156,8 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=18865, help="the first tree's port; the second's is the next")
     parser.add_argument("--redis-port", type=int, default=None)
     parser.add_argument("--web-processes", type=int, default=1)
+    parser.add_argument("--drain-jobs", type=int, default=256,
+                        help="per round and tree, also this many jobs sent to the worker without the web tier (0: none)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
 
@@ -144,6 +178,7 @@ def main() -> None:
                                   name=name, web_processes=args.web_processes)
                 for i, (name, (root, python, db)) in enumerate(trees.items())}
     runs: dict[str, list[dict]] = {name: [] for name in services}
+    drains: dict[str, list[dict]] = {name: [] for name in services}
     try:
         keys = {name: service.start(keys=args.keys) for name, service in services.items()}
         for name, service in services.items():  # warm-up: each path's first requests compile and connect
@@ -155,6 +190,12 @@ def main() -> None:
                 runs[name].append(run)
                 print(f"round {i + 1} {name}: {run['req_s']:.1f} req/s, p50 {run['p50_ms']:.0f} ms, "
                       f"p95 {run['p95_ms']:.0f} ms, {run['errors']} errors {run['first_errors']}", flush=True)
+            for name, service in services.items() if args.drain_jobs else ():
+                drain = drain_round(service, args.drain_jobs)
+                drains[name].append(drain)
+                print(f"round {i + 1} {name} worker alone: {drain['jobs_s']:.1f} jobs/s ({args.drain_jobs} jobs, "
+                      f"{drain['wall_s']:.2f} s, sent in {drain['send_s']:.2f} s), {drain['errors']} not completed",
+                      flush=True)
     finally:
         for service in services.values():
             service.stop()
@@ -168,12 +209,21 @@ def main() -> None:
                       "errors": sum(r["errors"] for r in rs), "rounds": [round(r["req_s"], 1) for r in rs]}
                for name, rs in runs.items()}
     ratio = summary["after"]["req_s"] / max(summary["before"]["req_s"], 1e-9)
+    if args.drain_jobs:
+        for name, ds in drains.items():
+            summary[name]["worker_jobs_s"] = round(median([d["jobs_s"] for d in ds]), 1)
+            summary[name]["worker_rounds"] = [round(d["jobs_s"], 1) for d in ds]
+            summary[name]["errors"] += sum(d["errors"] for d in ds)
+        worker_ratio = summary["after"]["worker_jobs_s"] / max(summary["before"]["worker_jobs_s"], 1e-9)
+        summary["ratio_worker_jobs_s"] = round(worker_ratio, 3)
+        print(f"worker alone jobs/s: after {summary['after']['worker_jobs_s']} / before "
+              f"{summary['before']['worker_jobs_s']} = {worker_ratio:.2f}x", flush=True)
     print(f"one-token req/s: after {summary['after']['req_s']} / before {summary['before']['req_s']} = {ratio:.2f}x; "
           f"p95 {summary['after']['p95_ms']} vs {summary['before']['p95_ms']} ms", flush=True)
     dump_json_line({"bench": "one_token", "clients": args.clients, "rounds": args.rounds, "seconds": args.seconds,
                     "keys": args.keys, "model": str(model), "before": str(before), "ratio_req_s": round(ratio, 3),
                     **summary, "environment": environment()}, args.out)
-    if any(s["errors"] for s in summary.values()):
+    if any(s["errors"] for s in summary.values() if isinstance(s, dict)):
         sys.exit(1)
 
 

@@ -92,9 +92,20 @@ def _progress_sql() -> str:
 
 
 def jobs_complete(*, results: list[FinalResult], worker_id: str) -> list[str]:
+    """:func:`jobs_store_finals`, for the ids of the jobs whose finals it stored."""
+    return jobs_store_finals(results=results, worker_id=worker_id).job_ids
+
+
+@dataclass(frozen=True)
+class StoredFinals:
+    job_ids: list[str]  # the jobs whose rows took their finals: only these may be published
+    batches: frozenset[tuple[int | None, str]]  # (api key id, batch id) of those that were a batch's
+
+
+def jobs_store_finals(*, results: list[FinalResult], worker_id: str) -> StoredFinals:
     """in_progress → completed / failed / cancelled with the engine's text and token counts, for
-    the finals of one output batch. Returns the ids of the jobs whose rows it changed (their finals
-    are stored; only those may be published).
+    the finals of one output batch. Returns the jobs whose rows it changed, and the batches they
+    belong to (the UPDATE returns them: nobody reads the rows again to learn which batches moved).
 
     A job whose cancellation already moved it to ``cancelled`` still gets its partial text and
     usage. A worker that no longer holds the job (its lease expired and it was handed on) changes
@@ -105,7 +116,7 @@ def jobs_complete(*, results: list[FinalResult], worker_id: str) -> list[str]:
     parsed and planned once, where an ``executemany`` would parse and plan a statement per job.
     The webhooks of the jobs it ends are recorded in the same transaction (api/webhooks/job_events.py)."""
     if not results:
-        return []
+        return StoredFinals(job_ids=[], batches=frozenset())
     # A job's last final wins, as it would have with one statement per final.
     last = {r.job_id: r for r in results}
     params = [_final_params(r) for r in last.values()]
@@ -116,7 +127,7 @@ def jobs_complete(*, results: list[FinalResult], worker_id: str) -> list[str]:
                 rows = ", ".join([_FINAL_ROW_PG] * len(params))
                 cursor.execute(_complete_sql_pg().format(rows=rows), [
                     in_progress, *(value for row in params for value in row), worker_id, in_progress, cancelled])
-                stored = [(str(job_id), hooked) for job_id, hooked in cursor.fetchall()]
+                stored = [(str(job_id), *returned) for job_id, *returned in cursor.fetchall()]
             else:
                 stored = []
                 for job_id, row in zip(last, params, strict=True):
@@ -124,12 +135,13 @@ def jobs_complete(*, results: list[FinalResult], worker_id: str) -> list[str]:
                                                      cancelled, row[11]))
                     returned = cursor.fetchone()
                     if returned is not None:
-                        stored.append((job_id, bool(returned[0])))
+                        stored.append((job_id, *returned))
         # Only the jobs that named a webhook cost anything more (the UPDATE says which they are).
-        hooked = [job_id for job_id, has_webhook in stored if has_webhook]
+        hooked = [job_id for job_id, has_webhook, _, _ in stored if has_webhook]
         if hooked:
             job_webhooks_enqueue(job_ids=hooked, send=False)
-    return [job_id for job_id, _ in stored]
+    return StoredFinals(job_ids=[job_id for job_id, *_ in stored],
+                        batches=frozenset((key, str(batch)) for _, _, key, batch in stored if batch is not None))
 
 
 def _final_params(r: FinalResult) -> tuple:
@@ -158,7 +170,8 @@ def _complete_sql_pg() -> str:
     """The finals' UPDATE on PostgreSQL, with a ``{rows}`` placeholder for the VALUES rows; the
     same rules as :func:`_complete_sql`."""
     q = connection.ops.quote_name
-    column = _job_columns(*_FINAL_COLUMNS, "lease_expires_at", "worker_id", "deleted_at", "logprobs", "webhook_url")
+    column = _job_columns(*_FINAL_COLUMNS, "lease_expires_at", "worker_id", "deleted_at", "logprobs", "webhook_url",
+                          "api_key", "batch")
     status = f"j.{column['status']}"
     fields = ", ".join(f"{column[name]} = v.{column[name]}" for name in _FINAL_COLUMNS[2:-1])
     return (
@@ -170,7 +183,7 @@ def _complete_sql_pg() -> str:
         f"{column['logprobs']}) "
         f"WHERE j.{column['id']} = v.{column['id']} AND j.{column['worker_id']} = %s "
         f"AND ({status} = %s OR ({status} = %s AND v.abort)) AND j.{column['deleted_at']} IS NULL "
-        f"RETURNING j.{column['id']}, j.{column['webhook_url']} <> ''"
+        f"RETURNING j.{column['id']}, j.{column['webhook_url']} <> '', j.{column['api_key']}, j.{column['batch']}"
     )
 
 
@@ -184,7 +197,7 @@ def _complete_sql() -> str:
     q = connection.ops.quote_name
     column = _job_columns("status", "output_text", "finish_reason", "error", "prompt_tokens", "cached_tokens",
                           "completion_tokens", "finished_at", "last_seq", "first_token_at", "lease_expires_at", "id",
-                          "worker_id", "deleted_at", "logprobs", "webhook_url")
+                          "worker_id", "deleted_at", "logprobs", "webhook_url", "api_key", "batch")
     status = column["status"]
     fields = ", ".join(f"{column[name]} = %s" for name in ("output_text", "finish_reason", "error", "prompt_tokens",
                                                            "cached_tokens", "completion_tokens", "finished_at",
@@ -195,7 +208,7 @@ def _complete_sql() -> str:
         f"{column['lease_expires_at']} = NULL, {column['logprobs']} = %s "
         f"WHERE {column['id']} = %s AND {column['worker_id']} = %s "
         f"AND ({status} = %s OR ({status} = %s AND %s)) AND {column['deleted_at']} IS NULL "
-        f"RETURNING {column['webhook_url']} <> ''"
+        f"RETURNING {column['webhook_url']} <> '', {column['api_key']}, {column['batch']}"
     )
 
 

@@ -64,7 +64,7 @@ def _stream_finals(redis_client, job_id: str) -> list[str]:
 
 def test_a_failed_batch_of_finals_is_written_job_by_job_and_only_the_refused_job_fails(redis_client, monkeypatch):
     bad, *good = _jobs(3)
-    sizes = _refuse(monkeypatch, "jobs_complete", bad)
+    sizes = _refuse(monkeypatch, "jobs_store_finals", bad)
     sink = RedisJobSink(worker_id="w", redis_client=redis_client)
     sink.publish(StepBatch(chunks=tuple(_chunk(j, 1) for j in (bad, *good))))
 
@@ -114,7 +114,7 @@ def test_a_job_whose_progress_write_is_refused_fails_alone_and_its_later_outputs
 
 def test_a_lost_database_connection_fails_no_job_and_publishes_no_final(redis_client, monkeypatch):
     jobs = _jobs(2)
-    _refuse(monkeypatch, "jobs_complete", jobs[0], error=OperationalError)
+    _refuse(monkeypatch, "jobs_store_finals", jobs[0], error=OperationalError)
     sink = RedisJobSink(worker_id="w", redis_client=redis_client)
 
     sink.publish(StepBatch(finals=tuple(_final(j) for j in jobs)))
