@@ -175,6 +175,15 @@ class Submit(Generic[J]):
 
 
 @dataclass(frozen=True)
+class Admit:
+    """Start the jobs of one claim (one or many) in the engine process: one message across the
+    pipe, and one hand-over to the engine, whose next step admits them together where its budget
+    allows."""
+
+    jobs: tuple[JobSpec, ...]
+
+
+@dataclass(frozen=True)
 class Cancel:
     """Stop a job: it ends with ``finish_reason="abort"`` and its text so far."""
 

@@ -9,7 +9,7 @@ import pytest
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from api.jobs.services import lifecycle as job_lifecycle
+from api.jobs.services import claim as job_claims
 from api.jobs.tasks import reconcile_jobs
 from api.models import ApiKey, Job, JobStatus
 from tests.api.factories import heartbeat, make_api_key, make_job, publish_heartbeat
@@ -123,9 +123,9 @@ def test_v1_models_lists_every_configured_model_with_its_workers_and_availabilit
 def test_a_worker_claims_only_its_own_models_jobs(db):
     job = make_job(model="tiny-b")
 
-    assert job_lifecycle.job_claim(job_id=str(job.id), worker_id="w-a", lease_s=30, model="tiny") is None
-    assert job_lifecycle.job_queued_for_other_model(job_id=str(job.id), model="tiny")
-    assert job_lifecycle.job_claim(job_id=str(job.id), worker_id="w-b", lease_s=30, model="tiny-b") is not None
+    assert job_claims.job_claim(job_id=str(job.id), worker_id="w-a", lease_s=30, model="tiny") is None
+    assert job_claims.job_queued_for_other_model(job_id=str(job.id), model="tiny")
+    assert job_claims.job_claim(job_id=str(job.id), worker_id="w-b", lease_s=30, model="tiny-b") is not None
 
 
 def test_the_reconciler_sends_a_job_routed_to_a_dead_worker_to_its_models_shared_queue(
