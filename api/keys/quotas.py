@@ -156,8 +156,9 @@ def _hold(*, api_key_id: int, job_id: uuid.UUID, needed: int, now: dt.datetime) 
     """Take the job's hold (api_quota_hold, migration 0015), or raise as quota_admission does."""
     start = connection.ops.adapt_datetimefield_value(_day_start(now))
     with connection.cursor() as cursor:
-        cursor.execute("SELECT max_jobs, max_tokens, active, tokens, held FROM api_quota_hold(%s, %s, %s, %s, %s, %s)",
-                       [api_key_id, job_id, needed, _usage_sql(day_start="$1", key="$2"), start, QUOTA_HOLD_S])
+        cursor.execute("SELECT max_jobs, max_tokens, active, tokens, held FROM api_quota_hold(%s, %s, %s, %s, %s, %s, %s)",
+                       [api_key_id, job_id, needed, _usage_sql(day_start="$1", key="$2"), start, QUOTA_HOLD_S,
+                        not connection.in_atomic_block])
         max_jobs, max_tokens_per_day, active, tokens, held = cursor.fetchone()
     if max_jobs is None:
         raise ApiKey.DoesNotExist()

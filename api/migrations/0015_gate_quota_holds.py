@@ -3,7 +3,8 @@
 ``api_quota_hold`` runs as one statement of its own transaction: it locks the key's row, counts the
 key's usage with a snapshot taken after the lock was granted (``p_usage_sql``, run by EXECUTE:
 each statement of a VOLATILE function sees what committed before it), and, when the job fits,
-inserts its hold. The key's lock is released when that statement commits, so a key's submissions
+inserts its hold. Run on its own (autocommit), that transaction commits without waiting for the WAL
+flush. The key's lock is released when that statement commits, so a key's submissions
 wait on each other only while the server runs the check, not while a web process finishes its
 request."""
 
@@ -15,9 +16,15 @@ from django.db import migrations, models
 CREATE_FUNCTION = """
 CREATE OR REPLACE FUNCTION api_quota_hold(
     p_key bigint, p_job uuid, p_tokens bigint, p_usage_sql text, p_day_start timestamptz, p_hold_s double precision,
+    p_own_transaction boolean,
     OUT max_jobs bigint, OUT max_tokens bigint, OUT active bigint, OUT tokens bigint, OUT held boolean)
 LANGUAGE plpgsql VOLATILE AS $$
 BEGIN
+    IF p_own_transaction THEN
+        -- The key's lock lasts until this commit: do not hold it through a WAL flush. A hold that
+        -- a crash loses had no job yet (the job's synchronous commit flushes the hold's before it).
+        PERFORM set_config('synchronous_commit', 'off', true);
+    END IF;
     -- NO KEY UPDATE: the foreign-key checks (KEY SHARE) of jobs inserting meanwhile do not wait.
     SELECT k.max_concurrent_jobs, k.tokens_per_day INTO max_jobs, max_tokens
       FROM api_apikey k WHERE k.id = p_key FOR NO KEY UPDATE;
