@@ -15,7 +15,8 @@ within each round. Between runs a tree's jobs are drained (``full``) or cancelle
 
 Modes (``--modes``): ``full``, the engine worker consumes (the whole job path; on a small machine
 the worker side is the ceiling); ``web``, no engine worker: the rate at which the web tier answers
-202s, the submission path by itself.
+202s, the submission path by itself; ``gate``, no HTTP: ``--clients`` threads of one process
+calling ``job_create`` back to back (each tree's own code), the quota gate and the INSERT alone.
 
     python bench/submit_bench.py [--model var/models/tiny] [--clients 8,32] [--keys 1,10] \
         [--rounds 3] [--seconds 5] [--modes web,full]
@@ -50,6 +51,30 @@ user, _ = get_user_model().objects.get_or_create(username="bench")
 keys = [api_key_create(owner=user, name=f"bench{{i}}", requests_per_minute=10**9, tokens_per_day=10**15,
                        max_concurrent_jobs=10**9)[1] for i in range({keys})]
 print("KEYS=" + json.dumps(keys))
+"""
+
+# The gate alone: threads of one process calling job_create back to back (no HTTP, no daphne), as
+# the web tier's threads do; run by each tree's own code through ``manage.py shell``.
+GATE = """
+import json, threading, time
+from django.db import connection
+from api.jobs.services.submission import JobRequest, job_create
+from api.models import ApiKey
+keys = list(ApiKey.objects.filter(owner__username="bench").select_related("owner").order_by("id"))[:{keys}]
+request = JobRequest(prompt="def f(x):", max_tokens=1)
+latencies, end = [], time.perf_counter() + {seconds}
+def loop(i):
+    key = keys[i % len(keys)]
+    while time.perf_counter() < end:
+        t = time.perf_counter()
+        job_create(owner=key.owner, api_key=key, request=request)
+        latencies.append(time.perf_counter() - t)
+    connection.close()
+t0 = time.perf_counter()
+threads = [threading.Thread(target=loop, args=(i,)) for i in range({threads})]
+[t.start() for t in threads]
+[t.join() for t in threads]
+print("GATE=" + json.dumps({{"latencies": latencies, "wall": time.perf_counter() - t0}}))
 """
 
 
@@ -211,7 +236,7 @@ async def load(port: int, keys: list[str], clients: int, seconds: float) -> dict
 def settle(stack: Stack, mode: str, timeout_s: float = 120) -> None:
     """Start the next run on an empty queue: the worker finishes the jobs (full), or they are
     cancelled in the database and their messages dropped (web)."""
-    if mode == "web":
+    if mode in ("web", "gate"):
         stack.sql("UPDATE api_job SET status = 'cancelled', finished_at = now() WHERE status IN ('queued', 'in_progress')")
         import redis
 
@@ -238,11 +263,19 @@ def wait_ready(stack: Stack, mode: str, timeout_s: float = 300) -> None:
             web_up = asyncio.run(_post(stack.port, stack.keys[0])) == 202
         except OSError:
             web_up = False
-        worker_up = mode == "web" or any(True for _ in client.scan_iter("engine:workers:*"))
+        worker_up = mode != "full" or any(True for _ in client.scan_iter("engine:workers:*"))
         if web_up and worker_up:
             return
         time.sleep(1)
     raise RuntimeError(f"{stack.label} did not come up (logs in {stack.log_dir})")
+
+
+def gate_load(stack: Stack, keys: int, threads: int, seconds: float) -> dict:
+    out = stack.manage("shell", stdin=GATE.format(keys=keys, threads=threads, seconds=seconds))
+    data = json.loads(next(line for line in out.splitlines() if line.startswith("GATE="))[5:])
+    lat = data["latencies"]
+    return {"accepted": len(lat), "rps": len(lat) / data["wall"], "errors": {},
+            "p50_ms": 1000 * (percentile(lat, 50) or 0), "p95_ms": 1000 * (percentile(lat, 95) or 0)}
 
 
 def run_mode(stacks: list[Stack], mode: str, args: argparse.Namespace) -> list[dict]:
@@ -251,6 +284,8 @@ def run_mode(stacks: list[Stack], mode: str, args: argparse.Namespace) -> list[d
     for stack in stacks:
         wait_ready(stack, mode)
         settle(stack, mode)
+    if mode == "gate":
+        return run_gate(stacks, args)
     results = []
     for clients in args.clients:
         for nkeys in args.keys:
@@ -267,6 +302,21 @@ def run_mode(stacks: list[Stack], mode: str, args: argparse.Namespace) -> list[d
                     print(f"  {mode} c={clients} k={nkeys} r={rnd} {stack.label:>6}: {figures['rps']:7.1f} req/s  "
                           f"p50 {figures['p50_ms']:6.0f} ms  p95 {figures['p95_ms']:6.0f} ms  "
                           f"web CPU {figures['web_cpu_ms_per_job']:5.1f} ms/job  errors {figures['errors']}", flush=True)
+    return results
+
+
+def run_gate(stacks: list[Stack], args: argparse.Namespace) -> list[dict]:
+    results = []
+    for threads in args.clients:
+        for nkeys in args.keys:
+            for rnd in range(args.rounds):
+                for stack in (stacks if rnd % 2 == 0 else stacks[::-1]):
+                    figures = gate_load(stack, nkeys, threads, args.seconds)
+                    settle(stack, "gate")
+                    results.append({"mode": "gate", "clients": threads, "keys": nkeys, "round": rnd,
+                                    "tree": stack.label, "web_cpu_ms_per_job": 0.0, **figures})
+                    print(f"  gate t={threads} k={nkeys} r={rnd} {stack.label:>6}: {figures['rps']:7.1f} submits/s  "
+                          f"p50 {figures['p50_ms']:6.0f} ms  p95 {figures['p95_ms']:6.0f} ms", flush=True)
     return results
 
 
