@@ -27,7 +27,7 @@ from api.common.errors import (
 from api.jobs.selectors import job_queue_position
 from api.jobs.services.dispatch import job_dispatch_counted
 from api.jobs.services.queue_routing import job_route
-from api.keys.quotas import RateLimitState, quota_consume_request, quota_gate
+from api.keys.quotas import RateLimitState, quota_admission, quota_consume_request
 from api.models import SAMPLING_DEFAULTS, ApiKey, Job
 from api.serving.catalog import ConfiguredModel, model_resolve
 from api.serving.tokenization import get_tokenizer
@@ -116,11 +116,9 @@ def job_create(
     job.idempotency_key = idempotency_key
     job.dispatch_count = 1  # the send on commit; job_dispatch_counted takes it back if the send fails
     try:
-        with transaction.atomic():
+        with quota_admission(api_key_id=api_key.id, job_id=job.id, prompt_tokens=len(job.prompt_token_ids),
+                             max_tokens=job.max_tokens, now=job.created_at):
             job.save(force_insert=True)
-            # Locks the key's row and counts this job in: a QuotaExceeded rolls the insert back.
-            quota_gate(api_key_id=api_key.id, prompt_tokens=len(job.prompt_token_ids), max_tokens=job.max_tokens,
-                       now=job.created_at)
             transaction.on_commit(partial(job_dispatch_counted, job_id=str(job.id), precounted=True,
                                           queue=route.queue))
     except ApiKey.DoesNotExist:
