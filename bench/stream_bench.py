@@ -65,6 +65,8 @@ class Service:
         self.env = {**os.environ, **SERVICE_ENV, "DATABASE_URL": f"{PG}/{db}",
                     "REDIS_URL": f"redis://127.0.0.1:{redis_port}/0", "MODEL_PATH": str(model)}
         self.env.pop("PYTHONPATH", None)
+        if os.environ.get("STREAM_BENCH_PYTHONPATH"):  # a diagnosis's sitecustomize, say
+            self.env["PYTHONPATH"] = os.environ["STREAM_BENCH_PYTHONPATH"]
         self._db = db
         self.procs: dict[str, subprocess.Popen] = {}
 
@@ -164,11 +166,12 @@ async def one_stream(port: int, key: str, body: dict, timeout: float) -> dict:
     import websockets
 
     t0, deltas, tokens = time.perf_counter(), 0, 0
-    error = None
+    error, port_used = None, None
     try:
         async with asyncio.timeout(timeout):
             async with websockets.connect(f"ws://127.0.0.1:{port}/ws/v1/generate?api_key={key}",
                                           open_timeout=timeout, max_queue=None) as ws:
+                port_used = ws.local_address[1]
                 await ws.send(json.dumps(body))
                 async for raw in ws:
                     msg = json.loads(raw)
@@ -185,10 +188,13 @@ async def one_stream(port: int, key: str, body: dict, timeout: float) -> dict:
         return {"end": "timeout", "deltas": deltas, "tokens": 0, "s": time.perf_counter() - t0}
     except websockets.ConnectionClosed as exc:
         code, rcvd = exc.code, exc.rcvd
+        error = error or (f"client sent {exc.sent.code} {exc.sent.reason}" if exc.sent else None)
     except OSError as exc:
         return {"end": f"connect {exc.__class__.__name__}", "deltas": 0, "tokens": 0, "s": time.perf_counter() - t0}
-    end = f"close {rcvd.code}" + (f" {error}" if error else "") if rcvd is not None else f"dropped ({code})"
-    return {"end": end, "deltas": deltas, "tokens": 0, "s": time.perf_counter() - t0}
+    end = f"close {rcvd.code}" if rcvd is not None else f"dropped ({code})"
+    end += f" {error}" if error else ""
+    return {"end": end, "deltas": deltas, "tokens": 0, "s": time.perf_counter() - t0, "client_port": port_used,
+            "at": time.time()}
 
 
 async def one_rest_job(port: int, key: str, body: dict, timeout: float) -> str:
