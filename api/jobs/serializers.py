@@ -16,6 +16,7 @@ from api.common.serializers import (
     check_text,
 )
 from api.jobs.metadata import MetadataField
+from api.jobs.structured import ResponseFormatField
 from api.models import JobStatus
 from api.webhooks.targets import MAX_WEBHOOK_URL_LENGTH
 
@@ -109,6 +110,7 @@ class JobCreateSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
     stop = StopField(required=False)
     priority = StrictIntegerField(required=False, min_value=0, max_value=1000)
     metadata = MetadataField(required=False)
+    response_format = ResponseFormatField(required=False)
     # Called when the job ends; where it may point is checked by job_create (api/webhooks/targets.py).
     webhook_url = StrictCharField(
         required=False, max_length=MAX_WEBHOOK_URL_LENGTH, allow_blank=False,
@@ -195,6 +197,7 @@ class JobSerializer(serializers.Serializer):
     priority = serializers.IntegerField()
     metadata = serializers.DictField(child=serializers.CharField())
     webhook_url = serializers.CharField(allow_null=True, help_text="Called when the job ends (see Webhooks)")
+    response_format = serializers.DictField(allow_null=True)
     logprobs = serializers.ListField(child=serializers.DictField(), allow_null=True)
     usage = UsageSerializer()
     timings = TimingsSerializer()

@@ -5,8 +5,8 @@ Each body is checked in two steps:
 
 1. its OpenAI shape (these serializers): the fields OpenAI's API takes, with its defaults
    (``temperature`` 1, ``top_p`` 1; ``max_tokens`` 16 for completions), and a 400 that names
-   the parameter for any OpenAI feature this service cannot honour (``n`` > 1, tools, JSON mode,
-   log probabilities of an echoed prompt). Silently ignoring one would return
+   the parameter for any OpenAI feature this service cannot honour (``n`` > 1, log probabilities
+   of an echoed prompt). Silently ignoring one would return
    something other than what was asked for. Unknown fields are a 400, as on OpenAI's API;
 2. the job it becomes goes through ``JobCreateSerializer``, so every limit of ``POST
    /api/v1/jobs`` (prompt size, the token cap, stop sequences, text validity) applies
@@ -34,6 +34,7 @@ from api.common.serializers import (
 )
 from api.jobs.metadata import MetadataField
 from api.jobs.serializers import JobCreateSerializer, LogitBiasField, StopField
+from api.jobs.structured import ResponseFormatField
 from api.jobs.services.submission import JobRequest
 from api.serving.catalog import model_resolve
 
@@ -106,6 +107,8 @@ class _CommonSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
     repetition_penalty = StrictFloatField(required=False, allow_null=True)
     priority = StrictIntegerField(required=False, allow_null=True)
     webhook_url = StrictCharField(required=False, allow_null=True)  # this service's: called when the job ends
+    # Structured output (api/jobs/structured.py), on both endpoints.
+    response_format = ResponseFormatField(required=False, allow_null=True)
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         attrs = {name: value for name, value in attrs.items() if value is not None}
@@ -150,7 +153,6 @@ class ChatCompletionSerializer(_CommonSerializer):
     max_completion_tokens = StrictIntegerField(required=False, allow_null=True)
     logprobs = BooleanField(required=False, allow_null=True)
     top_logprobs = StrictIntegerField(required=False, allow_null=True)
-    response_format = serializers.DictField(required=False, allow_null=True)
     tools = serializers.ListField(required=False, allow_null=True)
     tool_choice = serializers.JSONField(required=False, allow_null=True)
 
@@ -163,8 +165,6 @@ class ChatCompletionSerializer(_CommonSerializer):
             raise serializers.ValidationError({"top_logprobs": ["top_logprobs needs logprobs: true."]})
         if attrs.get("logprobs"):
             attrs["job_logprobs"] = _in_range(attrs.get("top_logprobs", 0), "top_logprobs", CHAT_MAX_TOP_LOGPROBS)
-        if attrs.get("response_format", {"type": "text"}) != {"type": "text"}:
-            raise UnsupportedParameter("response_format", 'only {"type": "text"} is supported.')
         if attrs.get("tools") or attrs.get("tool_choice", "none") != "none":
             raise UnsupportedParameter("tools" if attrs.get("tools") else "tool_choice",
                                        "tool calling is not supported.")
@@ -207,7 +207,8 @@ def _in_range(value: int, param: str, limit: int) -> int:
 
 
 _PASSED_THROUGH = ("temperature", "top_p", "stop", "seed", "presence_penalty", "frequency_penalty", "logit_bias",
-                   "metadata", "top_k", "min_p", "repetition_penalty", "priority", "webhook_url")
+                   "metadata", "top_k", "min_p", "repetition_penalty", "priority", "webhook_url",
+                   "response_format")
 
 
 def openai_request(kind: Kind, body: Any) -> OpenAIRequest:

@@ -49,7 +49,14 @@ BAD = [
     (CHAT, _chat(logprobs="yes"), 400, "invalid", "logprobs"),
     (CHAT, _chat(tools=[{"type": "function", "function": {"name": "f"}}]), 400, "unsupported_parameter", "tools"),
     (CHAT, _chat(tool_choice="auto"), 400, "unsupported_parameter", "tool_choice"),
-    (CHAT, _chat(response_format={"type": "json_object"}), 400, "unsupported_parameter", "response_format"),
+    (CHAT, _chat(response_format={"type": "xml"}), 400, "invalid", "response_format"),
+    (CHAT, _chat(response_format={"type": "json_schema", "json_schema": {"schema": {}}}), 400, "invalid",
+     "response_format"),
+    (CHAT, _chat(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "strin"}}}),
+     400, "invalid_schema", "response_format"),
+    (TEXT, _text(response_format={"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"type": "object", "propertyNames": {"maxLength": 3}}}}), 400, "invalid_schema",
+     "response_format"),
     (CHAT, _chat(presence_penalty=2.5), 400, "max_value", "presence_penalty"),
     (CHAT, _chat(frequency_penalty="1"), 400, "invalid", "frequency_penalty"),
     (CHAT, _chat(logit_bias={"50256": -100}), 400, "invalid_token_id", "logit_bias"),  # the vocabulary is 3,000
