@@ -34,8 +34,8 @@ from api.common.serializers import (
 )
 from api.jobs.metadata import MetadataField
 from api.jobs.serializers import JobCreateSerializer, LogitBiasField, StopField
-from api.jobs.structured import ResponseFormatField
 from api.jobs.services.submission import JobRequest
+from api.jobs.structured import ResponseFormatField
 from api.serving.catalog import model_resolve
 
 # OpenAI's default for /v1/completions; chat leaves it to the service's DEFAULT_MAX_TOKENS.
