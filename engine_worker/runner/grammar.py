@@ -71,7 +71,9 @@ class ConstrainedRows:
         self._tokenizer: llguidance.LLTokenizer | None = None
         self._rows: weakref.WeakSet[RowSampler] = weakref.WeakSet()
         self._bit_index: tuple[mx.array, mx.array] | None = None
-        self.mask_seconds = 0.0  # time spent computing masks (the bench reports it per step)
+        # For the bench: seconds waiting for last step's tokens (the sync), and computing masks.
+        self.sync_seconds = 0.0
+        self.mask_seconds = 0.0
         self.mask_steps = 0
 
     def _lltokenizer(self) -> llguidance.LLTokenizer:
@@ -98,13 +100,15 @@ class ConstrainedRows:
         started = time.perf_counter()
         rows = [r for r in self._rows if r.mask is None]
         self._advance(rows)
+        synced = time.perf_counter()
+        self.sync_seconds += synced - started
         bitmask = llg_numpy.allocate_token_bitmask(len(rows), self._vocab)
         for i, row in enumerate(rows):
             llg_numpy.fill_next_token_bitmask(row.matcher, bitmask, i)
         masks = self._unpack(bitmask)
         for i, row in enumerate(rows):
             row.mask = masks[i : i + 1]
-        self.mask_seconds += time.perf_counter() - started
+        self.mask_seconds += time.perf_counter() - synced
         self.mask_steps += 1
 
     @staticmethod
