@@ -82,6 +82,7 @@ def main() -> None:
     args = parser.parse_args()
 
     import engine_worker.runner.mlx_core  # noqa: F401  (the fast BLAS before mlx)
+
     from mlx_lm import load
 
     from engine_worker.common.config import SchedulerConfig
