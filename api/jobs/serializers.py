@@ -85,8 +85,11 @@ class LogitBiasField(serializers.Field):
 
 
 class MessageSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
-    role = serializers.ChoiceField(choices=["system", "user", "assistant"])
+    role = serializers.ChoiceField(choices=["system", "user", "assistant", "tool"])
     content = StrictCharField(allow_blank=True, trim_whitespace=False)
+    # Tool calling's history (OpenAI's shapes, checked by api/openai_api/requests.py).
+    tool_calls = serializers.JSONField(required=False)
+    tool_call_id = StrictCharField(required=False, max_length=128)
 
 
 class JobCreateSerializer(RejectUnknownFieldsMixin, serializers.Serializer):

@@ -232,5 +232,6 @@ def _check_logit_bias(bias: dict[str, float] | None, model: ConfiguredModel) -> 
 def _tokenize(request: JobRequest, model: ConfiguredModel) -> tuple[list[int], str]:
     tokenizer = get_tokenizer(model.path)
     if request.messages is not None:
-        return tokenizer.encode_messages(request.messages), "messages"
+        tools = request.tools["tools"] if request.tools and request.tools["tool_choice"] != "none" else None
+        return tokenizer.encode_messages(request.messages, tools=tools), "messages"
     return tokenizer.encode_prompt(request.prompt or ""), "prompt"
