@@ -35,7 +35,7 @@ from api.common.serializers import (
 from api.jobs.metadata import MetadataField
 from api.jobs.serializers import JobCreateSerializer, LogitBiasField, StopField
 from api.jobs.services.submission import JobRequest
-from api.jobs.structured import ResponseFormatField
+from api.jobs.structured import ResponseFormatField, response_format_constraint
 from api.jobs.tools import tool_format, tools_spec
 from api.serving.catalog import model_resolve
 from api.serving.tokenization import get_tokenizer
@@ -121,6 +121,9 @@ class _CommonSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
         model_resolve(name=attrs["model"])  # a 404 before any other check, as OpenAI's API answers
         if attrs.get("n", 1) != 1:
             raise UnsupportedParameter("n", "only one choice per request (n=1) is supported.")
+        # Compiled here (cached for the job's own build): a batch line with a bad schema is refused
+        # when its file is checked, as the online request is.
+        response_format_constraint(attrs.get("response_format"))
         if "stream_options" in attrs and not attrs.get("stream"):
             raise serializers.ValidationError(
                 {"stream_options": ["stream_options is only allowed when stream is true."]})
