@@ -16,6 +16,7 @@ from api.common.serializers import (
     check_text,
 )
 from api.jobs.metadata import MetadataField
+from api.jobs.structured import ResponseFormatField
 from api.models import JobStatus
 from api.webhooks.targets import MAX_WEBHOOK_URL_LENGTH
 
@@ -85,8 +86,11 @@ class LogitBiasField(serializers.Field):
 
 
 class MessageSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
-    role = serializers.ChoiceField(choices=["system", "user", "assistant"])
+    role = serializers.ChoiceField(choices=["system", "user", "assistant", "tool"])
     content = StrictCharField(allow_blank=True, trim_whitespace=False)
+    # Tool calling's history (OpenAI's shapes, checked by api/openai_api/requests.py).
+    tool_calls = serializers.JSONField(required=False)
+    tool_call_id = StrictCharField(required=False, max_length=128)
 
 
 class JobCreateSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
@@ -110,6 +114,7 @@ class JobCreateSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
     stop = StopField(required=False)
     priority = StrictIntegerField(required=False, min_value=0, max_value=1000)
     metadata = MetadataField(required=False)
+    response_format = ResponseFormatField(required=False)
     # Called when the job ends; where it may point is checked by job_create (api/webhooks/targets.py).
     webhook_url = StrictCharField(
         required=False, max_length=MAX_WEBHOOK_URL_LENGTH, allow_blank=False,
@@ -196,6 +201,7 @@ class JobSerializer(serializers.Serializer):
     priority = serializers.IntegerField()
     metadata = serializers.DictField(child=serializers.CharField())
     webhook_url = serializers.CharField(allow_null=True, help_text="Called when the job ends (see Webhooks)")
+    response_format = serializers.DictField(allow_null=True)
     logprobs = serializers.ListField(child=serializers.DictField(), allow_null=True)
     usage = UsageSerializer()
     timings = TimingsSerializer()

@@ -130,5 +130,7 @@ def job_spec(job: Job, *, first_seq: int = 1) -> JobSpec:
         frequency_penalty=float(params["frequency_penalty"]),
         logit_bias=tuple((int(token), float(bias)) for token, bias in params["logit_bias"].items()),
         logprobs=None if params["logprobs"] is None else int(params["logprobs"]),
+        constraint_kind=(job.constraint or {}).get("kind", ""),
+        constraint=(job.constraint or {}).get("text", ""),
         first_seq=first_seq,
     )
