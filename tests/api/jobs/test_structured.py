@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from api.jobs.services.lifecycle import job_spec
+from api.jobs.services.claim import job_spec
 from api.models import Job
 from engine_worker.common.grammar import JSON_OBJECT_LARK
 
