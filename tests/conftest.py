@@ -10,6 +10,8 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 TINY_MODEL_DIR = ROOT / "var" / "models" / "tiny"
 
+pytest_plugins = ["tests.cpu_durations"]
+
 
 @pytest.fixture(scope="session")
 def tiny_model_path() -> Path:

@@ -4,6 +4,11 @@ the Celery app's sends replaced by a recorder (unit tests never talk to a broker
 from __future__ import annotations
 
 import gc
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 from unittest import mock
 
@@ -15,6 +20,28 @@ from api.common.redis_client import get_redis
 from api.jobs.services.dispatch import RUN_JOB_TASK
 from inference_service.celery import app as celery_app
 from tests.api.factories import make_api_key, make_user
+
+
+@pytest.fixture(scope="session")
+def _migrated_sqlite(tmp_path_factory: pytest.TempPathFactory, tiny_model_path: Path) -> Path:
+    """A SQLite file (the embedded default database) that ``manage.py migrate`` brought to the
+    latest migration: once per run, for the tests that run the service's SQL on SQLite."""
+    path = tmp_path_factory.mktemp("sqlite") / "db.sqlite3"
+    env = {**os.environ, "DATABASE_URL": f"sqlite:///{path}", "MODEL_PATH": str(tiny_model_path),
+           "DJANGO_SETTINGS_MODULE": "inference_service.settings"}
+    env.pop("TEST_DATABASE_NAME", None)
+    out = subprocess.run([sys.executable, "manage.py", "migrate", "--noinput"], cwd=Path(__file__).parents[2],
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return path
+
+
+@pytest.fixture
+def migrated_sqlite_url(tmp_path: Path, _migrated_sqlite: Path) -> str:
+    """``DATABASE_URL`` of this test's own copy of the migrated SQLite file."""
+    copy = tmp_path / "db.sqlite3"
+    shutil.copyfile(_migrated_sqlite, copy)
+    return f"sqlite:///{copy}"
 
 
 @pytest.fixture(autouse=True)

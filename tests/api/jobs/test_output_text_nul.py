@@ -131,12 +131,11 @@ print(json.dumps({"progress": progress, "written": len(written),
 """
 
 
-def test_text_holding_nul_is_stored_exactly_on_sqlite(tmp_path, tiny_model_path):
-    env = {**os.environ, "DATABASE_URL": f"sqlite:///{tmp_path / 'db.sqlite3'}", "MODEL_PATH": str(tiny_model_path),
+def test_text_holding_nul_is_stored_exactly_on_sqlite(migrated_sqlite_url, tiny_model_path):
+    env = {**os.environ, "DATABASE_URL": migrated_sqlite_url, "MODEL_PATH": str(tiny_model_path),
            "DJANGO_SETTINGS_MODULE": "inference_service.settings"}
     run = lambda *args: subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=env,  # noqa: E731
                                        capture_output=True, text=True, timeout=120)
-    assert run("migrate", "--noinput").returncode == 0
     out = run("shell", "-c", SQLITE_SCRIPT)
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout.strip().splitlines()[-1])

@@ -35,13 +35,12 @@ print(json.dumps({"written": sorted(written) == sorted(str(j.id) for j in jobs),
 """
 
 
-def test_finals_record_the_webhooks_of_their_jobs_on_sqlite(tmp_path, tiny_model_path):
-    env = {**os.environ, "DATABASE_URL": f"sqlite:///{tmp_path / 'db.sqlite3'}", "MODEL_PATH": str(tiny_model_path),
+def test_finals_record_the_webhooks_of_their_jobs_on_sqlite(migrated_sqlite_url, tiny_model_path):
+    env = {**os.environ, "DATABASE_URL": migrated_sqlite_url, "MODEL_PATH": str(tiny_model_path),
            "DJANGO_SETTINGS_MODULE": "inference_service.settings", "REDIS_URL": "redis://127.0.0.1:1/15"}
     env.pop("TEST_DATABASE_NAME", None)
     run = lambda *args: subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=env,  # noqa: E731
                                        capture_output=True, text=True, timeout=120)
-    assert run("migrate", "--noinput").returncode == 0
     out = run("shell", "-c", SCRIPT)
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout.strip().splitlines()[-1])
