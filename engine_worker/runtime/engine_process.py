@@ -1,16 +1,17 @@
 """The engine in a process of its own, so that nothing else a worker does shares its GIL.
 
-:class:`EngineProcess` offers :class:`JobHost`'s methods (``submit``, ``cancel``, ``hand_back``,
-``drain``, ``heartbeat``...) to the worker, and runs the JobHost itself (model, engine thread,
-coalescer) in a child started with multiprocessing's *spawn* (mlx does not survive a fork; the
-parent never imports mlx). One duplex connection carries the messages of
+:class:`EngineProcess` offers :class:`JobHost`'s methods (``submit_many``, ``cancel``,
+``hand_back``, ``drain``, ``heartbeat``...) to the worker, and keeps the one set of the jobs it
+holds; the engine and its I/O thread (an :class:`~engine_worker.runtime.engine_side.EngineSide`:
+model, engine thread, coalescer, no held set) run in a child started with multiprocessing's
+*spawn* (mlx does not survive a fork; the parent never imports mlx). One duplex connection carries the messages of
 :mod:`engine_worker.protocol`, each a small frozen dataclass pickled by multiprocessing:
 
-* parent → child: :class:`Admit` (the jobs of one claim), :class:`Cancel`, :class:`HandBack`, :class:`Evict`,
-  :class:`Stop`;
+* parent → child: :class:`Admit` (the jobs of one claim), :class:`Cancel`, :class:`HandBack`,
+  :class:`Evict`, :class:`Stop`;
 * child → parent: :class:`StepBatch` (the engine's outputs), :class:`WorkerHeartbeat` (every
   ``heartbeat_s``, the first one meaning "ready"), :class:`Refused` (a job the engine would not
-  take, classified by the child's :class:`JobHost`) and :class:`Stopped`.
+  take, classified by the child's EngineSide) and :class:`Stopped`.
 
 The parent's I/O thread receives them: it hands each batch to the sink, keeps the last heartbeat,
 and between messages (at least every ``tick_s``) runs ``on_tick``. Supervision is one rule: if the
@@ -291,7 +292,7 @@ def serve(conn: Any, spec: ChildSpec) -> None:
     from engine_worker.common.config import EngineConfig
     from engine_worker.engine.core import EngineCore
     from engine_worker.runner.loader import context_length, load_model
-    from engine_worker.runtime.host import JobHost
+    from engine_worker.runtime.engine_side import EngineSide
 
     logging.basicConfig(level=os.environ.get("LOG_LEVEL", "INFO"), format="%(asctime)s %(levelname)s %(name)s %(message)s")
     model, tokenizer = load_model(spec.model_path)
@@ -299,9 +300,11 @@ def serve(conn: Any, spec: ChildSpec) -> None:
     engine.start()
     out = _ConnectionSink(conn)
     beats = _Beats(spec, out)
-    host = JobHost(engine, out, model_name=spec.model_name or os.path.basename(os.path.normpath(spec.model_path)),
-                   context_length=context_length(model), stream_interval_s=spec.stream_interval_s,
-                   on_tick=lambda: beats.tick(host), tick_s=min(0.5, spec.heartbeat_s), on_refused=_refusals(out))
+    # No set of held jobs here: the parent's is the one (it filters what comes back by it).
+    host = EngineSide(engine, out, on_refused=out.publish, context_length=context_length(model),
+                      model_name=spec.model_name or os.path.basename(os.path.normpath(spec.model_path)),
+                      stream_interval_s=spec.stream_interval_s, on_tick=lambda: beats.tick(host),
+                      tick_s=min(0.5, spec.heartbeat_s))
     host.start()
     beats.send(host)  # ready
     try:
@@ -330,18 +333,13 @@ def serve(conn: Any, spec: ChildSpec) -> None:
 
 def _obey(host: Any, message: object) -> None:
     if isinstance(message, Admit):
-        host.submit_many(list(message.jobs))  # a refusal reaches the parent through the host's on_refused
+        host.admit(list(message.jobs))  # a refusal reaches the parent through on_refused
     elif isinstance(message, Cancel):
         host.cancel(message.job_id)
     elif isinstance(message, HandBack):
         host.hand_back(list(message.job_ids))
     elif isinstance(message, Evict):
         host.evict_cache_entry(message.key)
-
-
-def _refusals(out: _ConnectionSink) -> OnRefused:
-    """The child's ``on_refused``: each refusal goes to the parent as it was classified."""
-    return lambda job_id, error, job_fault: out.publish(Refused(job_id, error, job_fault))
 
 
 class _Beats:

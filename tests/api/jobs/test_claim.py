@@ -11,7 +11,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from api.jobs.services import claim as claims
-from api.models import JobStatus
+from api.models import Job, JobStatus
 from tests.api.factories import make_job
 
 pytestmark = pytest.mark.django_db
@@ -68,3 +68,30 @@ def test_a_claim_of_one_takes_only_the_named_job_and_a_claimed_one_takes_nothing
         == [b.id]  # with room, it takes the queue's next job; a stays with w
     a.refresh_from_db()
     assert a.worker_id == "w"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_workers_claiming_at_once_take_each_job_once():
+    from concurrent.futures import ThreadPoolExecutor
+
+    from django.db import connections
+
+    jobs = _queued(24)
+
+    def claim(worker: str) -> list[str]:
+        try:
+            taken = []
+            for job in jobs:  # every message, as each worker's consumer would get them
+                taken += [str(j.id) for j in claims.jobs_claim(job_id=str(job.id), worker_id=worker, lease_s=30,
+                                                               model="tiny", limit=5)]
+            return taken
+        finally:
+            connections.close_all()
+
+    with ThreadPoolExecutor(3) as pool:
+        taken = list(pool.map(claim, ["w1", "w2", "w3"]))
+
+    every = [job_id for worker in taken for job_id in worker]
+    assert sorted(every) == sorted(str(job.id) for job in jobs)  # each once, none left
+    for worker, ids in zip(["w1", "w2", "w3"], taken, strict=True):
+        assert set(ids) == {str(j.id) for j in Job.objects.filter(worker_id=worker, attempts=1)}
