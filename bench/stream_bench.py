@@ -189,7 +189,7 @@ async def one_stream(port: int, key: str, body: dict, timeout: float) -> dict:
     except websockets.ConnectionClosed as exc:
         code, rcvd = exc.code, exc.rcvd
         error = error or (f"client sent {exc.sent.code} {exc.sent.reason}" if exc.sent else None)
-    except OSError as exc:
+    except (OSError, websockets.InvalidHandshake) as exc:  # refused, or cut before the handshake's answer
         return {"end": f"connect {exc.__class__.__name__}", "deltas": 0, "tokens": 0, "s": time.perf_counter() - t0}
     end = f"close {rcvd.code}" if rcvd is not None else f"dropped ({code})"
     end += f" {error}" if error else ""
