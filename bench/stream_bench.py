@@ -3,7 +3,7 @@ another (issue 43), and how every stream ends under load (issue 45 item 4).
 
 Each tree (``--after``, default this one; ``--before``, default /work/main) runs as a service of
 its own: a private ``redis-server`` (``--redis-port`` and the next port), a PostgreSQL database
-(``stream_bench_<i>``), daphne through ``inference_service.serve_web`` (``--web-processes``) and
+(``stream_bench_<i>``; ``--database sqlite``: a SQLite file, where the local PostgreSQL is shared), daphne through ``inference_service.serve_web`` (``--web-processes``) and
 one engine worker, all started from that tree's folder. A round opens ``--streams`` WebSockets
 on ``/ws/v1/generate`` at once (submit and follow on one socket; each job runs exactly
 ``--max-tokens`` tokens, the end-of-sequence token banned), plus ``--rest-jobs`` jobs POSTed at
@@ -17,7 +17,7 @@ error message if one came), ``dropped`` (the connection ended without a close fr
 deltas and seconds in) or ``timeout``. The summary gives medians per tree and level and the
 ratios after / before; the LAST printed line is one JSON object.
 
-    python bench/stream_bench.py --streams 128,300 --rounds 3
+    python bench/stream_bench.py --streams 128,300 --rounds 3 [--model PATH] [--out FILE]
     python bench/stream_bench.py --before '' --streams 300 --rest-jobs 300 --rounds 1   # load only
 """
 
@@ -36,7 +36,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import DEFAULT_MODEL, proc_cpu_ticks  # noqa: E402
+from bench.common import DEFAULT_MODEL, dump_json_line, environment, proc_cpu_ticks  # noqa: E402
 from bench.http_clients import post_job  # noqa: E402
 
 PG = "postgresql://postgres@127.0.0.1:5432"
@@ -55,35 +55,37 @@ class Service:
     """One tree's service: its own redis-server, database, daphne launcher and engine worker."""
 
     def __init__(self, tree: Path, index: int, model: Path, redis_port: int, web_processes: int,
-                 log_dir: Path) -> None:
+                 log_dir: Path, database: str = "postgres") -> None:
         self.tree, self.model, self.log_dir = tree, model, log_dir
         self.name = f"{index}-{tree.name}"
         self.redis_port = redis_port
         self.port = 18460 + index
         self.web_processes = web_processes
         db = f"stream_bench_{index}"
-        self.env = {**os.environ, **SERVICE_ENV, "DATABASE_URL": f"{PG}/{db}",
+        url = f"{PG}/{db}" if database == "postgres" else f"sqlite:///{log_dir / db}.sqlite3"
+        self.env = {**os.environ, **SERVICE_ENV, "DATABASE_URL": url,
                     "REDIS_URL": f"redis://127.0.0.1:{redis_port}/0", "MODEL_PATH": str(model)}
         self.env.pop("PYTHONPATH", None)
         if os.environ.get("STREAM_BENCH_PYTHONPATH"):  # a diagnosis's sitecustomize, say
             self.env["PYTHONPATH"] = os.environ["STREAM_BENCH_PYTHONPATH"]
-        self._db = db
+        self._db = db if database == "postgres" else None
         self.procs: dict[str, subprocess.Popen] = {}
 
     def start(self) -> str:
-        import psycopg
-
         self._spawn("redis", ["redis-server", "--port", str(self.redis_port), "--save", "",
                               "--appendonly", "no", "--maxclients", "20000"])
-        with psycopg.connect(f"{PG}/postgres", autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{self._db}" WITH (FORCE)')
-            conn.execute(f'CREATE DATABASE "{self._db}"')
+        if self._db is not None:
+            import psycopg
+
+            with psycopg.connect(f"{PG}/postgres", autocommit=True) as conn:
+                conn.execute(f'DROP DATABASE IF EXISTS "{self._db}" WITH (FORCE)')
+                conn.execute(f'CREATE DATABASE "{self._db}"')
         self._wait(lambda: self.redis().ping(), "redis")
         self._manage("migrate", "--noinput")
         key = self._manage("create_api_user", "bench", "--quiet").strip().splitlines()[-1]
         py = sys.executable
         self._spawn("web", [py, "-m", "inference_service.serve_web", "-b", "127.0.0.1", "-p", str(self.port),
-                            "--processes", str(self.web_processes)], {"DB_POOL": "1"})
+                            "--processes", str(self.web_processes)], {"DB_POOL": "1" if self._db else "0"})
         self._spawn("worker", [py, "manage.py", "run_engine_worker", "--worker-id", f"sb-{self.name}",
                                "--loglevel", "WARNING"], {"DB_POOL": "0"})
         self._wait(lambda: self.redis().exists(f"engine:workers:sb-{self.name}") and _port_open(self.port),
@@ -189,7 +191,7 @@ async def one_stream(port: int, key: str, body: dict, timeout: float) -> dict:
     except websockets.ConnectionClosed as exc:
         code, rcvd = exc.code, exc.rcvd
         error = error or (f"client sent {exc.sent.code} {exc.sent.reason}" if exc.sent else None)
-    except OSError as exc:
+    except (OSError, websockets.InvalidHandshake) as exc:  # refused, or cut before the handshake's answer
         return {"end": f"connect {exc.__class__.__name__}", "deltas": 0, "tokens": 0, "s": time.perf_counter() - t0}
     end = f"close {rcvd.code}" if rcvd is not None else f"dropped ({code})"
     end += f" {error}" if error else ""
@@ -264,12 +266,15 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--web-processes", type=int, default=2)
     parser.add_argument("--redis-port", type=int, default=6460)
+    parser.add_argument("--database", choices=("postgres", "sqlite"), default="postgres",
+                        help="each tree's database: stream_bench_<i> on the local PostgreSQL, or a SQLite file")
     parser.add_argument("--timeout", type=float, default=300)
+    parser.add_argument("--out", default=None, help="append the last line (JSON) to this file")
     args = parser.parse_args()
     model = Path(args.model).resolve()
     trees = [Path(args.after).resolve()] + ([Path(args.before).resolve()] if args.before else [])
     log_dir = Path(tempfile.mkdtemp(prefix="stream-bench-"))
-    services = [Service(tree, i, model, args.redis_port + i, args.web_processes, log_dir)
+    services = [Service(tree, i, model, args.redis_port + i, args.web_processes, log_dir, args.database)
                 for i, tree in enumerate(trees)]
     eos = eos_token(model)
     rounds: list[dict] = []
@@ -290,7 +295,8 @@ def main() -> None:
     summary = summarize(rounds)
     for level, s in summary.items():
         print(f"{level} streams: {json.dumps(s)}")
-    print(json.dumps({"summary": summary, "rounds": rounds, "logs": str(log_dir)}))
+    dump_json_line({"bench": "stream_bench", "args": vars(args), "summary": summary, "rounds": rounds,
+                    "logs": str(log_dir), "environment": environment()}, args.out)
 
 
 if __name__ == "__main__":

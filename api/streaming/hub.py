@@ -76,6 +76,7 @@ class StreamHub:
         self._task: asyncio.Task[None] | None = None
         self._reading = False  # a read is in flight (a new subscriber must wake it)
         self._failing = False
+        self._wakes: set[asyncio.Task[None]] = set()  # held until done (the loop keeps only weak references)
 
     def subscribe(self, key: str, last_id: str) -> Subscription:
         sub = Subscription(key, last_id)
@@ -88,7 +89,9 @@ class StreamHub:
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self._run())
         elif behind and self._reading:
-            asyncio.get_running_loop().create_task(self._wake())
+            wake = asyncio.get_running_loop().create_task(self._wake())
+            self._wakes.add(wake)
+            wake.add_done_callback(self._wakes.discard)
         return sub
 
     def unsubscribe(self, sub: Subscription) -> None:
