@@ -161,7 +161,7 @@ def run_engine(model, tokenizer, prompts: list[list[int]], max_tokens: int, comp
     result["budget_mib"] = round(engine.memory_budget.total / MIB, 1)
     result["preemptions"] = stats["counters"]["num_preemptions"]
     result["allocation_failures"] = stats["counters"]["num_allocation_failures"]
-    result["allocator_cache_limit_mib"] = round(engine.memory_budget.allocator_cache / MIB, 1)
+    result["allocator_cache_limit_mib"] = round(stats["memory"]["cache_limit_bytes"] / MIB, 1)
     result["cache_entries"] = cache_stats.get("entries")
     result["cache_hits"] = cache_stats.get("hits")
     return result
