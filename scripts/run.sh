@@ -12,7 +12,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-BIN=.venv/bin
+# PYTHON: the interpreter (default the virtualenv's; bench/h200_all.sh runs it on a machine without one).
+PY="${PYTHON:-.venv/bin/python}"
 PORT="${PORT:-8000}"
 HOST="${HOST:-127.0.0.1}"
 LOG_DIR=var/log
@@ -55,12 +56,12 @@ wait_until() {  # seconds, description, command...
   exit 1
 }
 
-redis_answers() { $BIN/python -c "import os, redis; redis.Redis.from_url(os.environ['REDIS_URL'], socket_timeout=1).ping()"; }
+redis_answers() { $PY -c "import os, redis; redis.Redis.from_url(os.environ['REDIS_URL'], socket_timeout=1).ping()"; }
 
 echo "starting the mlx inference service"
 if ! redis_answers 2>/dev/null; then
   command -v redis-server >/dev/null || { echo "error: no Redis at $REDIS_URL and no redis-server to start" >&2; exit 1; }
-  REDIS_PORT=$($BIN/python -c "import os, urllib.parse as u; print(u.urlsplit(os.environ['REDIS_URL']).port or 6379)")
+  REDIS_PORT=$($PY -c "import os, urllib.parse as u; print(u.urlsplit(os.environ['REDIS_URL']).port or 6379)")
   start redis redis-server --bind 127.0.0.1 --port "$REDIS_PORT" --save "" --appendonly no
   wait_until 30 "redis-server" redis_answers
 fi
@@ -72,30 +73,33 @@ if [ -z "${MODEL_PATH:-}" ]; then
   else  # a checkout without the trained weights: the untrained test model, which writes gibberish
     export MODEL_PATH="$PWD/var/models/tiny"
     echo "  model: no trained weights in demo_model/demo; building the untrained test model in $MODEL_PATH"
-    $BIN/python -m demo_model.builder "$MODEL_PATH" >"$LOG_DIR/model-build.log" 2>&1
+    $PY -m demo_model.builder "$MODEL_PATH" >"$LOG_DIR/model-build.log" 2>&1
   fi
 fi
 
-$BIN/python manage.py migrate --noinput >"$LOG_DIR/migrate.log"
+# The database's migrations and the demo key, in one Django process, while the engine workers load
+# their models (below): a worker waits for the migrations before it takes a job (WAIT_FOR_MIGRATIONS).
 # --replace: the demo keys of earlier runs are revoked, so only the one printed below is valid.
-DEMO_KEY=$($BIN/python manage.py create_api_user "$DEMO_USER" --staff --password "$DEMO_PASSWORD" --key-name "make run" \
-  --replace --quiet)
-# GET /metrics wants this bearer token (or a staff session); one per run unless it is set.
-export METRICS_TOKEN="${METRICS_TOKEN:-$($BIN/python -c 'import secrets; print(secrets.token_urlsafe(24))')}"
+KEY_FILE=$(mktemp "${TMPDIR:-/tmp}/demo-key.XXXXXX")
+$PY - "$DEMO_USER" "$DEMO_PASSWORD" "$LOG_DIR/migrate.log" >"$KEY_FILE" <<'PY' &
+import io, sys
 
-# daphne runs each request on a thread of its own, so without a pool every request opens a
-# database connection (~8 ms of PostgreSQL CPU). On PostgreSQL with psycopg[pool] installed it
-# borrows from psycopg's pool instead (DB_POOL; set it to force either way). The engine worker
-# keeps persistent connections and never uses the pool.
-WEB_DB_POOL="${DB_POOL:-}"
-if [ -z "$WEB_DB_POOL" ]; then
-  WEB_DB_POOL=0
-  if [[ "${DATABASE_URL:-}" == postgres* ]] && $BIN/python -c "import psycopg_pool" 2>/dev/null; then WEB_DB_POOL=1; fi
-fi
-# Several daphne processes on one port (WEB_PROCESSES, default: one per core up to 4): one daphne
-# runs every view and consumer under a single GIL, and a burst of submissions queued there.
-start web env DB_POOL="$WEB_DB_POOL" $BIN/python -m inference_service.serve_web -b "$HOST" -p "$PORT" \
-  ${WEB_PROCESSES:+--processes "$WEB_PROCESSES"}
+import django
+
+django.setup()
+from django.core.management import call_command
+
+with open(sys.argv[3], "w") as log:
+    call_command("migrate", interactive=False, stdout=log)
+key = io.StringIO()
+call_command("create_api_user", sys.argv[1], staff=True, password=sys.argv[2], key_name="make run", replace=True,
+             quiet=True, stdout=key)
+print(key.getvalue().strip().splitlines()[-1])
+PY
+PREPARE_PID=$!
+# GET /metrics wants this bearer token (or a staff session); one per run unless it is set.
+export METRICS_TOKEN="${METRICS_TOKEN:-$(head -c 18 /dev/urandom | base64 | tr '+/' '-_')}"
+
 # On a small machine the worker shares the cores with daphne, Redis and the database; OpenBLAS's
 # spinning threads would take them all (measured: 3x the worker's CPU time on 2 cores). Leave
 # one core to the rest unless OPENBLAS_NUM_THREADS is set.
@@ -112,21 +116,40 @@ for entry in "${MODEL_ENTRIES[@]}"; do
   entry="${entry// /}"
   if [[ "$entry" == *=* ]]; then name="${entry%%=*}"; path="${entry#*=}"; else path="$entry"; name=$(basename "$path"); fi
   for i in $(seq 1 "$WORKERS_PER_MODEL"); do
-    start "engine-worker-$name-$i" env DB_POOL=0 OPENBLAS_NUM_THREADS="$WORKER_BLAS_THREADS" \
-      MODEL_PATH="$path" MODEL_NAME="$name" $BIN/python manage.py run_engine_worker
+    start "engine-worker-$name-$i" env DB_POOL=0 OPENBLAS_NUM_THREADS="$WORKER_BLAS_THREADS" WAIT_FOR_MIGRATIONS=300 \
+      MODEL_PATH="$path" MODEL_NAME="$name" $PY manage.py run_engine_worker
   done
 done
+wait "$PREPARE_PID" || { echo "error: the database's migrations or the demo key failed (see $LOG_DIR/migrate.log)" >&2; exit 1; }
+DEMO_KEY=$(tail -n 1 "$KEY_FILE"); rm -f "$KEY_FILE"
+
+# daphne runs each request on a thread of its own, so without a pool every request opens a
+# database connection (~8 ms of PostgreSQL CPU). On PostgreSQL with psycopg[pool] installed it
+# borrows from psycopg's pool instead (DB_POOL; set it to force either way). The engine worker
+# keeps persistent connections and never uses the pool.
+WEB_DB_POOL="${DB_POOL:-}"
+if [ -z "$WEB_DB_POOL" ]; then
+  WEB_DB_POOL=0
+  if [[ "${DATABASE_URL:-}" == postgres* ]] && $PY -c "import psycopg_pool" 2>/dev/null; then WEB_DB_POOL=1; fi
+fi
+# Several daphne processes on one port (WEB_PROCESSES, default: one per core up to 4): one daphne
+# runs every view and consumer under a single GIL, and a burst of submissions queued there.
+start web env DB_POOL="$WEB_DB_POOL" $PY -m inference_service.serve_web -b "$HOST" -p "$PORT" \
+  ${WEB_PROCESSES:+--processes "$WEB_PROCESSES"}
 FIRST_MODEL="${MODEL_ENTRIES[0]}"
 FIRST_MODEL="${FIRST_MODEL// /}"
 if [[ "$FIRST_MODEL" == *=* ]]; then FIRST_MODEL="${FIRST_MODEL%%=*}"; else FIRST_MODEL=$(basename "$FIRST_MODEL"); fi
-start celery-beat $BIN/celery -A inference_service beat --loglevel INFO -s var/celerybeat-schedule
-start celery-worker $BIN/celery -A inference_service worker -Q celery -P solo --loglevel INFO -n "light@%h"
 
-wait_until 120 "the web server" $BIN/python -c "import socket; socket.create_connection(('$HOST', $PORT), 1)"
-wait_until 300 "the engine worker" $BIN/python -c "
+port_open() { (exec 3<>"/dev/tcp/$HOST/$PORT") 2>/dev/null; }
+wait_until 120 "the web server" port_open
+wait_until 300 "the engine worker" $PY -c "
 import os, redis
 r = redis.Redis.from_url(os.environ['REDIS_URL'])
 raise SystemExit(0 if any(True for _ in r.scan_iter('engine:workers:*')) else 1)"
+# Webhooks, batches and the periodic sweeps: started once the rest is up, so that on a small
+# machine they do not take the cores from the web and engine starts.
+start celery-beat $PY -m celery -A inference_service beat --loglevel INFO -s var/celerybeat-schedule
+start celery-worker $PY -m celery -A inference_service worker -Q celery -P solo --loglevel INFO -n "light@%h"
 
 BASE="http://$HOST:$PORT"
 cat <<EOF
@@ -140,10 +163,10 @@ Submit a job and read it back:
   curl -s $BASE/api/v1/jobs/<id> -H "Authorization: Bearer \$KEY"
 
 Stream over a WebSocket (type the JSON line and press Enter):
-  $BIN/python -m websockets "ws://$HOST:$PORT/ws/v1/generate?api_key=\$KEY"
+  $PY -m websockets "ws://$HOST:$PORT/ws/v1/generate?api_key=\$KEY"
   {"prompt": "class Stack:", "max_tokens": 64}
 or watch an existing job (resume with ?after=<seq>):
-  $BIN/python -m websockets "ws://$HOST:$PORT/ws/v1/jobs/<id>/?api_key=\$KEY"
+  $PY -m websockets "ws://$HOST:$PORT/ws/v1/jobs/<id>/?api_key=\$KEY"
 or as server-sent events over plain HTTP:
   curl -N $BASE/api/v1/jobs/<id>/events -H "Authorization: Bearer \$KEY"
 

@@ -282,9 +282,10 @@ class AllocatorCache:
     estimate of a step and only grows.
 
     A step's working memory is read from mlx's peak (``mx.get_peak_memory``) without resetting it
-    (others read the peak since start): a step that raised the peak used at least the new peak
-    less what was active before it. Steps that stay under the peak are not read, and need not be:
-    they used less than the step that set it."""
+    (others read the peak since start): a step that raised the peak used the new peak less what
+    was live before and after it. Steps that stay under the peak are not read: one of them may have
+    needed more working memory beside less live memory, and the cache then holds less than it
+    could, never more."""
 
     def __init__(self, budget: MemoryBudget) -> None:
         self._cap = budget.allocator_cache
@@ -295,10 +296,12 @@ class AllocatorCache:
         self._active, self._peak = device_memory.active_and_peak()
 
     def after_step(self) -> None:
-        _, peak = device_memory.active_and_peak()
+        active, peak = device_memory.active_and_peak()
         if peak <= self._peak:
             return
-        want = min(self._cap, CACHE_STEPS * (peak - self._active))
+        # What the step freed again: its peak above what was live before and after it (the
+        # batch's KV, grown by a join, stays live and is not working memory).
+        want = min(self._cap, CACHE_STEPS * (peak - max(self._active, active)))
         if want > self.limit:
             self.limit = want
             device_memory.set_cache_limit(want)
