@@ -12,6 +12,7 @@
 set -euo pipefail
 source bench/h200_site.sh
 if [ "${DB:-sqlite}" = postgres ]; then
+    [ -f .whl/pg.tar.xz ] || { echo "error: DB=postgres needs .whl/pg.tar.xz: run PG=1 bash bench/h200_prepare.sh" >&2; exit 1; }
     if ! python3 -c 'import psycopg; psycopg.connect("postgresql://postgres@127.0.0.1:5432/postgres").close()' 2>/dev/null; then
         mkdir -p /tmp/pg && tar xJf .whl/pg.tar.xz -C /tmp/pg && chmod -R a+rX /tmp/pg
         PGBIN=/tmp/pg/pgserver/pginstall/bin

@@ -262,14 +262,16 @@ class OurService(Server):
         import redis
 
         redis.Redis.from_url(self.env["REDIS_URL"]).flushdb()
+        # As scripts/run.sh does: the web and the worker load while the database is migrated (the
+        # worker takes no job before the migrations are in: WAIT_FOR_MIGRATIONS).
+        web = os.environ.get("PEER_WEB_PROCESSES", "4")
+        script = (f"{sys.executable} -m inference_service.serve_web -b 127.0.0.1 -p {self.port} --processes {web} & "
+                  f"WAIT_FOR_MIGRATIONS=300 {sys.executable} manage.py run_engine_worker --loglevel WARNING & wait")
+        self._spawn(["bash", "-c", script], self.tree, self.env)
         manage = [sys.executable, "manage.py"]
         subprocess.run([*manage, "migrate", "--noinput"], cwd=self.tree, env=self.env, check=True, capture_output=True)
         key = subprocess.run([*manage, "create_api_user", f"peer{os.getpid()}", "--quiet"], cwd=self.tree,
                              env=self.env, check=True, capture_output=True, text=True).stdout.split()[-1]
-        web = os.environ.get("PEER_WEB_PROCESSES", "4")
-        script = (f"{sys.executable} -m inference_service.serve_web -b 127.0.0.1 -p {self.port} --processes {web} & "
-                  f"{sys.executable} manage.py run_engine_worker --loglevel WARNING & wait")
-        self._spawn(["bash", "-c", script], self.tree, self.env)
         base = f"http://127.0.0.1:{self.port}"
         return base, self.wait_ready(base, key), key
 

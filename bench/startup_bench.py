@@ -122,7 +122,7 @@ class Start:
             if time.perf_counter() > deadline:
                 raise RuntimeError("the service did not serve a job in time:\n" + "\n".join(self._lines[-30:]))
             now = time.perf_counter() - t0
-            if "web_ready" not in self.t and _get(f"{self.base}/v1/models", timeout=0.5)[0]:
+            if "web_ready" not in self.t and _get(f"{self.base}/v1/models", timeout=2)[0]:
                 self.t["web_ready"] = now
             if self.key and "worker_ready" not in self.t:
                 status, body = _get(f"{self.base}/v1/models", self.key, timeout=1)

@@ -78,7 +78,8 @@ if [ -z "${MODEL_PATH:-}" ]; then
 fi
 
 # The database's migrations and the demo key, in one Django process, while the engine workers load
-# their models (below): a worker waits for the migrations before it takes a job (WAIT_FOR_MIGRATIONS).
+# their models and the web loads its app (below): a worker waits for the migrations before it
+# takes a job (WAIT_FOR_MIGRATIONS).
 # --replace: the demo keys of earlier runs are revoked, so only the one printed below is valid.
 KEY_FILE=$(mktemp "${TMPDIR:-/tmp}/demo-key.XXXXXX")
 $PY - "$DEMO_USER" "$DEMO_PASSWORD" "$LOG_DIR/migrate.log" >"$KEY_FILE" <<'PY' &
@@ -120,9 +121,6 @@ for entry in "${MODEL_ENTRIES[@]}"; do
       MODEL_PATH="$path" MODEL_NAME="$name" $PY manage.py run_engine_worker
   done
 done
-wait "$PREPARE_PID" || { echo "error: the database's migrations or the demo key failed (see $LOG_DIR/migrate.log)" >&2; exit 1; }
-DEMO_KEY=$(tail -n 1 "$KEY_FILE"); rm -f "$KEY_FILE"
-
 # daphne runs each request on a thread of its own, so without a pool every request opens a
 # database connection (~8 ms of PostgreSQL CPU). On PostgreSQL with psycopg[pool] installed it
 # borrows from psycopg's pool instead (DB_POOL; set it to force either way). The engine worker
@@ -136,12 +134,20 @@ fi
 # runs every view and consumer under a single GIL, and a burst of submissions queued there.
 start web env DB_POOL="$WEB_DB_POOL" $PY -m inference_service.serve_web -b "$HOST" -p "$PORT" \
   ${WEB_PROCESSES:+--processes "$WEB_PROCESSES"}
+# The web starts beside the migrations too: nothing is announced (and no key exists) before they end.
+wait "$PREPARE_PID" || { echo "error: the database's migrations or the demo key failed (see $LOG_DIR/migrate.log)" >&2; exit 1; }
+DEMO_KEY=$(tail -n 1 "$KEY_FILE"); rm -f "$KEY_FILE"
+
 FIRST_MODEL="${MODEL_ENTRIES[0]}"
 FIRST_MODEL="${FIRST_MODEL// /}"
 if [[ "$FIRST_MODEL" == *=* ]]; then FIRST_MODEL="${FIRST_MODEL%%=*}"; else FIRST_MODEL=$(basename "$FIRST_MODEL"); fi
 
-port_open() { (exec 3<>"/dev/tcp/$HOST/$PORT") 2>/dev/null; }
-wait_until 120 "the web server" port_open
+# The web server answers HTTP (its listening socket opens before its processes have loaded the app).
+web_answers() {
+  (exec 3<>"/dev/tcp/$HOST/$PORT" && printf 'GET /api/v1/health HTTP/1.0\r\n\r\n' >&3 && read -r -t 5 line <&3 &&
+   [[ "$line" == HTTP/* ]]) 2>/dev/null
+}
+wait_until 120 "the web server" web_answers
 wait_until 300 "the engine worker" $PY -c "
 import os, redis
 r = redis.Redis.from_url(os.environ['REDIS_URL'])
