@@ -35,3 +35,4 @@ test: setup
 
 lint: setup
 	$(BIN)/ruff check .
+	$(BIN)/mypy

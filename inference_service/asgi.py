@@ -31,7 +31,7 @@ http_app = ASGIStaticFilesHandler(django_http) if settings.SERVE_STATIC else dja
 application = ProtocolTypeRouter(
     {
         # The job event streams (server-sent events) first, everything else to Django.
-        "http": URLRouter([*http_stream_urlpatterns, re_path(r"", http_app)]),
+        "http": URLRouter([*http_stream_urlpatterns, re_path(r"", http_app)]),  # type: ignore[arg-type]  # channels' URLRouter routes ASGI apps
         "websocket": URLRouter(websocket_urlpatterns),
     }
 )

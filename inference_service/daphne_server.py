@@ -82,7 +82,8 @@ class HeadLimitedHTTPChannel(http.HTTPChannel):
 
     def _refuse(self, status: int) -> None:
         self._refused = True
-        self.transport.write(head_refusal(status))
+        transport: Any = self.transport  # a zope interface, which mypy reads wrong without mypy-zope
+        transport.write(head_refusal(status))
         self.loseConnection()
 
 

@@ -22,6 +22,7 @@ Redis stream itself; a key's revocation reaches every child through the channel 
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import os
 import signal
@@ -78,8 +79,8 @@ class Supervisor:
     def _spawn(self, slot: int) -> None:
         fd = self._sockets[slot % len(self._sockets)].fileno()
         argv = [sys.executable, "-m", DAPHNE, "--fd", str(fd), *self._daphne_args, ASGI_APP]
-        self._children[slot] = subprocess.Popen(argv, pass_fds=(fd,))
-        logger.info("daphne %s started (pid %s)", slot, self._children[slot].pid)
+        child = self._children[slot] = subprocess.Popen(argv, pass_fds=(fd,))
+        logger.info("daphne %s started (pid %s)", slot, child.pid)
 
     def stop(self, *_: object) -> None:
         self._stopping = True
@@ -121,7 +122,13 @@ def main(argv: list[str] | None = None) -> int:
     if processes < 1:
         parser.error("--processes must be at least 1")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    sockets = listening_sockets(args.bind, args.port, processes)
+    try:
+        sockets = listening_sockets(args.bind, args.port, processes)
+    except OSError as exc:
+        if exc.errno != errno.EADDRINUSE:
+            raise
+        logger.error("error: port %s on %s is in use by another process; not starting", args.port, args.bind)
+        return 1
     supervisor = Supervisor(sockets, processes, daphne_args)
     signal.signal(signal.SIGTERM, supervisor.stop)
     signal.signal(signal.SIGINT, supervisor.stop)

@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator
 from typing import IO
 
 from asgiref.sync import sync_to_async
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.core.files.storage import storages
 from django.db.models import QuerySet
 
@@ -24,7 +24,7 @@ class FileNotFound(ServiceError):
         super().__init__(f"No file with id {file_id}.", param=param)
 
 
-def file_get(*, file_id: str, owner: AbstractBaseUser, param: str = "file_id") -> File:
+def file_get(*, file_id: str, owner: User, param: str = "file_id") -> File:
     """The owner's file, or FileNotFound (another user's file is not found either)."""
     file = File.objects.filter(id=file_id, owner=owner).first()
     if file is None:
@@ -32,7 +32,7 @@ def file_get(*, file_id: str, owner: AbstractBaseUser, param: str = "file_id") -
     return file
 
 
-def file_list(*, owner: AbstractBaseUser, purpose: str | None = None) -> QuerySet[File]:
+def file_list(*, owner: User, purpose: str | None = None) -> QuerySet[File]:
     files = File.objects.filter(owner=owner)
     return files.filter(purpose=purpose) if purpose else files
 

@@ -12,7 +12,7 @@ import logging
 from typing import IO
 
 from django.conf import settings
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.core.files import File as DjangoFile
 from django.core.files.storage import Storage, storages
 from django.db import transaction
@@ -38,7 +38,7 @@ def files_storage() -> Storage:
     return storages["files"]
 
 
-def file_create(*, owner: AbstractBaseUser, upload: DjangoFile, purpose: str) -> File:
+def file_create(*, owner: User, upload: DjangoFile, purpose: str) -> File:
     """Check ``upload`` as a batch input (api/batches/lines.py) and store it. Raises InvalidRequest
     for another purpose, FileTooLarge past FILES_MAX_BYTES or FILES_MAX_LINES, and FileInvalid
     naming its first bad lines."""
@@ -54,13 +54,13 @@ def file_create(*, owner: AbstractBaseUser, upload: DjangoFile, purpose: str) ->
                   size=upload.size or 0, lines=lines)
 
 
-def file_create_output(*, owner: AbstractBaseUser, filename: str, content: IO[bytes], size: int, lines: int) -> File:
+def file_create_output(*, owner: User, filename: str, content: IO[bytes], size: int, lines: int) -> File:
     """A batch's output or error file (already in OpenAI's line format)."""
     return _store(owner=owner, purpose=FilePurpose.BATCH_OUTPUT, filename=filename, content=DjangoFile(content),
                   size=size, lines=lines)
 
 
-def _store(*, owner: AbstractBaseUser, purpose: str, filename: str, content: DjangoFile, size: int,
+def _store(*, owner: User, purpose: str, filename: str, content: DjangoFile, size: int,
            lines: int) -> File:
     file = File(owner=owner, purpose=purpose, filename=filename[:255], bytes=size, lines=lines)
     storage = files_storage()
@@ -73,7 +73,7 @@ def _store(*, owner: AbstractBaseUser, purpose: str, filename: str, content: Dja
     return file
 
 
-def file_delete(*, file_id: str, owner: AbstractBaseUser) -> File:
+def file_delete(*, file_id: str, owner: User) -> File:
     """Delete the owner's file and its bytes. Raises FileNotFound, or FileInUse for the input of a
     batch that has not ended (its lines are read again when it starts)."""
     file = file_get(file_id=file_id, owner=owner)

@@ -14,7 +14,7 @@ from api.batches.models import Batch, File
 from api.batches.selectors import Page, batch_request_counts
 from api.common.errors import InvalidRequest
 
-T = TypeVar("T")
+T = TypeVar("T", Batch, File)
 
 
 def _unix(value: dt.datetime | None) -> int | None:

@@ -88,7 +88,7 @@ def job_output_line(job: Job, *, kind: Kind, model: str, outcome: BatchStatus) -
 def _completion(job: Job, kind: Kind, model: str) -> dict[str, Any]:
     logprobs = None
     if job.params.get("logprobs") is not None:
-        entries = job_logprobs(job.logprobs or [])
+        entries = job_logprobs(job.logprobs or []) or []  # a list for a list
         logprobs = chat_logprobs(entries) if kind is Kind.CHAT else text_logprobs(entries, text=job.output_text)
     return completion_body(kind=kind, job_id=str(job.id), created=int(job.created_at.timestamp()), model=model,
                            text=job.output_text, final=final_from_job(job), logprobs=logprobs)

@@ -6,14 +6,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from django.contrib.auth.models import AbstractBaseUser
-from django.db.models import Count, Model, Q, QuerySet
+from django.contrib.auth.models import User
+from django.db.models import Count, Q, QuerySet
 
-from api.batches.models import BATCH_RUNNING_STATUSES, Batch, BatchStatus
+from api.batches.models import BATCH_RUNNING_STATUSES, Batch, BatchStatus, File
 from api.common.errors import ServiceError
 from api.models import JobStatus
 
-T = TypeVar("T", bound=Model)
+T = TypeVar("T", Batch, File)  # the rows paged by creation time
 
 
 class BatchNotFound(ServiceError):
@@ -24,7 +24,7 @@ class BatchNotFound(ServiceError):
         super().__init__(f"No batch with id {batch_id}.", param=param)
 
 
-def batch_get(*, batch_id: str, owner: AbstractBaseUser) -> Batch:
+def batch_get(*, batch_id: str, owner: User) -> Batch:
     """The owner's batch, or BatchNotFound (another user's batch is not found either)."""
     batch = with_request_counts(Batch.objects.filter(id=batch_id, owner=owner)).first()
     if batch is None:
@@ -50,7 +50,7 @@ def page_after(rows: QuerySet[T], *, after: T | None, limit: int, newest_first: 
     return Page(items[:limit], len(items) > limit)
 
 
-def batch_list(*, owner: AbstractBaseUser, after: str | None, limit: int) -> Page[Batch]:
+def batch_list(*, owner: User, after: str | None, limit: int) -> Page[Batch]:
     """A page of the owner's batches, newest first, after the batch ``after`` (BatchNotFound if
     it is not the owner's)."""
     cursor = Batch.objects.filter(id=after, owner=owner).first() if after else None
@@ -73,7 +73,8 @@ def batch_request_counts(batch: Batch) -> dict[str, int]:
         return batch.request_counts
     if not hasattr(batch, "jobs_total"):
         batch = with_request_counts(Batch.objects.filter(id=batch.id)).get()
-    return {"total": batch.jobs_total, "completed": batch.jobs_completed, "failed": batch.jobs_failed}
+    counts = vars(batch)  # the annotations of with_request_counts
+    return {"total": counts["jobs_total"], "completed": counts["jobs_completed"], "failed": counts["jobs_failed"]}
 
 
 def batches_unfinished() -> list[tuple[str, int | None, str]]:

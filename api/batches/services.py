@@ -17,7 +17,7 @@ from functools import partial
 from typing import Any
 
 from django.conf import settings
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.db import transaction
 from django.db.models import Count, Q
 from django.utils import timezone
@@ -55,7 +55,7 @@ class BatchNotCancellable(ServiceError):
         super().__init__(f"The batch is already {status} and cannot be cancelled.")
 
 
-def batch_create(*, owner: AbstractBaseUser, api_key: ApiKey, input_file_id: str, endpoint: str,
+def batch_create(*, owner: User, api_key: ApiKey, input_file_id: str, endpoint: str,
                  completion_window: str, metadata: dict[str, str] | None = None, webhook_url: str = "") -> Batch:
     """A new batch of the owner's input file, ``validating`` until the start task reads it.
     Raises FileNotFound for a file that is not the owner's, InvalidRequest for another purpose,
@@ -159,7 +159,7 @@ def _line_job(batch: Batch, key: ApiKey, line: BatchLine) -> Job | LineError:
     return job
 
 
-def batch_cancel(*, batch_id: str, owner: AbstractBaseUser) -> Batch:
+def batch_cancel(*, batch_id: str, owner: User) -> Batch:
     """``validating``/``in_progress`` → ``cancelling``: held jobs end cancelled at once, sent ones
     are cancelled as any job is; the batch ends ``cancelled`` once none runs. Cancelling a
     cancelling or cancelled batch changes nothing; another ended one raises BatchNotCancellable."""

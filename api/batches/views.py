@@ -7,7 +7,6 @@ from django.core.validators import URLValidator
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import serializers
-from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
@@ -15,6 +14,7 @@ from api.batches.lines import BATCH_ENDPOINTS
 from api.batches.objects import batch_object, list_object, paging_parameters, query_limit
 from api.batches.selectors import batch_get, batch_list
 from api.batches.services import COMPLETION_WINDOWS, batch_cancel, batch_create
+from api.common.requests import AuthenticatedRequest
 from api.common.serializers import REQUEST_ERRORS, ErrorSerializer, RejectUnknownFieldsMixin, StrictCharField
 from api.jobs.metadata import MetadataField
 
@@ -38,7 +38,7 @@ class BatchListCreateView(APIView):
                    request=BatchCreateSerializer, responses={200: OpenApiTypes.OBJECT, **REQUEST_ERRORS,
                                                              404: OpenApiResponse(ErrorSerializer,
                                                                                   description="No such file of yours")})
-    def post(self, request: Request) -> Response:
+    def post(self, request: AuthenticatedRequest) -> Response:
         serializer = BatchCreateSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
@@ -50,7 +50,7 @@ class BatchListCreateView(APIView):
     @extend_schema(operation_id="openai_batches_list", tags=["openai"], summary="Your batches, newest first",
                    parameters=paging_parameters(BATCHES_PAGE_MAX),
                    responses={200: OpenApiTypes.OBJECT, **REQUEST_ERRORS, **_NOT_FOUND})
-    def get(self, request: Request) -> Response:
+    def get(self, request: AuthenticatedRequest) -> Response:
         limit = query_limit(request.query_params, default=BATCHES_PAGE_DEFAULT, maximum=BATCHES_PAGE_MAX)
         page = batch_list(owner=request.user, after=request.query_params.get("after"), limit=limit)
         return Response(list_object(page, batch_object))
@@ -59,7 +59,7 @@ class BatchListCreateView(APIView):
 class BatchDetailView(APIView):
     @extend_schema(operation_id="openai_batches_retrieve", tags=["openai"], summary="One of your batches",
                    responses={200: OpenApiTypes.OBJECT, **REQUEST_ERRORS, **_NOT_FOUND})
-    def get(self, request: Request, batch_id: str) -> Response:
+    def get(self, request: AuthenticatedRequest, batch_id: str) -> Response:
         return Response(batch_object(batch_get(batch_id=batch_id, owner=request.user)))
 
 
@@ -67,6 +67,6 @@ class BatchCancelView(APIView):
     @extend_schema(operation_id="openai_batches_cancel", tags=["openai"], summary="Cancel a batch",
                    request=None, responses={200: OpenApiTypes.OBJECT, **REQUEST_ERRORS, **_NOT_FOUND,
                                             409: OpenApiResponse(ErrorSerializer, description="The batch has ended")})
-    def post(self, request: Request, batch_id: str) -> Response:
+    def post(self, request: AuthenticatedRequest, batch_id: str) -> Response:
         batch = batch_cancel(batch_id=batch_id, owner=request.user)
         return Response(batch_object(batch_get(batch_id=batch.id, owner=request.user)))

@@ -88,8 +88,9 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
             ("invalid_request_error", str(exc.default_code)),
         )
         headers: dict[str, str] = {}
-        if isinstance(exc, drf.Throttled) and exc.wait is not None:
-            headers["Retry-After"] = str(int(exc.wait + 0.999))
+        wait = exc.wait if isinstance(exc, drf.Throttled) else None  # type: ignore[attr-defined]  # drf-stubs omit Throttled.wait
+        if wait is not None:
+            headers["Retry-After"] = str(int(wait + 0.999))
         if isinstance(exc, drf.NotAuthenticated | drf.AuthenticationFailed):
             headers["WWW-Authenticate"] = 'Bearer realm="api"'
             return Response(error_body(str(exc.detail), error_type=error_type, code=code), status=401, headers=headers)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import codecs
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from django.conf import settings
@@ -21,7 +22,7 @@ class StrictJSONParser(JSONParser):
     """Rejects bodies over settings.MAX_REQUEST_BYTES (413), NaN/Infinity, invalid UTF-8 and JSON
     nested too deeply for Python's decoder (400 instead of a RecursionError)."""
 
-    def parse(self, stream: Any, media_type: str | None = None, parser_context: dict | None = None) -> Any:
+    def parse(self, stream: Any, media_type: str | None = None, parser_context: Mapping[str, Any] | None = None) -> Any:
         parser_context = parser_context or {}
         encoding = parser_context.get("encoding", settings.DEFAULT_CHARSET)
         limit = settings.MAX_REQUEST_BYTES

@@ -4,7 +4,7 @@ coerced), the refusal of unknown fields, and the error envelope and paging in th
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from drf_spectacular.utils import OpenApiResponse, inline_serializer
 from rest_framework import serializers
@@ -53,17 +53,23 @@ class StrictFloatField(serializers.FloatField):
             self.fail("invalid")
 
 
-class RejectUnknownFieldsMixin:
+if TYPE_CHECKING:  # the mixin goes before a Serializer, whose fields and method it uses
+    _SerializerBase = serializers.Serializer
+else:
+    _SerializerBase = object
+
+
+class RejectUnknownFieldsMixin(_SerializerBase):
     """Unknown keys are an error (a typo like ``max_token`` must not be silently ignored)."""
 
     def to_internal_value(self, data: Any) -> Any:
         if isinstance(data, dict):
-            unknown = sorted(set(data) - set(self.fields))  # type: ignore[attr-defined]
+            unknown = sorted(set(data) - set(self.fields))
             if unknown:
                 raise serializers.ValidationError(
                     {str(unknown[0]): [serializers.ErrorDetail("Unknown field.", code="unknown_field")]}
                 )
-        return super().to_internal_value(data)  # type: ignore[misc]
+        return super().to_internal_value(data)
 
 
 class ErrorDetailSerializer(serializers.Serializer):

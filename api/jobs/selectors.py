@@ -10,7 +10,7 @@ from datetime import timedelta
 from typing import Any
 
 import redis
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.db import connection
 from django.db.models import BooleanField, Count, Q, QuerySet, Sum
 from django.db.models.expressions import RawSQL
@@ -27,7 +27,7 @@ from api.serving.workers import model_served
 logger = logging.getLogger(__name__)
 
 
-def job_get(*, job_id: uuid.UUID | str, owner: AbstractBaseUser | None = None) -> Job:
+def job_get(*, job_id: uuid.UUID | str, owner: User | None = None) -> Job:
     """The job, or JobNotFound. With ``owner``, another user's job is "not found" too (never 403:
     ids of other users' jobs must not be confirmable), and so is a job its owner deleted."""
     jobs = Job.objects.all() if owner is None else Job.objects.filter(owner=owner, deleted_at__isnull=True)
@@ -37,7 +37,7 @@ def job_get(*, job_id: uuid.UUID | str, owner: AbstractBaseUser | None = None) -
         raise JobNotFound(job_id) from None
 
 
-def job_list(*, owner: AbstractBaseUser, status: str | None = None,
+def job_list(*, owner: User, status: str | None = None,
              metadata: dict[str, str] | None = None) -> QuerySet[Job]:
     """The owner's jobs, newest first; with ``metadata``, only those whose metadata has every
     one of those pairs."""
@@ -92,11 +92,11 @@ def job_streamed_text(*, job_id: str) -> str | None:
         logger.warning("Could not read the stream of job %s", job_id, exc_info=True)
         return None
     chunks: dict[int, str] = {}
-    for _entry_id, fields in entries:
-        if fields.get("type", "delta") != "delta":
+    for _entry_id, fields in entries or ():
+        if fields is None or fields.get("type", "delta") != "delta":
             continue  # the final entry repeats the last seq with no text
         try:
-            chunks[int(fields[redis_keys.JOB_STREAM_FIELD_SEQ])] = fields.get(redis_keys.JOB_STREAM_FIELD_TEXT, "")
+            chunks[int(fields[redis_keys.JOB_STREAM_FIELD_SEQ])] = str(fields.get(redis_keys.JOB_STREAM_FIELD_TEXT, ""))
         except (KeyError, ValueError):
             continue
     return "".join(chunks[seq] for seq in sorted(chunks))
@@ -120,7 +120,8 @@ def job_detail(*, job: Job, with_logprobs: bool = True) -> dict[str, Any]:
         "status": job.status,
         "queue_position": job_queue_position(job=job),
         "model": job.model,
-        "model_served": model_served(job.model) if job.status == JobStatus.QUEUED else None,
+        # As the 202 says it: whatever the job's status, whether a live worker serves its model.
+        "model_served": model_served(job.model),
         "output_text": job_output_text(job=job),
         "finish_reason": job.finish_reason,
         "cancel_requested": job.cancel_requested,
@@ -128,6 +129,7 @@ def job_detail(*, job: Job, with_logprobs: bool = True) -> dict[str, Any]:
         "priority": job.priority,
         "metadata": job.metadata,
         "webhook_url": job.webhook_url or None,
+        "response_format": job.response_format,
         "logprobs": job_logprobs(job.logprobs, model=job.model) if with_logprobs and job.is_finished else None,
         "usage": {
             "prompt_tokens": job.prompt_tokens,

@@ -10,6 +10,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from api.common.requests import AuthenticatedRequest
 from api.common.serializers import PAGE_NOT_FOUND, REQUEST_ERRORS, ErrorSerializer, paginated_list
 from api.jobs.metadata import metadata_filters
 from api.jobs.selectors import job_detail, job_get, job_list, job_queue_position
@@ -64,7 +65,7 @@ class JobListCreateView(APIView):
             429: OpenApiResponse(ErrorSerializer, description="A quota of the key is used up (see Retry-After)"),
         },
     )
-    def post(self, request: Request) -> Response:
+    def post(self, request: AuthenticatedRequest) -> Response:
         serializer = JobCreateSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         submission = job_create(
@@ -101,7 +102,7 @@ class JobListCreateView(APIView):
         responses={200: paginated_list("PaginatedJobList", JobSerializer(many=True)), **REQUEST_ERRORS,
                    404: PAGE_NOT_FOUND},
     )
-    def get(self, request: Request) -> Response:
+    def get(self, request: AuthenticatedRequest) -> Response:
         query = JobListQuerySerializer(data=request.query_params)
         query.is_valid(raise_exception=True)
         jobs = job_list(owner=request.user, status=query.validated_data.get("status"),
@@ -115,7 +116,7 @@ class JobListCreateView(APIView):
 class JobDetailView(APIView):
     @extend_schema(operation_id="jobs_retrieve", summary="A job: status, text so far, usage, timings",
                    responses={200: JobSerializer, **ERRORS})
-    def get(self, request: Request, job_id: str) -> Response:
+    def get(self, request: AuthenticatedRequest, job_id: str) -> Response:
         job = job_get(job_id=job_id, owner=request.user)
         return Response(JobSerializer(job_detail(job=job)).data)
 
@@ -131,7 +132,7 @@ class JobDetailView(APIView):
         responses={200: JobDeletedSerializer, **ERRORS,
                    409: OpenApiResponse(ErrorSerializer, description="The job is still queued or running")},
     )
-    def delete(self, request: Request, job_id: str) -> Response:
+    def delete(self, request: AuthenticatedRequest, job_id: str) -> Response:
         job = job_delete(job_id=job_id, owner=request.user)
         return Response(JobDeletedSerializer({"id": job.id}).data)
 
@@ -144,6 +145,6 @@ class JobCancelView(APIView):
         request=None,
         responses={200: JobSerializer, **ERRORS, 409: OpenApiResponse(ErrorSerializer, description="Already finished")},
     )
-    def post(self, request: Request, job_id: str) -> Response:
+    def post(self, request: AuthenticatedRequest, job_id: str) -> Response:
         job = job_cancel(job_id=job_id, owner=request.user)
         return Response(JobSerializer(job_detail(job=job)).data)

@@ -67,7 +67,9 @@ class ApiKeyForm(forms.ModelForm):
         names = [m.name for m in configured_models()]
         # A model no longer configured stays listed while the key names it, so saving keeps it.
         names += [n for n in (self.instance.allowed_models or []) if n not in names]
-        self.fields["allowed_models"].choices = [(n, n) for n in names]
+        field = self.fields["allowed_models"]
+        assert isinstance(field, forms.ChoiceField)  # the form declares it a multiple choice
+        field.choices = [(n, n) for n in names]
 
 
 @admin.register(ApiKey)

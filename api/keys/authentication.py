@@ -18,20 +18,19 @@ def authenticate_api_key(raw: str | None) -> ApiKey:
     """The active key whose secret is ``raw`` (with its owner loaded), or AuthenticationFailed.
 
     Synchronous (ORM); a consumer calls it through ``database_sync_to_async``."""
-    _require(raw)
-    return _active(api_key_with_owner(hashed_key=hash_secret(raw)))
+    return _active(api_key_with_owner(hashed_key=hash_secret(_require(raw))))
 
 
 def authenticate_api_key_for_job(raw: str | None, job_id: str) -> tuple[ApiKey, bool]:
     """:func:`authenticate_api_key`, and whether job ``job_id`` is the key owner's: one query."""
-    _require(raw)
-    api_key, owns = api_key_with_owner_and_job(hashed_key=hash_secret(raw), job_id=job_id)
+    api_key, owns = api_key_with_owner_and_job(hashed_key=hash_secret(_require(raw)), job_id=job_id)
     return _active(api_key), owns
 
 
-def _require(raw: str | None) -> None:
+def _require(raw: str | None) -> str:
     if not raw:
         raise AuthenticationFailed("Missing API key. Send 'Authorization: Bearer <key>'.", code="missing_api_key")
+    return raw
 
 
 def _active(api_key: ApiKey | None) -> ApiKey:

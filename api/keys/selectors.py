@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import uuid
 
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.db.models import Exists, OuterRef, QuerySet
 
 from api.common.errors import ApiKeyNotFound
@@ -31,12 +31,12 @@ def api_key_with_owner_and_job(*, hashed_key: str, job_id: str) -> tuple[ApiKey 
     return (None, False) if api_key is None else (api_key, api_key.owns_job)
 
 
-def api_key_list(*, owner: AbstractBaseUser) -> QuerySet[ApiKey]:
+def api_key_list(*, owner: User) -> QuerySet[ApiKey]:
     """``owner``'s keys, revoked ones included, newest first."""
     return ApiKey.objects.filter(owner=owner).order_by("-created_at", "-id")
 
 
-def api_key_get(*, key_id: int, owner: AbstractBaseUser) -> ApiKey:
+def api_key_get(*, key_id: int, owner: User) -> ApiKey:
     """``owner``'s key ``key_id``, or ApiKeyNotFound (another user's key is not found either)."""
     try:
         return ApiKey.objects.get(id=key_id, owner=owner)

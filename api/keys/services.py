@@ -11,7 +11,7 @@ from datetime import timedelta
 
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.db import transaction
 from django.utils import timezone
 from redis.exceptions import RedisError
@@ -37,7 +37,7 @@ def hash_secret(raw: str) -> str:
 
 def api_key_create(
     *,
-    owner: AbstractBaseUser,
+    owner: User,
     name: str = "",
     requests_per_minute: int | None = None,
     tokens_per_day: int | None = None,
@@ -63,7 +63,7 @@ def api_key_create(
     return api_key, raw
 
 
-def api_key_replace(*, owner: AbstractBaseUser, name: str) -> tuple[ApiKey, str]:
+def api_key_replace(*, owner: User, name: str) -> tuple[ApiKey, str]:
     """A new key named ``name`` for ``owner``, whose earlier valid keys of that name are revoked in
     the same transaction: one valid key of that name at a time (``make run``'s demo key, minted
     at every start). Returns the new key and its secret."""
@@ -105,7 +105,7 @@ def api_key_revocation_announce(*, hashed_key: str) -> None:
         logger.warning("Could not announce a key's revocation to its open streams", exc_info=True)
 
 
-def api_key_revoke_owned(*, key_id: int, owner: AbstractBaseUser) -> ApiKey:
+def api_key_revoke_owned(*, key_id: int, owner: User) -> ApiKey:
     """Revoke ``owner``'s key ``key_id`` (ApiKeyNotFound for anyone else's) and return it as
     stored. Revoking a revoked key changes nothing: its first revocation time stays."""
     api_key = api_key_get(key_id=key_id, owner=owner)
@@ -131,7 +131,7 @@ def api_key_rotate_webhook_secret(*, api_key_id: int) -> str:
     return secret
 
 
-def api_key_rotate_webhook_secret_owned(*, key_id: int, owner: AbstractBaseUser) -> tuple[ApiKey, str]:
+def api_key_rotate_webhook_secret_owned(*, key_id: int, owner: User) -> tuple[ApiKey, str]:
     """:func:`api_key_rotate_webhook_secret` of ``owner``'s key ``key_id`` (ApiKeyNotFound for
     anyone else's); returns the key and its new secret."""
     api_key = api_key_get(key_id=key_id, owner=owner)

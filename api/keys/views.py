@@ -10,10 +10,10 @@ from __future__ import annotations
 from django.utils import timezone
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework.pagination import PageNumberPagination
-from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from api.common.requests import AuthenticatedRequest
 from api.common.serializers import PAGE_NOT_FOUND, REQUEST_ERRORS, ErrorSerializer, paginated_list
 from api.keys.selectors import api_key_list
 from api.keys.serializers import (
@@ -39,7 +39,7 @@ class ApiKeyListView(APIView):
                    parameters=[KeyListQuerySerializer],
                    responses={200: paginated_list("PaginatedApiKeyList", ApiKeySerializer(many=True)), **REQUEST_ERRORS,
                               404: PAGE_NOT_FOUND})
-    def get(self, request: Request) -> Response:
+    def get(self, request: AuthenticatedRequest) -> Response:
         KeyListQuerySerializer(data=request.query_params).is_valid(raise_exception=True)
         paginator = KeyPagination()
         page = paginator.paginate_queryset(api_key_list(owner=request.user), request, view=self) or []
@@ -57,7 +57,7 @@ class ApiKeyRevokeView(APIView):
         responses={200: ApiKeySerializer, **REQUEST_ERRORS,
                    404: OpenApiResponse(ErrorSerializer, description="No such key (or not yours)")},
     )
-    def post(self, request: Request, key_id: int) -> Response:
+    def post(self, request: AuthenticatedRequest, key_id: int) -> Response:
         api_key = api_key_revoke_owned(key_id=key_id, owner=request.user)
         return Response(ApiKeySerializer(api_key_body(api_key, current=request.auth)).data)
 
@@ -72,7 +72,7 @@ class WebhookSecretRotateView(APIView):
         responses={200: WebhookSecretSerializer, **REQUEST_ERRORS,
                    404: OpenApiResponse(ErrorSerializer, description="No such key (or not yours)")},
     )
-    def post(self, request: Request, key_id: int) -> Response:
+    def post(self, request: AuthenticatedRequest, key_id: int) -> Response:
         api_key, secret = api_key_rotate_webhook_secret_owned(key_id=key_id, owner=request.user)
         return Response(WebhookSecretSerializer({"api_key_id": api_key.id, "secret": secret}).data)
 
@@ -92,7 +92,7 @@ class UsageView(APIView):
             **REQUEST_ERRORS,
         },
     )
-    def get(self, request: Request) -> Response:
+    def get(self, request: AuthenticatedRequest) -> Response:
         query = UsageQuerySerializer(data=request.query_params)
         query.is_valid(raise_exception=True)
         report = api_key_usage_report(api_key=request.auth, days=query.validated_data["days"], now=timezone.now())

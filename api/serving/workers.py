@@ -17,7 +17,7 @@ from engine_worker.protocol import MemoryStats, WorkerHeartbeat, from_dict
 logger = logging.getLogger(__name__)
 
 
-def _parse_heartbeat(raw: str) -> WorkerHeartbeat | None:
+def _parse_heartbeat(raw: str | bytes) -> WorkerHeartbeat | None:
     try:
         data = json.loads(raw)
         memory = from_dict(MemoryStats, data.get("memory") or {})

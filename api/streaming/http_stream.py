@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 
@@ -16,6 +16,11 @@ from api.common.errors import ServiceError, error_body
 class HttpStreamMixin:
     """Mix into an ``AsyncHttpConsumer`` (before it in the bases). ``_ended`` is set once the
     response is complete; nothing is sent after it."""
+
+    if TYPE_CHECKING:  # AsyncHttpConsumer's (channels ships no types)
+        async def send_body(self, body: bytes, *, more_body: bool = False) -> None: ...
+
+        async def send_response(self, status: int, body: bytes, **kwargs: Any) -> None: ...
 
     _ended = False
     _keepalive: asyncio.Task[None] | None = None
@@ -34,7 +39,7 @@ class HttpStreamMixin:
         while not self._ended:
             await asyncio.sleep(interval)
             if not self._ended:
-                await self.send_body(b": keep-alive\n\n", more_body=True)  # type: ignore[attr-defined]
+                await self.send_body(b": keep-alive\n\n", more_body=True)
 
     async def send_error(self, exc: ServiceError, *, status: int | None = None,
                          headers: dict[str, str] | None = None) -> None:
@@ -46,7 +51,7 @@ class HttpStreamMixin:
         """A whole JSON response (header names are sent lower-case, as HTTP/2 wants them)."""
         self._ended = True
         all_headers = {**{name.lower(): value for name, value in headers.items()}, "content-type": "application/json"}
-        await self.send_response(status, json.dumps(body).encode(),  # type: ignore[attr-defined]
+        await self.send_response(status, json.dumps(body).encode(),
                                  headers=encode_headers(all_headers))
 
 

@@ -117,7 +117,7 @@ def _resolve(host: str, port: int, param: str) -> list[IPAddress]:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except (socket.gaierror, UnicodeError):
         raise WebhookUrlRefused(f"the host {host} could not be resolved.", param=param) from None
-    addresses = list(dict.fromkeys(ipaddress.ip_address(info[4][0].split("%")[0]) for info in infos))
+    addresses = list(dict.fromkeys(ipaddress.ip_address(str(info[4][0]).split("%")[0]) for info in infos))
     if not addresses:
         raise WebhookUrlRefused(f"the host {host} could not be resolved.", param=param)
     return addresses

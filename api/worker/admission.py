@@ -30,7 +30,7 @@ def stream_restart(*, redis_client: redis.Redis, job: Job) -> int:
     key = job_stream_key(str(job.id))
     try:
         last = redis_client.xrevrange(key, count=1)
-        stream_seq = int(last[0][1].get("seq", 0)) if last else 0
+        stream_seq = int((last[0][1] or {}).get("seq", 0)) if last else 0
         if not last and job.last_seq == 0:
             return 1  # the earlier attempt streamed nothing: there is nothing to drop
         reset_seq = max(stream_seq, job.last_seq) + 1

@@ -17,7 +17,7 @@ from inference_service.env import check_model_name, model_name_of
 class WorkerConfig:
     worker_id: str
     model_path: str
-    model_name: str  # the model's name in job rows, queues and heartbeats (api/model_catalog.py)
+    model_name: str  # the model's name in job rows, queues and heartbeats (api/serving/catalog.py)
     lease_s: float  # a held job's lease; renewed every heartbeat
     heartbeat_s: float  # heartbeat, lease renewal and cancel fallback period
     drain_s: float  # on SIGTERM, how long running jobs may finish before they are handed back

@@ -2,8 +2,8 @@
 
 At every beat the worker appends one :class:`HistorySample` (JSON) to its list
 ``engine:history:<worker_id>``, trims the list to the last ``WORKER_HISTORY_S`` seconds' worth of
-beats and lets it expire that long after the last one. The dashboard (``api.selectors.
-worker_history``) reads the lists, so its charts show the last ten minutes as soon as it opens,
+beats and lets it expire that long after the last one. The dashboard
+(``api.serving.worker_history.worker_history``) reads the lists, so its charts show the last ten minutes as soon as it opens,
 whether or not anyone was watching before.
 """
 

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from engine_worker.cache import kv
@@ -87,9 +87,11 @@ def store_prompt_snapshot(
     after the next step), True when an entry was offered, False when there is nothing to store
     (trimmable cache, or a coverage that is neither the prompt nor the prompt + one token).
     """
-    if extracted is None or not extracted[0]:
+    if extracted is None:
         return None  # still queued, without a cache yet
     layers, tokens = extracted
+    if not layers:
+        return None
     n = len(prompt_tokens)
     covered = kv.cache_offset(layers)
     if covered < n:
@@ -129,7 +131,7 @@ class MidPrefillSaver:
     def after_step(
         self,
         prefilling: Iterable[tuple[str, int, Sequence[int]]],
-        extract_cache: Callable[[list[int]], dict[int, tuple[list[Any], Sequence[int]]]],
+        extract_cache: Callable[[list[int]], Mapping[int, tuple[list[Any], Sequence[int]]]],
     ) -> int:
         """``prefilling`` yields ``(request_id, generator_uid, prompt_tokens)``; returns the
         number of saves made."""
@@ -167,7 +169,7 @@ class SSDWaitPolicy:
         self.max_wait_s = max_wait_s
         self._since: dict[str, float] = {}
 
-    def should_wait(self, request_id: str, hit_type: str) -> bool:
+    def should_wait(self, request_id: str, hit_type: str | None) -> bool:
         if hit_type != "ssd_pending":
             self._since.pop(request_id, None)
             return False
@@ -234,7 +236,7 @@ class CacheLifecycle:
         saves if its prompt is long, and for a prompt-only snapshot if it wraps the sliding window."""
         if self._shared is not None:
             self._shared.started(request)
-        n = len(request.prompt_token_ids)
+        n = len(request.prompt_ids)
         if self._saver is not None and n > self._interval:
             self._long_prefills[request.request_id] = request
         if self._window and n >= self._window:
@@ -255,19 +257,20 @@ class CacheLifecycle:
                 logger.exception("shared prefill store failed")
                 self._seam.errors += 1
                 self._shared.release_all()
-        if not self._long_prefills:
+        saver = self._saver
+        if saver is None or not self._long_prefills:
             return
         prefilling = []
         for rid, request in list(self._long_prefills.items()):
             if request.output_token_ids or request.batch_uid is None or request.is_finished():
                 del self._long_prefills[rid]  # its prefill is over
-                self._saver.forget(rid)
+                saver.forget(rid)
             else:
-                prefilling.append((rid, request.batch_uid, request.prompt_token_ids))
+                prefilling.append((rid, request.batch_uid, request.prompt_ids))
         if not prefilling:
             return
         try:
-            self._saver.after_step(prefilling, runner.extract_cache)
+            saver.after_step(prefilling, runner.extract_cache)
         except Exception:  # a failed save only loses a future hit
             logger.exception("mid-prefill save failed")
             self._seam.errors += 1
@@ -277,7 +280,9 @@ class CacheLifecycle:
         cache's kind: its followers wait for it); None while it is still prefilling."""
         def store(request: Request) -> bool | None:
             uid = request.batch_uid
-            return store_prompt_snapshot(self.backend, request.prompt_token_ids, extract([uid]).get(uid),
+            if uid is None:
+                return None  # not in the batch (the caller stops its leading)
+            return store_prompt_snapshot(self.backend, request.prompt_ids, extract([uid]).get(uid),
                                          trimmable=True)
         return store
 
@@ -288,7 +293,7 @@ class CacheLifecycle:
                 del self._prompt_snapshots[rid]  # too late: past its first token, or gone
                 continue
             try:
-                done = store_prompt_snapshot(self.backend, request.prompt_token_ids,
+                done = store_prompt_snapshot(self.backend, request.prompt_ids,
                                              runner.extract_cache([uid]).get(uid))
             except Exception:  # a failed snapshot only loses a future hit
                 logger.exception("prompt-only snapshot failed for %s", rid)
@@ -311,7 +316,7 @@ class CacheLifecycle:
     def forget(self, request_id: str) -> None:
         """The request finished, failed or was aborted (called once per request: cheap)."""
         # The saver only knows requests that were tracked as long prefills.
-        if self._long_prefills and self._long_prefills.pop(request_id, None) is not None:
+        if self._saver is not None and self._long_prefills.pop(request_id, None) is not None:
             self._saver.forget(request_id)
         if self._prompt_snapshots:
             self._prompt_snapshots.pop(request_id, None)

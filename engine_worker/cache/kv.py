@@ -105,16 +105,17 @@ def batchable(cache_layers: Sequence[Any]) -> bool:
     return all(hasattr(layer, "merge") for layer in cache_layers)
 
 
-def trimmable(cache_layers: Sequence[Any]) -> bool:
+def trimmable(cache_layers: list[Any]) -> bool:
     """Whether every layer of a live per-layer cache can drop its last positions (mlx-lm's rule: a
     rotating cache that wrapped, or a recurrent state, cannot)."""
     return can_trim_prompt_cache(cache_layers)
 
 
-def trim(cache_layers: Sequence[Any], num_tokens: int) -> int:
+def trim(cache_layers: list[Any], num_tokens: int) -> int:
     """Drop the last ``num_tokens`` positions of a live per-layer cache in place; returns how many
     were dropped."""
-    return trim_prompt_cache(cache_layers, num_tokens)
+    trimmed: int = trim_prompt_cache(cache_layers, num_tokens)  # type: ignore[assignment]  # mlx-lm annotates a list; it returns the count
+    return trimmed
 
 
 def cache_offset(cache_layers: Sequence[Any]) -> int:

@@ -75,11 +75,10 @@ class MemoryAwarePrefixCache(PrefixCacheBackend):
     def __init__(self, model: Any, config: MemoryCacheConfig | None = None) -> None:
         self.model = model
         self.config = config or MemoryCacheConfig()
-        self._store = EntryStore(
-            max_bytes=resolve_budget_bytes(self.config.max_memory_mb, self.config.max_memory_percent,
-                                           self.config.total_bytes)
-        )
-        self._max_bytes = self._store.max_bytes  # the configured limit; set_byte_limit lowers below it
+        self._max_bytes = resolve_budget_bytes(self.config.max_memory_mb, self.config.max_memory_percent,
+                                               self.config.total_bytes)
+        # The configured limit; set_byte_limit lowers the store's below it.
+        self._store = EntryStore(max_bytes=self._max_bytes)
         self._counters = CacheCounters()
         self._ssd: SSDCacheTier | None = None
 
@@ -149,8 +148,9 @@ class MemoryAwarePrefixCache(PrefixCacheBackend):
         key_tokens = as_token_array(tokens[:n])
         key = key_hash(key_tokens.tolist())
         with self._store.lock:
-            if key in self._store:
-                self._store.insert(self._store.get(key), evict_prefixes=False)  # LRU touch
+            entry = self._store.get(key)
+            if entry is not None:
+                self._store.insert(entry, evict_prefixes=False)  # LRU touch
                 return True
         try:
             snap = kv.snapshot(cache_layers, n)

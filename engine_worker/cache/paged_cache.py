@@ -97,13 +97,16 @@ class BlockAwarePrefixCache(PrefixCacheBackend):
         n = min(len(tokens), kv.cache_offset(cache_layers))
         arr = as_token_array(tokens[:n])
         bs = self.block_size
-        added, pending, pinned = 0, [], []
+        added = 0
+        pending: list[Any] = []
+        pinned: list[int] = []
         # The lock keeps contains_hash + add atomic against evictions; pinning the chain while
         # it is stored keeps a full pool from evicting this sequence's own parent blocks.
         with self.manager.lock:
             for depth, h in enumerate(chain_hashes(arr, bs)):
                 if self.manager.contains_hash(h):
                     block_id = self.manager.add(h, depth, ())  # one more user of a shared block
+                    assert block_id is not None  # a stored block's id, under the lock
                     self.manager.acquire([block_id])
                     pinned.append(block_id)
                     continue

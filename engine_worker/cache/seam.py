@@ -47,7 +47,7 @@ class PrefixSeam:
 
     def lookup(self, request: Request) -> None:
         """Set ``prompt_cache``, ``remaining_tokens``, ``cached_tokens``, ``cache_hit_type``."""
-        tokens = request.prompt_token_ids
+        tokens = request.prompt_ids
         rid = request.request_id
         try:
             self.backend.release(rid)  # a request looked up again (SSD wait) holds one set of pins

@@ -57,7 +57,7 @@ class SharedPrefill:
 
     def started(self, request: Request) -> None:
         """``request`` entered the batch to prefill its prompt."""
-        prompt = request.prompt_token_ids
+        prompt = request.prompt_ids
         if len(prompt) - request.cached_tokens < MIN_GAIN_TOKENS:
             return  # it prefills too little for anyone to wait on it
         tokens = as_token_array(prompt)
@@ -78,7 +78,7 @@ class SharedPrefill:
     def follow(self, request: Request) -> bool:
         """Before ``request``'s lookup: whether it should follow a prefill in progress (it is
         looked up once the leader's prompt is stored)."""
-        prompt = request.prompt_token_ids
+        prompt = request.prompt_ids
         if len(prompt) < MIN_GAIN_TOKENS or not self._prefilling or request.request_id in self._followed:
             return False
         tokens = as_token_array(prompt)
@@ -121,7 +121,7 @@ class SharedPrefill:
     def _stop_leading(self, request_id: str) -> None:
         block = self._block_of.pop(request_id, None)
         group = self._prefilling.get(block) if block is not None else None
-        if group is not None:
+        if block is not None and group is not None:
             group.pop(request_id, None)
             if not group:
                 del self._prefilling[block]

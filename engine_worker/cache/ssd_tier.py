@@ -144,6 +144,8 @@ class SSDCacheTier:
                 return None
             key, lcp = found
             row = self._rows.get(key)
+            if row is None:
+                return None
             match_type, covered = classify(len(row.tokens), lcp, len(tokens), row.trimmable)
             if not match_type.is_hit:
                 return None

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["OutputText", "Request", "RequestOutput", "RequestStatus", "SamplingParams", "replace_new",
+__all__ = ["Constraint", "OutputText", "Request", "RequestOutput", "RequestStatus", "SamplingParams", "replace_new",
            "step_output"]
 
 
@@ -53,6 +53,16 @@ _FINISH_REASONS = {
 }
 
 
+@dataclass(frozen=True)
+class Constraint:
+    """What a request's output must match (structured output): ``kind`` ``"json_schema"`` with a
+    JSON schema as JSON text, or ``"lark"`` with a Lark grammar in llguidance's dialect (which may
+    embed schemas as ``%json {...}``). The runner compiles it (:mod:`engine_worker.runner.grammar`)."""
+
+    kind: str
+    text: str
+
+
 @dataclass
 class SamplingParams:
     """Per-request sampling settings. Every field applies to its own request only."""
@@ -76,6 +86,8 @@ class SamplingParams:
     logits_processors: list[Callable[..., Any]] | None = None
     seed: int | None = None
     ignore_eos: bool = False
+    # Structured output: every token is sampled from those the constraint allows.
+    constraint: Constraint | None = None
 
     def __post_init__(self) -> None:
         if self.stop is None:
@@ -155,8 +167,16 @@ class _OutputTextField:
         request._text = OutputText(value)
 
 
+class _DescriptorStorage:
+    """What the two descriptors above keep on a :class:`Request`: plain attributes, not dataclass
+    fields (a base that is not a dataclass adds none)."""
+
+    _computed_base: int
+    _text: OutputText
+
+
 @dataclass(eq=False)
-class Request:
+class Request(_DescriptorStorage):
     """One generation request as the scheduler tracks it.
 
     Equal and hashed by ``request_id`` alone, as in the seed, so requests work as set members
@@ -175,8 +195,8 @@ class Request:
     status: RequestStatus = RequestStatus.WAITING
     output_token_ids: list[int] = field(default_factory=list)
     # After output_token_ids, which it counts from.
-    num_computed_tokens: int = _ComputedTokensField()  # type: ignore[assignment]
-    output_text: str = _OutputTextField()  # type: ignore[assignment]
+    num_computed_tokens: _ComputedTokensField = _ComputedTokensField()  # reads and takes an int
+    output_text: _OutputTextField = _OutputTextField()  # reads and takes a str
     batch_uid: int | None = None
     prompt_cache: Any = None
     cached_tokens: int = 0
@@ -194,6 +214,15 @@ class Request:
     videos: list[Any] | None = None
     pixel_values: Any = None
     is_multimodal: bool = False
+
+    @property
+    def prompt_ids(self) -> list[int]:
+        """``prompt_token_ids``, which the scheduler sets when the request is added (the cache and
+        batch code see only requests added)."""
+        ids = self.prompt_token_ids
+        if ids is None:
+            raise ValueError(f"request {self.request_id} has no prompt token ids yet")
+        return ids
 
     @property
     def num_output_tokens(self) -> int:

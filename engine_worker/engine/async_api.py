@@ -28,7 +28,7 @@ class Done:
     __slots__ = ()
 
     def __await__(self) -> Generator[Any, None, None]:
-        return iter(())
+        yield from ()
 
 
 class AsyncRequestAPI:

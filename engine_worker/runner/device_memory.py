@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from engine_worker.runner.mlx_core import mx
 
@@ -159,7 +159,7 @@ class ModelDims:
     @classmethod
     def of(cls, model: Any) -> ModelDims | None:
         """Read from an mlx-lm model's ``args``; None for a model whose sizes are not there."""
-        args = getattr(model, "args", None)
+        args: Any = getattr(model, "args", None)  # read inside the try: None fails as AttributeError
         try:
             layers = int(args.num_hidden_layers)
             heads = int(args.num_attention_heads)
@@ -187,7 +187,7 @@ def _attention_layers(model: Any, layers: int) -> int:
 def _compute_dtype_bytes(model: Any) -> int:
     """Bytes of the dtype activations and KV are computed in: that of the first floating-point
     parameter (a quantized model's weights are packed integers; its scales are floating)."""
-    for _, value in tree_flatten(model.parameters()):
+    for _, value in _flat(model.parameters()):
         if isinstance(value, mx.array) and value.dtype in _FLOAT_BYTES:
             return _FLOAT_BYTES[value.dtype]
     raise ValueError("the model has no floating-point parameter")
@@ -196,10 +196,16 @@ def _compute_dtype_bytes(model: Any) -> int:
 _FLOAT_BYTES = {mx.float32: 4, mx.float16: 2, mx.bfloat16: 2}
 
 
+def _flat(tree: Any) -> list[tuple[str, Any]]:
+    """``tree_flatten``'s ``(path, leaf)`` pairs (a list when no ``destination`` is given; its
+    annotation also allows the dict it fills for one)."""
+    return cast(list[tuple[str, Any]], tree_flatten(tree))
+
+
 def weights_bytes(model: Any) -> int:
     """Bytes of the model's mlx parameters; what cannot be measured counts 0 (an object without
     ``parameters``, or whose parameters are not mlx arrays, such as a test's ``MagicMock``)."""
     parameters = getattr(model, "parameters", None)
     if not callable(parameters):
         return 0
-    return sum(v.nbytes for _, v in tree_flatten(parameters()) if isinstance(v, mx.array))
+    return sum(v.nbytes for _, v in _flat(parameters()) if isinstance(v, mx.array))

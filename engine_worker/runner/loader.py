@@ -23,7 +23,7 @@ def load_model(path: str | Path, dtype: str | None = None) -> tuple[Any, Any]:
     fast BLAS there; bf16/fp16/4-bit run many times slower. ``dtype`` (e.g. ``"bfloat16"``)
     overrides that choice.
     """
-    model, tokenizer = mlx_lm.load(str(path))
+    model, tokenizer = mlx_lm.load(str(path))[:2]  # (model, tokenizer, config) with return_config
     target = getattr(mx, dtype) if dtype else (mx.float32 if device_label() == "cpu" else None)
     if target is not None:
         if target == mx.float32 and _is_quantized(model):

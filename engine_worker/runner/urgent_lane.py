@@ -53,12 +53,16 @@ class LanedRunner(BatchRunner):
         return self.main.insert(tokens, **kwargs)
 
     def insert_urgent(self, tokens: list[int], **kwargs: Any) -> int:
-        if self.lane is None:
-            self.lane = self._new_lane()
-        uid = self.lane.insert(tokens, **kwargs) + LANE_UID_BASE
+        uid = self._made_lane().insert(tokens, **kwargs) + LANE_UID_BASE
         self._lane_uids.add(uid)
         self._awaiting_first.add(uid)
         return uid
+
+    def _made_lane(self) -> BatchRunner:
+        """The lane, made at the first urgent insert (it holds every lane uid)."""
+        if self.lane is None:
+            self.lane = self._new_lane()
+        return self.lane
 
     def step(self) -> StepResult:
         if not self._lane_uids:  # the usual step: the batch's result as it is
@@ -72,7 +76,7 @@ class LanedRunner(BatchRunner):
             result = self.main.step()
             generated.extend(result.generated)
             prompts_done.extend(result.prompts_done)
-        result = self.lane.step()
+        result = self._made_lane().step()
         for response in result.generated:
             response.uid += LANE_UID_BASE
             self._awaiting_first.discard(response.uid)
@@ -88,7 +92,7 @@ class LanedRunner(BatchRunner):
         if lane:
             self._lane_uids.difference_update(lane)
             self._awaiting_first.difference_update(lane)
-            got = self.lane.remove([u - LANE_UID_BASE for u in lane], return_caches=return_caches)
+            got = self._made_lane().remove([u - LANE_UID_BASE for u in lane], return_caches=return_caches)
             removed = {**removed, **{u + LANE_UID_BASE: v for u, v in got.items()}}
         return removed
 
@@ -96,7 +100,7 @@ class LanedRunner(BatchRunner):
         main, lane = self._split(uids)
         found = self.main.extract_cache(main) if main else {}
         if lane:
-            got = self.lane.extract_cache([u - LANE_UID_BASE for u in lane])
+            got = self._made_lane().extract_cache([u - LANE_UID_BASE for u in lane])
             found = {**found, **{u + LANE_UID_BASE: v for u, v in got.items()}}
         return found
 

@@ -6,7 +6,7 @@ coalescer) in a child started with multiprocessing's *spawn* (mlx does not survi
 parent never imports mlx). One duplex connection carries the messages of
 :mod:`engine_worker.protocol`, each a small frozen dataclass pickled by multiprocessing:
 
-* parent → child: :class:`Submit`, :class:`Cancel`, :class:`HandBack`, :class:`Evict`,
+* parent → child: :class:`Admit` (the jobs of one claim), :class:`Cancel`, :class:`HandBack`, :class:`Evict`,
   :class:`Stop`;
 * child → parent: :class:`StepBatch` (the engine's outputs), :class:`WorkerHeartbeat` (every
   ``heartbeat_s``, the first one meaning "ready"), :class:`Refused` (a job the engine would not
@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine_worker.protocol import (
+    Admit,
     Cancel,
     Evict,
     HandBack,
@@ -39,7 +40,6 @@ from engine_worker.protocol import (
     StepBatch,
     Stop,
     Stopped,
-    Submit,
     WorkerHeartbeat,
 )
 from engine_worker.runtime.host import OnRefused
@@ -128,14 +128,23 @@ class EngineProcess:
     # -- jobs ---------------------------------------------------------------------------------
 
     def submit(self, spec: JobSpec) -> bool:
-        """Hand a job to the engine. False (nothing sent) when it is held already or this host is
-        draining. A job the engine refuses comes back through ``on_refused``."""
+        """:meth:`submit_many` of one job: whether it was sent."""
+        return bool(self.submit_many([spec]))
+
+    def submit_many(self, specs: list[JobSpec]) -> list[str]:
+        """Hand jobs to the engine, all in one message. Returns the ids sent: not those held
+        already, none while this host is draining. A job the engine refuses comes back through
+        ``on_refused``."""
         with self._lock:
-            if self._closed or spec.job_id in self._held:
-                return False
-            self._held[spec.job_id] = time.time()
-        self._send(Submit(spec))
-        return True
+            if self._closed:
+                return []
+            fresh = list({spec.job_id: spec for spec in specs if spec.job_id not in self._held}.values())
+            now = time.time()
+            for spec in fresh:
+                self._held[spec.job_id] = now
+        if fresh:
+            self._send(Admit(tuple(fresh)))
+        return [spec.job_id for spec in fresh]
 
     def cancel(self, job_id: str) -> bool:
         """Stop a held job: it ends with ``finish_reason="abort"`` and the text so far."""
@@ -167,6 +176,13 @@ class EngineProcess:
     def held_jobs(self) -> list[str]:
         with self._lock:
             return list(self._held)
+
+    def free_slots(self) -> int:
+        """How many more jobs the engine's batch would run at once (its last heartbeat's capacity,
+        less the jobs held here); 0 when it reports none."""
+        capacity = self._beat.capacity if self._beat is not None else 0
+        with self._lock:
+            return max(0, capacity - len(self._held))
 
     def engine_running(self) -> bool:
         """False once the child has died or stopped."""
@@ -313,8 +329,8 @@ def serve(conn: Any, spec: ChildSpec) -> None:
 
 
 def _obey(host: Any, message: object) -> None:
-    if isinstance(message, Submit):
-        host.submit(message.job)  # a refusal reaches the parent through the host's on_refused
+    if isinstance(message, Admit):
+        host.submit_many(list(message.jobs))  # a refusal reaches the parent through the host's on_refused
     elif isinstance(message, Cancel):
         host.cancel(message.job_id)
     elif isinstance(message, HandBack):

@@ -52,6 +52,7 @@ class HostedEngine(Protocol):
 
     def add_output_listener(self, fn: Any) -> None: ...
     def submit(self, request: Request) -> Any: ...
+    def submit_many(self, requests: list[Request]) -> list[Exception | None]: ...
     def abort(self, request_id: str) -> Any: ...
     def get_stats(self) -> dict[str, Any]: ...
     def get_cache_stats(self) -> dict[str, Any] | None: ...
@@ -65,16 +66,18 @@ class Host(Protocol):
     process) or :class:`~engine_worker.runtime.engine_process.EngineProcess` (in a child)."""
 
     def start(self) -> None: ...
-    def submit(self, spec: JobSpec) -> bool:
-        """Hand a job to the engine. False when it does not run here: the host holds it already,
-        is draining, or its engine refused it at once. A refusal, at once or later (an engine in a
-        process of its own answers after this returns), reaches the host's ``on_refused``."""
+    def submit_many(self, specs: list[JobSpec]) -> list[str]:
+        """Hand jobs to the engine, in one hand-over. Returns the ids of those that run here: not
+        one the host holds already, none while it is draining, not one its engine refused at once.
+        A refusal, at once or later (an engine in a process of its own answers after this
+        returns), reaches the host's ``on_refused``."""
         ...
 
     def cancel(self, job_id: str) -> bool: ...
     def hand_back(self, job_ids: list[str]) -> list[str]: ...
     def holds(self, job_id: str) -> bool: ...
     def held_jobs(self) -> list[str]: ...
+    def free_slots(self) -> int: ...
     def drain(self, timeout: float) -> list[str]: ...
     def stop(self) -> None: ...
     def engine_running(self) -> bool: ...
@@ -143,30 +146,46 @@ class JobHost:
     # -- jobs ---------------------------------------------------------------------------------
 
     def submit(self, spec: JobSpec) -> bool:
-        """Admit a job. False when this host already holds it or is draining (nothing happens),
-        or when the engine will not start it: it is released and refused (:func:`refusal`)."""
+        """:meth:`submit_many` of one job: whether it started."""
+        return bool(self.submit_many([spec]))
+
+    def submit_many(self, specs: list[JobSpec]) -> list[str]:
+        """Admit jobs, all in one hand-over to the engine (its next step takes them together).
+        Returns the ids of those started. One is not started when this host already holds it or
+        is draining (nothing happens), or when the engine will not start it: it is released and
+        refused (:func:`refusal`), and the others still start."""
         with self._lock:
-            if self._closed or spec.job_id in self._held:
-                return False
-            self._held[spec.job_id] = time.time()
-        # Queued before the engine has it: the FIFO queue then orders the start before any output.
-        self._io.put(Submit(spec))
-        try:
-            self.engine.submit(spec_to_request(spec))
-        except BaseException as exc:
-            self._io.put(HandBack((spec.job_id,)))
-            self._finished(spec.job_id)
-            if not isinstance(exc, Exception):
-                raise
-            refused = refusal(spec.job_id, exc)
-            if not refused.job_fault:
-                logger.exception("the engine could not start job %s", spec.job_id)
-            if self._on_refused is not None:
-                self._on_refused(refused.job_id, refused.error, refused.job_fault)
-            else:
-                logger.warning("job %s refused, with nobody to tell: %s", spec.job_id, refused.error)
-            return False
-        return True
+            if self._closed:
+                return []
+            fresh = list({spec.job_id: spec for spec in specs if spec.job_id not in self._held}.values())
+            now = time.time()
+            for spec in fresh:
+                self._held[spec.job_id] = now
+        requests, refused = [], []
+        for spec in fresh:
+            # Queued before the engine has it: the FIFO queue then orders the start before any output.
+            self._io.put(Submit(spec))
+            try:
+                requests.append(spec_to_request(spec))
+            except (ValueError, TypeError) as exc:
+                refused.append((spec.job_id, exc))
+        errors = self.engine.submit_many(requests) if requests else []
+        refused += [(r.request_id, exc) for r, exc in zip(requests, errors, strict=True) if exc is not None]
+        for job_id, exc in refused:
+            self._refuse(job_id, exc)
+        failed = {job_id for job_id, _ in refused}
+        return [spec.job_id for spec in fresh if spec.job_id not in failed]
+
+    def _refuse(self, job_id: str, exc: Exception) -> None:
+        self._io.put(HandBack((job_id,)))
+        self._finished(job_id)
+        refused = refusal(job_id, exc)
+        if not refused.job_fault:
+            logger.error("the engine could not start job %s: %s", job_id, exc)
+        if self._on_refused is not None:
+            self._on_refused(refused.job_id, refused.error, refused.job_fault)
+        else:
+            logger.warning("job %s refused, with nobody to tell: %s", job_id, refused.error)
 
     def cancel(self, job_id: str) -> bool:
         """Stop a held job: the engine drops it at its next step and the job ends with
@@ -204,6 +223,13 @@ class JobHost:
     def flush(self, timeout: float = 10.0) -> bool:
         """Wait until every output so far reached the sink."""
         return self._io.flush(timeout)
+
+    def free_slots(self) -> int:
+        """How many more jobs the engine's batch would run at once (its ``max_running``, less the
+        jobs held here); 0 when it reports none."""
+        capacity = int(self.engine.get_stats().get("max_running", 0))
+        with self._lock:
+            return max(0, capacity - len(self._held))
 
     def engine_running(self) -> bool:
         """False once the engine thread has stopped (shut down, or died of a fatal error)."""

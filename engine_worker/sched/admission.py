@@ -117,7 +117,7 @@ class Admission:
                 if self._lifecycle.defer(request):
                     deferred.append(waiting.pop_entry())
                     continue
-            n = len(request.remaining_tokens)
+            n = len(request.remaining_tokens or ())  # set by the lookup above
             # The first request of a step is admitted even above the budget, or a prompt longer
             # than the budget would wait forever.
             if admitted and tokens + n > budget:

@@ -104,7 +104,7 @@ class Batch:
     def step(self) -> Sequence[Any]:
         """One runner step; returns its generated responses. The prompts it ended stop holding
         prefill slots, and their first tokens are due from the next step."""
-        result = self.runner.step()
+        result = self.ensure_runner().step()
         self.first_tokens_due = len(result.prompts_done)
         self.prefilling.difference_update(result.prompts_done)
         return result.generated

@@ -63,6 +63,6 @@ def step_outputs(responses: Sequence[Any], batch: Batch, exits: Exits) -> list[R
                 asking.append((out, (r.logprobs, new_ids[0], k)))
         append(out)
     if asking:
-        for (out, _), entry in zip(asking, token_logprobs([row for _, row in asking]), strict=True):
-            out.new_logprobs = [entry]
+        for (out, _), logprob in zip(asking, token_logprobs([row for _, row in asking]), strict=True):
+            out.new_logprobs = [logprob]
     return outputs

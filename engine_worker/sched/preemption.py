@@ -119,7 +119,7 @@ class Preemptor:
         request.status = RequestStatus.PREEMPTED
         request.batch_uid = None
         request.prompt_cache = None
-        request.remaining_tokens = [*request.prompt_token_ids, *request.output_token_ids]
+        request.remaining_tokens = [*request.prompt_ids, *request.output_token_ids]
         self._waiting.push_front(request)
         self._counters.num_preemptions += 1
 

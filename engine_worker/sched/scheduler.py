@@ -39,6 +39,7 @@ from engine_worker.common.request import Request, RequestOutput, RequestStatus
 from engine_worker.runner import device_memory
 from engine_worker.runner.detokenizer import detokenizer_factory
 from engine_worker.runner.generator import BatchRunner
+from engine_worker.runner.grammar import ConstrainedRows
 from engine_worker.runner.loader import context_length, drop_model_caches, vocab_size
 from engine_worker.runner.sampling import SamplingFactory, eos_token_ids
 from engine_worker.runner.text_stream import TextStream
@@ -107,7 +108,7 @@ class Scheduler:
         self._runner_factory = runner_factory or LanedRunner
         self.max_model_len = max_model_len or context_length(model)
         self._validator = RequestValidator(tokenizer, self.max_model_len, vocab_size(model))
-        self._sampling = SamplingFactory(eos_token_ids(tokenizer))
+        self._sampling = SamplingFactory(eos_token_ids(tokenizer), ConstrainedRows(tokenizer, vocab_size(model)))
         self._new_detokenizer = detokenizer_factory(tokenizer)
         self._pacer = AdmissionPacer()
         self.counters = SchedulerCounters()
@@ -207,13 +208,15 @@ class Scheduler:
         resumed = request.status == RequestStatus.PREEMPTED
         self._batch.ensure_runner()  # outside the try: a runner that cannot be made is not this request's fault
         try:
+            if request.remaining_tokens is None:
+                raise ValueError("its prompt was not looked up in the prefix cache")
             uid = self._batch.insert(
                 request.remaining_tokens,
                 urgent=self._urgent(request),
                 max_tokens=sp.max_tokens - request.num_output_tokens,
                 cache=cache,
-                all_tokens=request.prompt_token_ids[: request.cached_tokens] if cache is not None else None,
-                sampler=self._sampling.sampler(sp),
+                all_tokens=request.prompt_ids[: request.cached_tokens] if cache is not None else None,
+                sampler=self._sampling.sampler(sp, request.output_token_ids),
                 logits_processors=self._sampling.logits_processors(sp, self._exits.processor_guard(request)),
                 stop_sequences=self._sampling.stop_sequences(sp),
             )
@@ -225,7 +228,7 @@ class Scheduler:
         request.prompt_cache = None  # the generator merged (copied) it
         request.status = RequestStatus.RUNNING
         stream = self._batch.streams.get(request.request_id) if resumed else None  # its text goes on
-        self._batch.join(request, uid, stream or TextStream(self._new_detokenizer(), sp.stop))
+        self._batch.join(request, uid, stream or TextStream(self._new_detokenizer(), sp.stop or ()))
         c = self.counters
         c.total_prefilled_tokens += len(request.remaining_tokens)
         if not resumed:
@@ -298,7 +301,7 @@ class Scheduler:
             self._guard.step_succeeded(self.config.max_running)
             self._guard.allocator.after_step()
             self._pacer.record(time.perf_counter() - started, prompt_work=prompt_work)
-            self._lifecycle.after_step(self._batch.runner)  # mid-prefill saves; no-op for short prompts
+            self._lifecycle.after_step(self._batch.ensure_runner())  # mid-prefill saves; no-op for short prompts
         self._exits.fail_processor_errors()
         return responses
 

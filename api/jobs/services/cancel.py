@@ -8,7 +8,7 @@ import uuid
 from functools import partial
 
 import redis
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.db import transaction
 from django.utils import timezone
 
@@ -22,7 +22,7 @@ from api.webhooks.job_events import job_webhooks_enqueue
 logger = logging.getLogger(__name__)
 
 
-def job_cancel(*, job_id: uuid.UUID | str, owner: AbstractBaseUser | None = None) -> Job:
+def job_cancel(*, job_id: uuid.UUID | str, owner: User | None = None) -> Job:
     """Cancel a job. A queued job becomes ``cancelled`` at once and never reaches the engine
     (workers claim only ``queued`` rows). A running job gets ``cancel_requested`` and the workers
     are told on ``engine:cancel``; the worker that holds it aborts it and records the end.

@@ -11,6 +11,7 @@ import pytest
 
 from engine_worker.common.errors import EngineClosed, InvalidRequest
 from engine_worker.protocol import (
+    Admit,
     Evict,
     FinalResult,
     FirstToken,
@@ -18,7 +19,6 @@ from engine_worker.protocol import (
     OutputChunk,
     Refused,
     StepBatch,
-    Submit,
 )
 from engine_worker.runtime import ChildSpec, EngineProcess, JobHost, MemorySink
 from engine_worker.runtime.engine_process import _obey, _refusals
@@ -97,8 +97,8 @@ class RefusingEngine:
     def add_output_listener(self, fn) -> None:
         pass
 
-    def submit(self, request) -> None:
-        raise self.error
+    def submit_many(self, requests) -> list:
+        return [self.error for _ in requests]
 
 
 @pytest.mark.parametrize(("error", "job_fault"), [(InvalidRequest("bad"), True), (ValueError("bad"), True),
@@ -106,7 +106,7 @@ class RefusingEngine:
 def test_a_submit_the_engine_refuses_is_sent_back_as_the_jobs_fault_or_the_engines(error, job_fault):
     sent: list[object] = []
     out = type("Out", (), {"publish": lambda self, message: sent.append(message)})()
-    _obey(JobHost(RefusingEngine(error), MemorySink(), on_refused=_refusals(out)), Submit(spec("x")))
+    _obey(JobHost(RefusingEngine(error), MemorySink(), on_refused=_refusals(out)), Admit((spec("x"),)))
     assert sent == [Refused("x", str(error), job_fault=job_fault)]
 
 
