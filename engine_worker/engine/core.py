@@ -168,7 +168,8 @@ class EngineCore(AsyncRequestAPI):
     def _run(self) -> None:
         try:
             budget = self.memory_budget
-            device_memory.apply_allocator_limits(budget.total, budget.allocator_cache)
+            # The allocator keeps one step's working memory, and more as larger steps are measured.
+            device_memory.apply_allocator_limits(budget.total, budget.step_bytes or budget.allocator_cache)
             self.memory_limit_bytes = budget.total
             while True:
                 with self._cond:

@@ -286,6 +286,7 @@ class Scheduler:
         and runs smaller; any other failure fails the requests in it. The queue keeps being served."""
         prompt_work = bool(self._batch.prefilling)  # inserted or prefilling: the step admits or prefills
         started = time.perf_counter()
+        self._guard.allocator.before_step()
         try:
             responses = self._batch.step()
         except Exception as exc:
@@ -298,6 +299,7 @@ class Scheduler:
             responses = ()
         else:
             self._guard.step_succeeded(self.config.max_running)
+            self._guard.allocator.after_step()
             self._pacer.record(time.perf_counter() - started, prompt_work=prompt_work)
             self._lifecycle.after_step(self._batch.ensure_runner())  # mid-prefill saves; no-op for short prompts
         self._exits.fail_processor_errors()
@@ -328,7 +330,7 @@ class Scheduler:
         mem.update(budget_bytes=budget.total, weights_bytes=budget.weights, kv_bytes=self._batch.kv_bytes() or 0,
                    prefix_cache_bytes=self._cache.bytes_used,
                    prefix_cache_limit_bytes=budget.prefix_cache if self._cache.active else 0,
-                   cache_limit_bytes=budget.allocator_cache)
+                   cache_limit_bytes=self._guard.allocator.limit)
         stats.update(device_memory.seed_memory_keys(mem))
         if self.mtp_status is not None:
             stats["mtp"] = dict(self.mtp_status)
