@@ -53,6 +53,9 @@ class RowSampler:
 
     def __call__(self, logprobs: mx.array) -> mx.array:
         if self.mask is None:
+            # Start this step's forward pass now: it runs while the masks are computed on the host
+            # (it needs last step's tokens, which the masks wait for too, and nothing else).
+            mx.async_eval(logprobs)
             self._rows.refresh()
         masked = mx.where(self.mask, logprobs, -mx.inf)
         masked = masked - mx.logsumexp(masked, axis=-1, keepdims=True)
@@ -116,7 +119,10 @@ class ConstrainedRows:
         sampled = [r for r in rows if r.pending is not None]
         if not sampled:
             return
-        tokens = mx.concatenate([r.pending for r in sampled]).tolist()  # one sync for the step
+        # One wait, for these arrays only: an op built on them now would queue behind the forward
+        # pass already started, and wait for it too.
+        mx.eval([r.pending for r in sampled])
+        tokens = [r.pending.item() for r in sampled]
         for row, token in zip(sampled, tokens, strict=True):
             row.pending = None
             if not row.matcher.consume_token(int(token)) and not row.matcher.is_stopped():
