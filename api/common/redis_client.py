@@ -30,10 +30,10 @@ def get_redis() -> redis.Redis:
     )
 
 
-# Every client following a job's stream holds one connection while it waits in XREAD BLOCK
-# (api/streaming/relay.py), so a web process needs as many as it has followers: redis-py's default
-# of 100 per pool would refuse the 101st follower with MaxConnectionsError. Redis itself accepts 10,000
-# clients by default; a process's file descriptors bound it long before this does.
+# The process's followed streams are read by one XREAD BLOCK (api/streaming/hub.py), but every new
+# follower takes a connection for its first look at its stream, and a burst of them takes many at
+# once: redis-py's default of 100 per pool would refuse the 101st with MaxConnectionsError. Redis
+# itself accepts 10,000 clients by default; a process's file descriptors bound it long before this.
 FOLLOWER_CONNECTIONS = 10_000
 
 
