@@ -35,10 +35,6 @@ logger = logging.getLogger(__name__)
 Sampler = Callable[[mx.array], mx.array]
 
 
-def _greedy(logprobs: mx.array) -> mx.array:
-    return mx.argmax(logprobs, axis=-1)
-
-
 class RowSampler:
     """One constrained row's sampler: mask, renormalize, then the row's own sampling settings."""
 
@@ -47,7 +43,7 @@ class RowSampler:
     def __init__(self, rows: ConstrainedRows, matcher: llguidance.LLMatcher, base: Sampler | None) -> None:
         self._rows = rows
         self.matcher = matcher
-        self._base = base or _greedy
+        self._base = base
         self.pending: mx.array | None = None  # the token sampled last step, not yet consumed
         self.mask: mx.array | None = None  # (1, vocab) bool, for this step
 
@@ -58,9 +54,11 @@ class RowSampler:
             mx.async_eval(logprobs)
             self._rows.refresh()
         masked = mx.where(self.mask, logprobs, -mx.inf)
-        masked = masked - mx.logsumexp(masked, axis=-1, keepdims=True)
         self.mask = None
-        token = self._base(masked)
+        if self._base is None:  # greedy: the argmax needs no renormalized distribution
+            token = mx.argmax(masked, axis=-1)
+        else:  # top-p, min-p and friends read probabilities: renormalize over the allowed tokens
+            token = self._base(masked - mx.logsumexp(masked, axis=-1, keepdims=True))
         self.pending = token
         return token
 
