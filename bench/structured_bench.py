@@ -2,10 +2,10 @@
 against the same batch all free.
 
 ``--rows`` (32) requests start together on the engine's Scheduler (no web side), each making
-``--max-tokens`` (128) tokens: in the *mixed* batch half of them are constrained by a JSON schema
+``--max-tokens`` (64) tokens: in the *mixed* batch half of them are constrained by a JSON schema
 (an array of integers that never closes before ``max_tokens``, so every row runs the same number of
 steps), the other half free; in the *free* batch all are free. Free rows ignore EOS, so both
-batches generate rows x max_tokens tokens. The two batches alternate for ``--rounds`` (3) rounds
+batches generate rows x max_tokens tokens. The two batches alternate for ``--rounds`` (9) rounds
 after a warm-up of each; tok/s is generated tokens over wall time, prefill included.
 
 Prints each round, then ratios: mixed tok/s over free tok/s (the median of the rounds' ratios), the
@@ -15,7 +15,7 @@ the mask's time per step (llguidance filling one bitmask for all constrained row
 apart from the wait for the previous step's tokens that the matchers must consume first, and checks every constrained answer is a prefix of
 JSON the schema accepts. The LAST printed line is one JSON object with these figures.
 
-    python bench/structured_bench.py [--model PATH] [--rows 32] [--max-tokens 128] [--rounds 3]
+    python bench/structured_bench.py [--model PATH] [--rows 32] [--max-tokens 64] [--rounds 9]
 """
 
 from __future__ import annotations
@@ -79,8 +79,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=None)
     parser.add_argument("--rows", type=int, default=32)
-    parser.add_argument("--max-tokens", type=int, default=128)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=9)
     args = parser.parse_args()
 
     import engine_worker.runner.mlx_core  # noqa: F401  (the fast BLAS before mlx)
