@@ -130,6 +130,7 @@ def job_detail(*, job: Job, with_logprobs: bool = True) -> dict[str, Any]:
         "metadata": job.metadata,
         "webhook_url": job.webhook_url or None,
         "response_format": job.response_format,
+        "tools": job.tools,
         "logprobs": job_logprobs(job.logprobs, model=job.model) if with_logprobs and job.is_finished else None,
         "usage": {
             "prompt_tokens": job.prompt_tokens,

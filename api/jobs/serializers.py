@@ -202,6 +202,8 @@ class JobSerializer(serializers.Serializer):
     metadata = serializers.DictField(child=serializers.CharField())
     webhook_url = serializers.CharField(allow_null=True, help_text="Called when the job ends (see Webhooks)")
     response_format = serializers.DictField(allow_null=True)
+    tools = serializers.DictField(allow_null=True, help_text="A chat completion's tools, tool_choice and "
+                                                             "parallel_tool_calls")
     logprobs = serializers.ListField(child=serializers.DictField(), allow_null=True)
     usage = UsageSerializer()
     timings = TimingsSerializer()

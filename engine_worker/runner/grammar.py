@@ -35,10 +35,6 @@ logger = logging.getLogger(__name__)
 Sampler = Callable[[mx.array], mx.array]
 
 
-def _greedy(logprobs: mx.array) -> mx.array:
-    return mx.argmax(logprobs, axis=-1)
-
-
 class RowSampler:
     """One constrained row's sampler: mask, renormalize, then the row's own sampling settings."""
 
@@ -47,7 +43,7 @@ class RowSampler:
     def __init__(self, rows: ConstrainedRows, matcher: llguidance.LLMatcher, base: Sampler | None) -> None:
         self._rows = rows
         self.matcher = matcher
-        self._base = base or _greedy
+        self._base = base
         self.pending: mx.array | None = None  # the token sampled last step, not yet consumed
         self.mask: mx.array | None = None  # (1, vocab) bool, for this step
 
@@ -58,9 +54,11 @@ class RowSampler:
             mx.async_eval(logprobs)
             self._rows.refresh()
         masked = mx.where(self.mask, logprobs, -mx.inf)
-        masked = masked - mx.logsumexp(masked, axis=-1, keepdims=True)
         self.mask = None
-        token = self._base(masked)
+        if self._base is None:  # greedy: the argmax needs no renormalized distribution
+            token = mx.argmax(masked, axis=-1)
+        else:  # top-p, min-p and friends read probabilities: renormalize over the allowed tokens
+            token = self._base(masked - mx.logsumexp(masked, axis=-1, keepdims=True))
         self.pending = token
         return token
 
@@ -73,7 +71,6 @@ class ConstrainedRows:
         self._vocab = vocab_size or 0  # the model's logits width; the tokenizer's when unknown
         self._tokenizer: llguidance.LLTokenizer | None = None
         self._rows: weakref.WeakSet[RowSampler] = weakref.WeakSet()
-        self._bit_index: tuple[mx.array, mx.array] | None = None
         # For the bench: seconds waiting for last step's tokens (the sync), and computing masks.
         self.sync_seconds = 0.0
         self.mask_seconds = 0.0
@@ -108,9 +105,8 @@ class ConstrainedRows:
         bitmask = llg_numpy.allocate_token_bitmask(len(rows), self._vocab)
         for i, row in enumerate(rows):
             llg_numpy.fill_next_token_bitmask(row.matcher, bitmask, i)
-        masks = self._unpack(bitmask)
-        for i, row in enumerate(rows):
-            row.mask = masks[i : i + 1]
+        for row, mask in zip(rows, self._unpack(bitmask), strict=True):
+            row.mask = mask
         self.mask_seconds += time.perf_counter() - synced
         self.mask_steps += 1
 
@@ -128,11 +124,8 @@ class ConstrainedRows:
             if not row.matcher.consume_token(int(token)) and not row.matcher.is_stopped():
                 logger.warning("a constrained row sampled a token its grammar refused: %s", row.matcher.get_error())
 
-    def _unpack(self, bitmask: np.ndarray) -> mx.array:
-        """(rows, words) packed int32 bits → (rows, vocab) bool, unpacked on the device."""
-        if self._bit_index is None:
-            ids = mx.arange(self._vocab, dtype=mx.uint32)
-            self._bit_index = (ids // 32, ids % 32)
-        word, bit = self._bit_index
-        packed = mx.array(bitmask.view(np.uint32))
-        return ((packed[:, word] >> bit) & 1).astype(mx.bool_)
+    def _unpack(self, bitmask: np.ndarray) -> list[mx.array]:
+        """(rows, words) packed int32 bits → one (1, vocab) bool array a row, each made from host
+        memory: no graph op a row (a slice of one uploaded array would be one)."""
+        bits = np.unpackbits(bitmask.view(np.uint8), axis=1, bitorder="little")[:, : self._vocab].astype(bool)
+        return [mx.array(bits[i : i + 1]) for i in range(len(bits))]

@@ -26,7 +26,8 @@ def test_a_json_schema_job_keeps_its_response_format_and_sends_its_constraint_to
     assert job.response_format == response_format
     spec = job_spec(job)
     assert spec.constraint_kind == "json_schema" and json.loads(spec.constraint) == SCHEMA
-    assert api_client.get(f"/api/v1/jobs/{job.id}").json()["response_format"] == response_format
+    shown = api_client.get(f"/api/v1/jobs/{job.id}").json()
+    assert (shown["response_format"], shown["tools"]) == (response_format, None)
 
 
 def test_json_object_sends_the_bounded_json_grammar(api_client):

@@ -65,3 +65,35 @@ def test_the_demo_models_template_is_hermes(tiny_model_path):
 
     assert tool_format(PromptTokenizer(str(tiny_model_path)).chat_template) == HERMES
     assert tool_format("{{ messages }}") is None
+
+
+FINAL = {"finish_reason": "stop", "usage": {"prompt_tokens": 3, "completion_tokens": 5, "total_tokens": 8,
+                                            "cached_tokens": 0}}
+
+
+def test_a_whole_answer_with_calls_has_tool_calls_and_finish_reason_tool_calls():
+    from api.openai_api.requests import Kind
+    from api.openai_api.responses import completion_body
+
+    body = completion_body(kind=Kind.CHAT, job_id="j-1", created=0, model="tiny", text=HERMES_TWO, final=FINAL,
+                           tool_format=HERMES)
+    choice = body["choices"][0]
+    assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None
+    assert [c["function"]["name"] for c in choice["message"]["tool_calls"]] == ["get_weather", "now"]
+    cut = completion_body(kind=Kind.CHAT, job_id="j-1", created=0, model="tiny", text="<tool_call>\n{\"na",
+                          final={**FINAL, "finish_reason": "length"}, tool_format=HERMES)
+    assert cut["choices"][0]["finish_reason"] == "length"  # a call cut by max_tokens is not a call
+
+
+def test_a_streamed_answer_sends_content_then_the_calls_as_deltas_then_tool_calls():
+    from api.openai_api.requests import Kind
+    from api.openai_api.responses import ChunkWriter
+
+    writer = ChunkWriter(kind=Kind.CHAT, job_id="j-1", created=0, model="tiny", include_usage=False,
+                         tool_format=HERMES)
+    sent = [writer.text(piece) for piece in ["Sure.\n", HERMES_TWO[:20], HERMES_TWO[20:]]]
+    assert sent[0]["choices"][0]["delta"] == {"content": "Sure.\n"} and sent[1:] == [None, None]
+    closing = writer.closing(FINAL)
+    calls = [c["choices"][0]["delta"]["tool_calls"][0] for c in closing[:-1]]
+    assert [(c["index"], c["function"]["name"]) for c in calls] == [(0, "get_weather"), (1, "now")]
+    assert closing[-1]["choices"][0]["finish_reason"] == "tool_calls"
