@@ -3,7 +3,7 @@
 # reaches no registry): this service's OpenAI endpoint against `vllm-mlx serve --continuous-batching`
 # and `mlx_lm.server`, the same model folder, one server at a time, loopback only.
 #
-#   here:   PEER=1 bash bench/h200_prepare.sh   (fills .whl/, git-ignored, and prints the carry size)
+#   here:   bash bench/h200_prepare.sh   (fills .whl/, git-ignored, and prints the carry size)
 #   device: carry [".whl"], command "bash bench/h200_peer.sh [peer_bench.py args]", e.g.
 #           bash bench/h200_peer.sh --concurrency 1,32,128 --batch 32,128
 #
@@ -15,15 +15,7 @@
 # by the project's builder with MODEL_ARGS if missing). The service runs on SQLite and a local
 # redis-server from .whl/bin. The JSON result and the servers' logs go to $OUT (default /tmp/peer).
 set -euo pipefail
-source .whl/gpu-env.sh
-# .whl/peer/ (vllm-mlx) only when a vllm server runs: an A/B of this service against an older tree
-# (--servers ours,old) fits the carry limit without it.
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
-    .whl/svc/*.whl $(ls .whl/peer/*.whl 2>/dev/null)
-export MLX_DISABLE_OPENBLAS=1
-LD_LIBRARY_PATH=$PWD/.whl/bin .whl/bin/redis-server --port 6379 --save '' --appendonly no --daemonize yes \
-    --logfile /tmp/redis.log
-for _ in $(seq 50); do python3 -c 'import redis; redis.Redis().ping()' 2>/dev/null && break; sleep 0.1; done
+source bench/h200_site.sh
 MODEL=${MODEL:-/tmp/m300}
 if [ ! -d "$MODEL" ]; then
     python3 -m demo_model.builder "$MODEL" ${MODEL_ARGS:---hidden 1024 --layers 24 --heads 16 --kv_heads 8 \

@@ -1,28 +1,29 @@
 #!/usr/bin/env bash
-# Fills .whl/ (git-ignored) with what bench/h200_service.sh and bench/h200_peer.sh carry to the lent
-# GPU machine, which reaches no registry: run it here, in the repo root, once per checkout.
+# Fills .whl/ (git-ignored) with what bench/h200_all.sh, h200_service.sh and h200_peer.sh carry to
+# the lent GPU machine, which reaches no registry: run it here, in the repo root, once per checkout.
 #
-#   bash bench/h200_prepare.sh          # then: device run, carry [".whl"], command "DB=postgres bash bench/h200_service.sh ..."
-#   PEER=1 bash bench/h200_prepare.sh   # also .whl/peer/, for "bash bench/h200_peer.sh ..."
+#   bash bench/h200_prepare.sh          # service + vllm-mlx (peer), SQLite: what h200_all.sh needs
+#   PG=1 bash bench/h200_prepare.sh     # also PostgreSQL and psycopg, for "DB=postgres bash bench/h200_service.sh"
 #
 # It writes, for that machine's Python 3.12:
 #   * mlx, mlx-lm and mlx-cuda-13 (slimmed to sm_90 by ../shared/tools/slim_cuda_wheel.py) and gpu-env.sh;
-#   * svc/: the service's wheels with their dependencies, less those the machine's image already has,
-#     Django's and DRF's translations, Django's GIS package, Twisted's and autobahn's tests, autobahn's bundled
-#     flatc binary (no process of the benchmark imports them);
+#   * site.tar.xz: the service's wheels with their dependencies and vllm-mlx 0.6.0 with the server
+#     packages it needs, less those the machine's image already has, unpacked into one folder and
+#     packed with xz (15.5 MiB against 23.8 as wheels). Left out: Django's and DRF's translations,
+#     Django's GIS package, Twisted's and autobahn's tests, autobahn's bundled flatc binary (no
+#     process of the benchmark imports them); vllm-mlx's own dependencies (they would pull
+#     gigabytes and another mlx-lm). The device side unpacks it into /tmp/site (bench/h200_site.sh);
 #   * bin/: this machine's redis-server with the two libraries the machine's image lacks;
-#   * pg.tar.xz: PostgreSQL 16 out of the pgserver wheel (server, initdb, pg_ctl, its libraries);
-#   * with PEER=1, peer/: vllm-mlx 0.6.0 without its dependencies (they would pull gigabytes and
-#     another mlx-lm) and the server packages it needs that the machine's image lacks, for
-#     bench/peer_bench.py's vllm-mlx server (mlx_lm.server needs nothing more).
-# What travels is the working tree plus .whl/, at most 64 MiB: the script prints the total.
+#   * with PG=1: pg.tar.xz (PostgreSQL 16 out of the pgserver wheel) and psycopg in site.tar.xz.
+# What travels is the working tree plus .whl/, at most 64 MiB: the script prints every part and the total.
 # SHARED names the folder of the shared GPU tools (default ../shared, beside the repository).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SHARED=${SHARED:-../shared}
-rm -rf .whl && mkdir -p .whl/full .whl/svc .whl/bin
+rm -rf .whl && mkdir -p .whl/full .whl/bin
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
+mkdir -p "$work/wheels" "$work/site"
 download() {  # pip download for the GPU machine's CPython 3.12 on x86-64
     python3 -m pip download -q --only-binary=:all: --python-version 3.12 --implementation cp \
         --platform manylinux_2_35_x86_64 --platform manylinux_2_34_x86_64 --platform manylinux_2_28_x86_64 \
@@ -36,45 +37,63 @@ rm -r .whl/full
 cp "$SHARED/tools/gpu-env.sh" .whl/
 
 # The service's pins (pyproject.toml) and the bench client's websockets, with their dependencies.
-download -d .whl/svc django==5.2.19 djangorestframework==3.18.3 drf-spectacular==0.30.0 channels==4.3.2 \
+pg=()
+[ "${PG:-0}" = 1 ] && pg=('psycopg[binary]==3.3.9' psycopg-pool==3.3.3)
+download -d "$work/wheels" django==5.2.19 djangorestframework==3.18.3 drf-spectacular==0.30.0 channels==4.3.2 \
     channels-redis==4.3.0 daphne==4.2.3 celery==5.7.0 redis==8.1.0 dj-database-url==3.1.2 \
-    'psycopg[binary]==3.3.9' psycopg-pool==3.3.3 prometheus-client==0.26.0 standardwebhooks==1.1.0 \
-    httpx==0.29.0 websockets==17.4
-(cd .whl/svc && rm -f attrs-* click-8* idna-* msgpack-* packaging-* python_dateutil-* pyyaml-* six-* \
+    prometheus-client==0.26.0 standardwebhooks==1.1.0 httpx==0.29.0 websockets==17.4 "${pg[@]}"
+# vllm-mlx for peer_bench.py's vllm server. Pinned: with --no-deps no resolver checks them against
+# each other, so the set stays one that ran.
+download --no-deps -d "$work/wheels" vllm-mlx==0.6.0 fastapi==0.165.0 starlette==1.10.0 uvicorn==0.55.0 \
+    pydantic==2.14.4 pydantic-core==2.50.5 python-multipart==0.0.34 annotated-types==0.8.0 \
+    typing-inspection==0.4.5 opentelemetry-api==1.45.2
+# What the machine's image already has.
+(cd "$work/wheels" && rm -f attrs-* click-8* idna-* msgpack-* packaging-* python_dateutil-* pyyaml-* six-* \
     typing_extensions-*)
-python3 - <<'PY'
-import glob, os, re, zipfile
+# A wheel unpacked is an installed package (less its scripts, which nothing here runs): its
+# *.data/purelib and platlib go to the top, the rest of *.data is dropped.
+python3 - "$work/wheels" "$work/site" <<'PY'
+import glob, os, re, shutil, sys, zipfile
 
-def strip(pattern, drop):
-    src = glob.glob(os.path.join(".whl/svc", pattern))[0]
-    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(src + ".tmp", "w", zipfile.ZIP_DEFLATED) as zout:
-        for item in zin.infolist():
-            if not drop(item.filename):
-                zout.writestr(item, zin.read(item.filename))
-    os.replace(src + ".tmp", src)
-
-strip("django-5*.whl", lambda f: f.startswith("django/contrib/gis/") or ("/locale/" in f and not f.endswith(".py")))
-strip("djangorestframework-*.whl", lambda f: "/locale/" in f)
-strip("twisted-*.whl", lambda f: re.search(r"/test/|/newsfragments/", f) is not None)
-strip("autobahn-*.whl", lambda f: f.startswith(("autobahn/_flatc/", "autobahn/test/")))  # a bundled flatc binary
+src, site = sys.argv[1:]
+drops = {
+    "django-5": lambda f: f.startswith("django/contrib/gis/") or ("/locale/" in f and not f.endswith(".py")),
+    "djangorestframework-": lambda f: "/locale/" in f,
+    "twisted-": lambda f: re.search(r"/test/|/newsfragments/", f) is not None,
+    "autobahn-": lambda f: f.startswith(("autobahn/_flatc/", "autobahn/test/")),  # a bundled flatc binary
+}
+for wheel in sorted(glob.glob(os.path.join(src, "*.whl"))):
+    drop = next((d for prefix, d in drops.items() if os.path.basename(wheel).startswith(prefix)), lambda f: False)
+    with zipfile.ZipFile(wheel) as z:
+        for name in z.namelist():
+            if drop(name) or name.endswith("/"):
+                continue
+            target = re.sub(r"^[^/]+\.data/(purelib|platlib)/", "", name)
+            if re.match(r"^[^/]+\.data/", target):
+                continue
+            path = os.path.join(site, target)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with z.open(name) as fin, open(path, "wb") as fout:
+                shutil.copyfileobj(fin, fout)
 PY
+find "$work/site" -name '__pycache__' -prune -exec rm -rf {} +
+tar cf - -C "$work/site" . | xz -9 -T0 > .whl/site.tar.xz
 
 cp "$(command -v redis-server)" .whl/bin/
 cp /lib/x86_64-linux-gnu/libjemalloc.so.2 /lib/x86_64-linux-gnu/liblzf.so.1 .whl/bin/
 
-download --no-deps -d "$work" pgserver==0.1.4
-(cd "$work" && unzip -q pgserver-*.whl && tar cJf "$OLDPWD/.whl/pg.tar.xz" --exclude='*/vector.so' --exclude='*/pgxs' \
-    pgserver.libs pgserver/pginstall/bin/postgres pgserver/pginstall/bin/initdb pgserver/pginstall/bin/pg_ctl \
-    pgserver/pginstall/lib/postgresql pgserver/pginstall/share/postgresql)
-
-if [ "${PEER:-0}" = 1 ]; then
-    mkdir -p .whl/peer
-    # Pinned: with --no-deps no resolver checks them against each other, so the set stays one that ran.
-    download --no-deps -d .whl/peer vllm-mlx==0.6.0 fastapi==0.165.0 starlette==1.10.0 uvicorn==0.55.0 \
-        pydantic==2.14.4 pydantic-core==2.50.5 python-multipart==0.0.34 annotated-types==0.8.0 \
-        typing-inspection==0.4.5 opentelemetry-api==1.45.2
+if [ "${PG:-0}" = 1 ]; then
+    download --no-deps -d "$work" pgserver==0.1.4
+    (cd "$work" && unzip -q pgserver-*.whl && tar cJf "$OLDPWD/.whl/pg.tar.xz" --exclude='*/vector.so' --exclude='*/pgxs' \
+        pgserver.libs pgserver/pginstall/bin/postgres pgserver/pginstall/bin/initdb pgserver/pginstall/bin/pg_ctl \
+        pgserver/pginstall/lib/postgresql pgserver/pginstall/share/postgresql)
 fi
 
+du -sh .whl/* | sed 's/^/  /'
 tree=$(git ls-files -z | xargs -0 du -cb | tail -1 | cut -f1)
+untracked=$(git ls-files -z --others --exclude-standard | xargs -0 -r du -cb | tail -1 | cut -f1)
 carried=$(du -sb .whl | cut -f1)
-echo "working tree $((tree / 1048576)) MiB + .whl $((carried / 1048576)) MiB = $(((tree + carried) / 1048576)) MiB (limit 64; an _old/ tree for peer_bench.py --old adds ~1)"
+total=$((tree + ${untracked:-0} + carried))
+echo "working tree $((tree / 1048576)) MiB + untracked $((${untracked:-0} / 1048576)) MiB + .whl $((carried / 1048576)) MiB" \
+     "= $((total / 1048576)) MiB (limit 64)"
+[ "$total" -le $((64 * 1048576)) ] || { echo "error: over the 64 MiB carry limit" >&2; exit 1; }

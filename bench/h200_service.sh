@@ -3,20 +3,16 @@
 #
 # That machine has Python 3.12, PyTorch's image and transformers, but no Django stack, no Redis and
 # no PostgreSQL. `bash bench/h200_prepare.sh` fills .whl/ (git-ignored) here, once per checkout:
-# mlx on CUDA (as ../shared/tools/gpu-env.sh says), the service's cp312 wheels in .whl/svc/, this
-# machine's redis-server in .whl/bin/, and PostgreSQL 16 out of the pgserver wheel in .whl/pg.tar.xz
-# (for DB=postgres). The carry limit is 64 MiB: that script says what it leaves out to fit.
+# mlx on CUDA (as ../shared/tools/gpu-env.sh says), the service's packages in .whl/site.tar.xz, this
+# machine's redis-server in .whl/bin/, and with PG=1 PostgreSQL 16 out of the pgserver wheel in
+# .whl/pg.tar.xz and psycopg (for DB=postgres). The carry limit is 64 MiB: that script prints the size.
 # Then: device run, carry [".whl"], command "[DB=postgres] bash bench/h200_service.sh [service_bench args]".
 # The database is SQLite (the embedded default) or, with DB=postgres, a local PostgreSQL as deployed;
 # Redis is a local redis-server.
 set -euo pipefail
-source .whl/gpu-env.sh
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/svc/*.whl
-export MLX_DISABLE_OPENBLAS=1
-LD_LIBRARY_PATH=$PWD/.whl/bin .whl/bin/redis-server --port 6379 --save '' --appendonly no --daemonize yes \
-    --logfile /tmp/redis.log
-for _ in $(seq 50); do python3 -c 'import redis; redis.Redis().ping()' 2>/dev/null && break; sleep 0.1; done
+source bench/h200_site.sh
 if [ "${DB:-sqlite}" = postgres ]; then
+    [ -f .whl/pg.tar.xz ] || { echo "error: DB=postgres needs .whl/pg.tar.xz: run PG=1 bash bench/h200_prepare.sh" >&2; exit 1; }
     if ! python3 -c 'import psycopg; psycopg.connect("postgresql://postgres@127.0.0.1:5432/postgres").close()' 2>/dev/null; then
         mkdir -p /tmp/pg && tar xJf .whl/pg.tar.xz -C /tmp/pg && chmod -R a+rX /tmp/pg
         PGBIN=/tmp/pg/pgserver/pginstall/bin

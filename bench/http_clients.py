@@ -81,3 +81,33 @@ async def openai_stream(port: int, key: str, body: dict, t0: float) -> tuple[str
     finally:
         writer.close()
     raise RuntimeError("the completion stream closed before [DONE]")
+
+
+async def openai_complete(port: int, key: str, body: dict) -> int:
+    """POST a completion without ``stream`` on a new connection and wait for its answer (plain or
+    chunked); returns its usage's completion tokens. Raises on any status but 200."""
+    payload = json.dumps(body).encode()
+    head = (f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAuthorization: Bearer {key}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\nConnection: close\r\n\r\n")
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(head.encode() + payload)
+        await writer.drain()
+        status = (await reader.readline()).split(maxsplit=2)
+        length, chunked = None, False
+        while (line := await reader.readline()) not in (b"\r\n", b""):
+            name, _, value = line.decode("latin-1").partition(":")
+            if name.strip().lower() == "content-length":
+                length = int(value)
+            chunked |= name.strip().lower() == "transfer-encoding" and "chunked" in value.lower()
+        if chunked:
+            raw = b""
+            while size := int((await reader.readline()).split(b";")[0], 16):
+                raw += (await reader.readexactly(size + 2))[:-2]
+        else:
+            raw = await (reader.readexactly(length) if length is not None else reader.read())
+    finally:
+        writer.close()
+    if len(status) < 2 or status[1] != b"200":
+        raise RuntimeError(f"POST /v1/completions answered {status!r}: {raw[:300]!r}")
+    return int(json.loads(raw)["usage"]["completion_tokens"])

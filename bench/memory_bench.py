@@ -13,6 +13,10 @@ prompts, 16 tokens):
 * **budget**: ``EngineCore`` with the prefix cache on and a budget of ``--budget-over-raw`` (1.5)
   times raw's first peak, the same prompts twice (the second time they hit the cache). It must
   never exceed the budget.
+* **service**: ``EngineCore`` as the service runs it: every setting at its default (prefix cache on,
+  default budget), sampled at temperature 0.8 so every reply differs, the same prompts twice.
+  Its ``prefix_cache`` part and ``cache_entries`` show what the prefix cache keeps of a load whose
+  replies nobody asks for again.
 
 Each run starts from an empty allocator cache and a reset peak. Figures per run, in MiB:
 ``peak_active`` is mlx's peak of live arrays (``mx.get_peak_memory()``, the memory the run needed
@@ -114,7 +118,8 @@ def run_raw(model, prompts: list[list[int]], max_tokens: int, completion_batch: 
 
 
 def run_engine(model, tokenizer, prompts: list[list[int]], max_tokens: int, completion_batch: int, weights: int,
-               *, prefix_cache: bool, fraction: float | None = None, rounds: int = 1) -> dict:
+               *, prefix_cache: bool, fraction: float | None = None, rounds: int = 1,
+               temperature: float = 0.0) -> dict:
     sched = SchedulerConfig(completion_batch_size=completion_batch, prefill_batch_size=PREFILL_BATCH,
                             prefill_step_size=PREFILL_STEP, enable_prefix_cache=prefix_cache)
     config = EngineConfig(scheduler_config=sched) if fraction is None else \
@@ -128,7 +133,7 @@ def run_engine(model, tokenizer, prompts: list[list[int]], max_tokens: int, comp
         sampler.sample(kv=runner.kv_bytes() if runner is not None else 0, prefix=getattr(scheduler.prefix_cache, "bytes_used", 0))
 
     engine.add_output_listener(listener)
-    sp = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    sp = SamplingParams(temperature=temperature, max_tokens=max_tokens, ignore_eos=True)
     counts: list[int] = []
 
     async def one(tag: str, prompt: list[int]) -> None:
@@ -149,12 +154,16 @@ def run_engine(model, tokenizer, prompts: list[list[int]], max_tokens: int, comp
             asyncio.run(round_(r))
         wall = time.perf_counter() - t0
         stats = engine.get_stats()
+        cache_stats = scheduler.get_cache_stats() or {}
     finally:
         engine.close()
     result = sampler.report(sum(counts), wall)
     result["budget_mib"] = round(engine.memory_budget.total / MIB, 1)
     result["preemptions"] = stats["counters"]["num_preemptions"]
     result["allocation_failures"] = stats["counters"]["num_allocation_failures"]
+    result["allocator_cache_limit_mib"] = round(stats["memory"]["cache_limit_bytes"] / MIB, 1)
+    result["cache_entries"] = cache_stats.get("entries")
+    result["cache_hits"] = cache_stats.get("hits")
     return result
 
 
@@ -182,7 +191,7 @@ def main() -> None:
     run_raw(model, *warm)
     run_engine(model, tokenizer, *warm, prefix_cache=True)
 
-    runs: dict[str, list[dict]] = {"raw": [], "engine": [], "budget": []}
+    runs: dict[str, list[dict]] = {"raw": [], "engine": [], "budget": [], "service": []}
     budget_bytes = None
     for repeat in range(args.repeats):
         fresh_allocator(mlx_limits)
@@ -195,6 +204,9 @@ def main() -> None:
         fresh_allocator()
         runs["budget"].append(run_engine(model, tokenizer, prompts, args.max_tokens, args.completion_batch, weights,
                                          prefix_cache=True, fraction=budget_bytes / device_bytes, rounds=2))
+        fresh_allocator()
+        runs["service"].append(run_engine(model, tokenizer, prompts, args.max_tokens, args.completion_batch, weights,
+                                          prefix_cache=True, rounds=2, temperature=0.8))
         print(f"repeat {repeat}: " + ", ".join(
             f"{name} {r[-1]['tok_s']:.0f} tok/s peak {r[-1]['peak_active_mib']:.0f}/{r[-1]['peak_footprint_mib']:.0f} MiB"
             for name, r in runs.items()), flush=True)
@@ -222,10 +234,13 @@ def _report(runs: dict[str, list[dict]], args, model_path: Path, device_bytes: i
         "raw": summary("raw"),
         "engine": summary("engine"),
         "budget": summary("budget"),
+        "service": summary("service"),
         "env": environment(),
         "peak_over_raw": round(med("engine", "peak_active_mib") / med("raw", "peak_active_mib"), 3),
         "footprint_over_raw": round(med("engine", "peak_footprint_mib") / med("raw", "peak_footprint_mib"), 3),
         "tok_s_over_raw": round(med("engine", "tok_s") / med("raw", "tok_s"), 3),
+        "service_footprint_over_raw": round(med("service", "peak_footprint_mib")
+                                            / med("raw", "peak_footprint_mib"), 3),
         "within_budget": budget_ok,
     }
 

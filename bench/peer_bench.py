@@ -11,8 +11,12 @@ Servers (one at a time, loopback only, the same model folder and the same stream
 For each completion batch size, servers are started in turn and each runs every concurrency level
 (a closed loop of C clients, each sending its next streamed chat completion when the previous one
 ended), ``--rounds`` times with the servers interleaved; the figures are the medians over rounds.
-Reported per server, batch and concurrency: completion tok/s, TTFT p50/p95, errors, and the peak
-memory of the server's processes (GPU memory from nvidia-smi when there is a GPU, else RSS).
+Reported per server, batch and concurrency: completion tok/s, requests/s, TTFT p50/p95, errors, and
+the peak memory of the level (GPU memory from nvidia-smi, sampled every half second, when there is
+a GPU: the server's processes, and the whole device's use above what it was before the server
+started; else RSS), and per server start its time to ready. With ``--one-token C`` (default 128)
+each server also answers ``--one-token-requests`` (4) x C requests of one token at C clients: the
+cost of the job path itself (row ``max_tokens`` 1).
 The last line is one JSON object with every row and the ratios ``ours / peer`` (and ``new / old``).
 
     python bench/peer_bench.py --model var/models/tiny --servers ours,mlxlm --concurrency 1,8 --batch 32
@@ -100,6 +104,7 @@ async def load(base: str, model: str, key: str, concurrency: int, max_tokens: in
     ttfts = sorted(r["ttft"] for r in ok)
     return {
         "tok_s": round(sum(r["tokens"] for r in ok) / wall, 1),
+        "req_s": round(len(ok) / wall, 1),
         "ttft_p50_ms": round(1000 * _pct(ttfts, 0.5), 1) if ttfts else None,
         "ttft_p95_ms": round(1000 * _pct(ttfts, 0.95), 1) if ttfts else None,
         # first content to the end of the stream: the decode as the client sees it
@@ -121,9 +126,10 @@ class MemorySampler:
     """Peak memory of a process and its descendants: GPU memory (nvidia-smi) where there is a
     GPU, else resident memory. Sampled every half second on a thread."""
 
-    def __init__(self, pid: int) -> None:
+    def __init__(self, pid: int, device_idle: int = 0) -> None:
         self.pid = pid
-        self.peak_bytes = 0
+        self.peak_bytes = self.level_bytes = self.device_bytes = 0
+        self.device_idle = device_idle  # the device's use before the server started
         self.kind = "gpu" if shutil.which("nvidia-smi") else "rss"
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -134,11 +140,20 @@ class MemorySampler:
         self._thread.join(5)
         return self.peak_bytes
 
+    def level(self) -> tuple[int, int]:
+        """``(processes, device above idle)`` peak bytes since the last call; starts the next level."""
+        found = self.level_bytes, self.device_bytes
+        self.level_bytes = self.device_bytes = 0
+        return found
+
     def _run(self) -> None:
         while not self._stop.wait(0.5):
             pids = _tree(self.pid)
             used = _gpu_bytes(pids) if self.kind == "gpu" else sum(_rss_bytes(p) for p in pids)
             self.peak_bytes = max(self.peak_bytes, used)
+            self.level_bytes = max(self.level_bytes, used)
+            if self.kind == "gpu":  # nvidia-smi in a container may not see the processes' pids
+                self.device_bytes = max(self.device_bytes, device_used_bytes() - self.device_idle)
 
 
 def _tree(pid: int) -> set[int]:
@@ -165,6 +180,15 @@ def _gpu_bytes(pids: set[int]) -> int:
         if pid.strip().isdigit() and int(pid) in pids:
             total += int(mib.strip() or 0) * 1024 * 1024
     return total
+
+
+def device_used_bytes() -> int:
+    """The GPU's memory in use (the first GPU), 0 without nvidia-smi."""
+    if not shutil.which("nvidia-smi"):
+        return 0
+    out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+                         capture_output=True, text=True).stdout.split()
+    return int(out[0]) * 1024 * 1024 if out and out[0].isdigit() else 0
 
 
 def _rss_bytes(pid: int) -> int:
@@ -238,14 +262,16 @@ class OurService(Server):
         import redis
 
         redis.Redis.from_url(self.env["REDIS_URL"]).flushdb()
+        # As scripts/run.sh does: the web and the worker load while the database is migrated (the
+        # worker takes no job before the migrations are in: WAIT_FOR_MIGRATIONS).
+        web = os.environ.get("PEER_WEB_PROCESSES", "4")
+        script = (f"{sys.executable} -m inference_service.serve_web -b 127.0.0.1 -p {self.port} --processes {web} & "
+                  f"WAIT_FOR_MIGRATIONS=300 {sys.executable} manage.py run_engine_worker --loglevel WARNING & wait")
+        self._spawn(["bash", "-c", script], self.tree, self.env)
         manage = [sys.executable, "manage.py"]
         subprocess.run([*manage, "migrate", "--noinput"], cwd=self.tree, env=self.env, check=True, capture_output=True)
         key = subprocess.run([*manage, "create_api_user", f"peer{os.getpid()}", "--quiet"], cwd=self.tree,
                              env=self.env, check=True, capture_output=True, text=True).stdout.split()[-1]
-        web = os.environ.get("PEER_WEB_PROCESSES", "4")
-        script = (f"{sys.executable} -m inference_service.serve_web -b 127.0.0.1 -p {self.port} --processes {web} & "
-                  f"{sys.executable} manage.py run_engine_worker --loglevel WARNING & wait")
-        self._spawn(["bash", "-c", script], self.tree, self.env)
         base = f"http://127.0.0.1:{self.port}"
         return base, self.wait_ready(base, key), key
 
@@ -313,29 +339,39 @@ def _available(name: str) -> bool:
 # -- the run -------------------------------------------------------------------------------------
 
 def measure(server: Server, levels: list[int], args: argparse.Namespace) -> list[dict]:
+    idle = device_used_bytes()
+    started = time.perf_counter()
     base, model, key = server.start()
-    sampler = MemorySampler(server.proc.pid)
+    ready_s = round(time.perf_counter() - started, 2)
+    print(f"  {server.label:>10} ready in {ready_s} s", flush=True)
+    sampler = MemorySampler(server.proc.pid, idle)
+    runs = [(c, args.max_tokens, c * args.requests_per_client) for c in levels]
+    if args.one_token:
+        runs.append((args.one_token, 1, args.one_token * args.one_token_requests))
+    rows = []
     try:
         asyncio.run(load(base, model, key, max(4, min(levels)), args.max_tokens, 8))  # warm: kernels, caches
-        rows = []
-        for c in levels:
+        for c, max_tokens, requests in runs:
+            sampler.level()
             since = dt.datetime.now(dt.UTC)
-            row = {"concurrency": c, **asyncio.run(load(base, model, key, c, args.max_tokens,
-                                                        c * args.requests_per_client))}
+            row = {"concurrency": c, "max_tokens": max_tokens,
+                   **asyncio.run(load(base, model, key, c, max_tokens, requests))}
             row.update(server.phases(since, dt.datetime.now(dt.UTC)))
+            row["peak_memory_bytes"], row["device_peak_bytes"] = sampler.level()
+            row["memory_kind"], row["ready_s"] = sampler.kind, ready_s
             rows.append(row)
             print(_line(server.label, row), flush=True)
     finally:
-        peak = sampler.stop()
+        sampler.stop()
         server.stop()
-    for row in rows:
-        row["peak_memory_bytes"], row["memory_kind"] = peak, sampler.kind
     return rows
 
 
 def _line(label: str, row: dict) -> str:
-    line = (f"  {label:>10} C={row['concurrency']:<4} tok/s={row['tok_s']:<8} ttft p50={row['ttft_p50_ms']} "
-            f"p95={row['ttft_p95_ms']} stream p50={row['stream_p50_ms']} errors={row['errors']} "
+    line = (f"  {label:>10} C={row['concurrency']:<4} max_tokens={row['max_tokens']:<4} tok/s={row['tok_s']:<8} "
+            f"req/s={row['req_s']:<7} ttft p50={row['ttft_p50_ms']} p95={row['ttft_p95_ms']} "
+            f"stream p50={row['stream_p50_ms']} errors={row['errors']} "
+            f"peak={row['peak_memory_bytes'] / 1e9:.2f} GB (device {row['device_peak_bytes'] / 1e9:.2f} GB) "
             f"{row['error_samples'] or ''}")
     if "claim_p50_ms" in row:
         line += (f" (claim p50={row['claim_p50_ms']}, claim to token p50={row['claim_to_token_p50_ms']}, "
@@ -353,27 +389,36 @@ def make_server(name: str, batch: int, args: argparse.Namespace, work: Path) -> 
     return MlxLmServer(f"mlxlm_b{batch}", work, args.model, batch, 8102)
 
 
-def summarize(samples: dict[tuple[str, int, int], list[dict]]) -> list[dict]:
+def summarize(samples: dict[tuple[str, int, int, int], list[dict]]) -> list[dict]:
     rows = []
-    for (name, batch, c), runs in sorted(samples.items()):
+    for (name, batch, c, max_tokens), runs in sorted(samples.items()):
         med = {k: statistics.median(r[k] for r in runs if r.get(k) is not None)
                if any(r.get(k) is not None for r in runs) else None
-               for k in ("tok_s", "ttft_p50_ms", "ttft_p95_ms", "stream_p50_ms", "claim_p50_ms",
-                         "claim_to_token_p50_ms", "token_to_final_p50_ms")}
-        rows.append({"server": name, "batch": batch, "concurrency": c, **med, "runs": len(runs),
-                     "errors": sum(r["errors"] for r in runs),
+               for k in ("tok_s", "req_s", "ttft_p50_ms", "ttft_p95_ms", "stream_p50_ms", "claim_p50_ms",
+                         "claim_to_token_p50_ms", "token_to_final_p50_ms", "ready_s")}
+        rows.append({"server": name, "batch": batch, "concurrency": c, "max_tokens": max_tokens, **med,
+                     "runs": len(runs), "errors": sum(r["errors"] for r in runs),
+                     "tok_s_runs": [r["tok_s"] for r in runs], "ttft_p50_ms_runs": [r["ttft_p50_ms"] for r in runs],
                      "peak_memory_gb": round(max(r["peak_memory_bytes"] for r in runs) / 1e9, 2),
+                     "device_peak_gb": round(max(r["device_peak_bytes"] for r in runs) / 1e9, 2),
                      "memory_kind": runs[0]["memory_kind"]})
     return rows
 
 
 def ratios(rows: list[dict]) -> dict[str, float]:
-    by = {(r["server"], r["batch"], r["concurrency"]): r for r in rows}
+    by = {(r["server"], r["batch"], r["concurrency"], r["max_tokens"]): r for r in rows}
     out = {}
-    for (name, batch, c), row in by.items():
+    for (name, batch, c, max_tokens), row in by.items():
         if name == "ours":
             continue
-        ours = by.get(("ours", batch, c))
+        ours = by.get(("ours", batch, c, max_tokens))
+        if ours and max_tokens == 1 and ours["req_s"] and row["req_s"]:
+            out[f"ours_over_{name}_one_token_req_s_b{batch}_c{c}"] = round(ours["req_s"] / row["req_s"], 3)
+            continue
+        if ours and row["peak_memory_gb"] and ours["peak_memory_gb"]:
+            out[f"ours_over_{name}_peak_memory_b{batch}_c{c}"] = round(ours["peak_memory_gb"] / row["peak_memory_gb"], 3)
+        if ours and row["device_peak_gb"] and ours["device_peak_gb"]:
+            out[f"ours_over_{name}_device_peak_b{batch}_c{c}"] = round(ours["device_peak_gb"] / row["device_peak_gb"], 3)
         if ours and ours["tok_s"] and row["tok_s"]:
             out[f"ours_over_{name}_tok_s_b{batch}_c{c}"] = round(ours["tok_s"] / row["tok_s"], 3)
             if ours["ttft_p50_ms"] is not None and row["ttft_p50_ms"] is not None:
@@ -392,7 +437,10 @@ def main() -> None:
     parser.add_argument("--batch", default="32,128", help="completion batch sizes")
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--requests-per-client", type=int, default=2)
-    parser.add_argument("--rounds", type=int, default=1, help="repeats, the servers interleaved")
+    parser.add_argument("--rounds", type=int, default=3, help="repeats, the servers interleaved")
+    parser.add_argument("--one-token", type=int, default=128, metavar="C",
+                        help="also C clients of one-token requests (0: none)")
+    parser.add_argument("--one-token-requests", type=int, default=4, help="one-token requests per client")
     parser.add_argument("--out", default=None, help="folder for the servers' logs and the JSON result")
     args = parser.parse_args()
     args.trees = {}
@@ -405,7 +453,7 @@ def main() -> None:
     servers = [s for s in args.servers.split(",") if s]
     skipped = [s for s in servers if not _available(s)]
     servers = [s for s in servers if s not in skipped]
-    samples: dict[tuple[str, int, int], list[dict]] = {}
+    samples: dict[tuple[str, int, int, int], list[dict]] = {}
     result = _result(samples, args, skipped)
     for round_ in range(args.rounds):
         for batch in (int(b) for b in args.batch.split(",")):
@@ -417,13 +465,13 @@ def main() -> None:
                     print(f"  {name} failed: {exc}", flush=True)
                     continue
                 for row in rows:
-                    samples.setdefault((name, batch, row["concurrency"]), []).append(row)
+                    samples.setdefault((name, batch, row["concurrency"], row["max_tokens"]), []).append(row)
                 result = _result(samples, args, skipped)
                 (work / "peer_bench.json").write_text(json.dumps(result, indent=1))  # so far, if cut short
     print(json.dumps(result))
 
 
-def _result(samples: dict[tuple[str, int, int], list[dict]], args: argparse.Namespace, skipped: list[str]) -> dict:
+def _result(samples: dict[tuple[str, int, int, int], list[dict]], args: argparse.Namespace, skipped: list[str]) -> dict:
     rows = summarize(samples)
     return {"model": args.model, "max_tokens": args.max_tokens, "rounds": args.rounds, "skipped": skipped,
             "rows": rows, "ratios": ratios(rows)}

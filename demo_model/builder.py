@@ -22,10 +22,34 @@ logger = logging.getLogger(__name__)
 
 CORPUS_PATH = Path(__file__).with_name("corpus.txt")
 SPECIAL_TOKENS = ["<|pad|>", "<|bos|>", "<|eos|>", "<|im_start|>", "<|im_end|>"]
+# ChatML, as Qwen 2.5 writes it; with ``tools``, Qwen's (Hermes') tool calling: the tools in the
+# system message, calls as <tool_call> JSON </tool_call>, results as <tool_response> in a user turn.
+# Messages without tools render exactly as plain ChatML. (transformers renders with trim_blocks: a
+# newline right after a block tag is dropped, so those are written as {{ '\\n' }}.)
+_TOOLS_SYSTEM = (
+    "{% if tools %}<|im_start|>system\n{% if messages[0]['role'] == 'system' %}{{ messages[0]['content'] }}\n\n"
+    "{% endif %}# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>"
+    "{% for tool in tools %}{{ '\\n' }}{{ tool | tojson }}{% endfor %}{{ '\\n' }}</tools>\n\n"
+    "For each function call, return a json object with function name and arguments within "
+    "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": "
+    "<args-json-object>}\n</tool_call><|im_end|>\n{% endif %}"
+)
+_TOOL_CALLS = (
+    "<|im_start|>assistant\n{{ message['content'] or '' }}{% for call in message['tool_calls'] %}"
+    "{% set fn = call['function'] if call['function'] is defined else call %}"
+    "{% if not loop.first or message['content'] %}{{ '\\n' }}{% endif %}<tool_call>\n{\"name\": \"{{ fn['name'] }}\", "
+    "\"arguments\": {{ fn['arguments'] if fn['arguments'] is string else fn['arguments'] | tojson }}}"
+    "\n</tool_call>{% endfor %}<|im_end|>\n"
+)
 CHAT_TEMPLATE = (
-    "{{ bos_token }}{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
-    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+    "{{ bos_token }}" + _TOOLS_SYSTEM + "{% for message in messages %}"
+    "{% if tools and loop.first and message['role'] == 'system' %}"
+    "{% elif message['role'] == 'assistant' and message['tool_calls'] %}" + _TOOL_CALLS +
+    "{% elif message['role'] == 'tool' %}<|im_start|>user\n<tool_response>\n{{ message['content'] }}"
+    "\n</tool_response><|im_end|>\n"
+    "{% else %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{% endif %}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
 BUILD_MARKER = "build_spec.json"
 
@@ -146,9 +170,16 @@ def ensure_model(out_dir: str | Path, spec: ModelSpec = ModelSpec()) -> Path:
     """Return ``out_dir``, building the model first unless an identical build is already there."""
     out = Path(out_dir)
     marker = out / BUILD_MARKER
-    if marker.exists() and json.loads(marker.read_text()) == asdict(spec):
+    if marker.exists() and json.loads(marker.read_text()) == asdict(spec) and _template_of(out) == CHAT_TEMPLATE:
         return out
     return build_model(out, spec)
+
+
+def _template_of(out: Path) -> str | None:
+    try:
+        return json.loads((out / "tokenizer_config.json").read_text()).get("chat_template")
+    except (OSError, ValueError):
+        return None
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -65,6 +65,10 @@ class JobSpec:
     # (token id, bias) pairs: a JSON object would turn the ids into strings on the wire.
     logit_bias: tuple[tuple[int, float], ...] = ()
     logprobs: int | None = None  # SamplingParams.logprobs
+    # Structured output (SamplingParams.constraint): kind "json_schema" (text: the schema as JSON)
+    # or "lark" (text: an llguidance Lark grammar); "" for free text. The engine compiles it.
+    constraint_kind: str = ""
+    constraint: str = ""
     # The seq of this run's first chunk. A job that runs again after its worker died continues
     # the seqs of its earlier attempt, so a seq never names two different chunks.
     first_seq: int = 1
@@ -172,6 +176,15 @@ class Submit(Generic[J]):
     ``Request`` (whose id is the job id) on the engine's own command queue."""
 
     job: J
+
+
+@dataclass(frozen=True)
+class Admit:
+    """Start the jobs of one claim (one or many) in the engine process: one message across the
+    pipe, and one hand-over to the engine, whose next step admits them together where its budget
+    allows."""
+
+    jobs: tuple[JobSpec, ...]
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,11 @@
-"""The Celery app: Redis broker, the ``engine`` queue for jobs, beat for reconciliation."""
+"""The Celery app: Redis broker, the ``engine`` queue for jobs, the ``webhooks`` queue for webhook
+attempts, beat for reconciliation.
+
+Queues and their workers (scripts/run.sh): ``engine`` (the engine workers), ``celery`` (the light
+worker, one task at a time: the reconciler, batch bookkeeping, beat's sweeps) and ``webhooks`` (the
+webhooks worker, WEBHOOK_WORKERS attempts at once on Celery's thread pool). An attempt waits on a
+receiver for up to WEBHOOK_TIMEOUT_S; on the light worker, ten hanging receivers held every batch
+for 100 s."""
 
 from __future__ import annotations
 
@@ -11,7 +18,9 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "inference_service.settings")
 
 app = Celery("inference_service")
 app.config_from_object("django.conf:settings", namespace="CELERY")
-app.conf.task_routes = {"api.tasks.run_job": {"queue": "engine"}}
+WEBHOOKS_QUEUE = "webhooks"
+app.conf.task_routes = {"api.tasks.run_job": {"queue": "engine"},
+                        "api.tasks.deliver_webhook": {"queue": WEBHOOKS_QUEUE}}
 app.conf.beat_schedule = {
     # Re-dispatches queued jobs nobody holds and running jobs whose lease expired.
     "reconcile-jobs": {"task": "api.tasks.reconcile_jobs", "schedule": 10.0},

@@ -22,6 +22,7 @@ Redis stream itself; a key's revocation reaches every child through the channel 
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import os
 import signal
@@ -121,7 +122,13 @@ def main(argv: list[str] | None = None) -> int:
     if processes < 1:
         parser.error("--processes must be at least 1")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    sockets = listening_sockets(args.bind, args.port, processes)
+    try:
+        sockets = listening_sockets(args.bind, args.port, processes)
+    except OSError as exc:
+        if exc.errno != errno.EADDRINUSE:
+            raise
+        logger.error("error: port %s on %s is in use by another process; not starting", args.port, args.bind)
+        return 1
     supervisor = Supervisor(sockets, processes, daphne_args)
     signal.signal(signal.SIGTERM, supervisor.stop)
     signal.signal(signal.SIGINT, supervisor.stop)

@@ -270,13 +270,17 @@ WORKER_PREFETCH = env_int("WORKER_PREFETCH", 16, minimum=1)
 # Webhooks (api/webhooks/services.py). A webhook URL whose host resolves to a private, loopback,
 # link-local or other non-global address is refused, at submission and again at each attempt,
 # unless WEBHOOK_ALLOW_PRIVATE is on (every address) or the address is in WEBHOOK_ALLOWED_NETWORKS
-# (CIDRs, e.g. 10.0.0.0/8 for receivers inside the operator's network). An attempt gets
-# WEBHOOK_TIMEOUT_S in all, from its connection to its answer: attempts run one at a time on the
-# light worker, with the reconciler. Failed deliveries are retried with backoff until
+# (CIDRs, e.g. 10.0.0.0/8 for receivers inside the operator's network). Attempts run on the
+# webhooks worker (its own queue and process: batch bookkeeping never waits behind them), at most
+# WEBHOOK_CONCURRENCY_PER_KEY of one API key's at once, so one key's hanging receivers cannot take
+# every slot. An attempt gets WEBHOOK_CONNECT_TIMEOUT_S to connect and WEBHOOK_TIMEOUT_S in all,
+# from its connection to its answer. Failed deliveries are retried with backoff until
 # WEBHOOK_RETRY_WINDOW_S after the event.
 WEBHOOK_ALLOW_PRIVATE = env_bool("WEBHOOK_ALLOW_PRIVATE", False)
 WEBHOOK_ALLOWED_NETWORKS = env_networks("WEBHOOK_ALLOWED_NETWORKS", [])
-WEBHOOK_TIMEOUT_S = env_float("WEBHOOK_TIMEOUT_S", 10.0, minimum=0.1)
+WEBHOOK_TIMEOUT_S = env_float("WEBHOOK_TIMEOUT_S", 5.0, minimum=0.1)
+WEBHOOK_CONNECT_TIMEOUT_S = env_float("WEBHOOK_CONNECT_TIMEOUT_S", 2.0, minimum=0.1)
+WEBHOOK_CONCURRENCY_PER_KEY = env_int("WEBHOOK_CONCURRENCY_PER_KEY", 2, minimum=1)
 WEBHOOK_RETRY_WINDOW_S = env_int("WEBHOOK_RETRY_WINDOW_S", 24 * 3600, minimum=0)
 # One handler, which redacts secrets (API keys sent as ``?api_key=``, say) from every line it
 # writes. Django's own loggers write through it too instead of Django's default handlers, which

@@ -4,6 +4,7 @@ from django.contrib import admin
 from django.urls import include, path
 
 from api.dashboard.views import CacheEntryEvictView, engine_dashboard, engine_dashboard_data
+from api.system.favicon import favicon
 from api.system.metrics_view import metrics
 
 urlpatterns = [
@@ -15,6 +16,7 @@ urlpatterns = [
     path("api/v1/", include("api.urls")),
     path("v1/", include("api.openai_api.urls")),  # OpenAI-compatible (completions: api.streaming.routing)
     path("metrics", metrics, name="metrics"),  # Prometheus
+    path("favicon.ico", favicon, name="favicon"),  # what browsers ask every page's host for
 ]
 
 handler404 = "api.common.exception_handler.json_not_found"

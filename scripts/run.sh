@@ -6,13 +6,15 @@
 #   model     MODEL_PATH, default the trained demo model shipped in demo_model/demo
 #   models    MODELS=name=path,name2=path2 serves several models (MODEL_PATH is then ignored);
 #             WORKERS_PER_MODEL (default 1) engine workers each
-#   processes daphne (HTTP + WebSocket), the engine workers, celery beat, a light celery worker
+#   processes daphne (HTTP + WebSocket), the engine workers, celery beat, a light celery worker,
+#             a webhooks celery worker
 #
 # `make setup` (a dependency of `make run`) installs the packages; this script installs nothing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-BIN=.venv/bin
+# PYTHON: the interpreter (default the virtualenv's; bench/h200_all.sh runs it on a machine without one).
+PY="${PYTHON:-.venv/bin/python}"
 PORT="${PORT:-8000}"
 HOST="${HOST:-127.0.0.1}"
 LOG_DIR=var/log
@@ -48,19 +50,45 @@ start() {  # name, command...: run in the background with its log under var/log
   echo "  $name (pid $!, log $LOG_DIR/$name.log)"
 }
 
-wait_until() {  # seconds, description, command...
-  local seconds=$1 what=$2; shift 2
-  for _ in $(seq 1 "$((seconds * 2))"); do "$@" >/dev/null 2>&1 && return 0; sleep 0.5; done
+wait_until() {  # seconds, description, command... (status 2 from the command: it never will)
+  local seconds=$1 what=$2 rc; shift 2
+  for _ in $(seq 1 "$((seconds * 2))"); do
+    rc=0; "$@" >/dev/null 2>&1 || rc=$?
+    [ "$rc" -eq 0 ] && return 0
+    [ "$rc" -eq 2 ] && { echo "error: $what exited (see $LOG_DIR/)" >&2; exit 1; }
+    sleep 0.5
+  done
   echo "error: $what did not come up within ${seconds}s (see $LOG_DIR/)" >&2
   exit 1
 }
 
-redis_answers() { $BIN/python -c "import os, redis; redis.Redis.from_url(os.environ['REDIS_URL'], socket_timeout=1).ping()"; }
+# A plain bind (no SO_REUSEPORT, which the web processes set to share the port among themselves,
+# and which would let this run share it with another service's): refused while anything listens.
+port_free() { $PY -c "
+import socket, sys
+s = socket.socket(socket.AF_INET6 if ':' in sys.argv[1] else socket.AF_INET)
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind((sys.argv[1], int(sys.argv[2])))" "$HOST" "$PORT"; }
+# Our web server answers on the port (2: it exited, so the answer would be another service's).
+# It answers HTTP: its listening socket opens before its processes have loaded the app.
+web_answers() {
+  kill -0 "$WEB_PID" 2>/dev/null || return 2
+  (exec 3<>"/dev/tcp/$HOST/$PORT" && printf 'GET /api/v1/health HTTP/1.0\r\n\r\n' >&3 && read -r -t 5 line <&3 &&
+   [[ "$line" == HTTP/* ]]) 2>/dev/null
+}
 
 echo "starting the mlx inference service"
+# Before anything else: a second service on a held port would otherwise migrate, replace the demo
+# key and start workers on the shared Redis before its web server failed to listen.
+if ! port_free 2>/dev/null; then
+  echo "error: port $PORT on $HOST is in use by another process (another \`make run\`?). Stop it, or pick another port: PORT=$((PORT + 1)) make run" >&2
+  exit 1
+fi
+
+redis_answers() { $PY -c "import os, redis; redis.Redis.from_url(os.environ['REDIS_URL'], socket_timeout=1).ping()"; }
 if ! redis_answers 2>/dev/null; then
   command -v redis-server >/dev/null || { echo "error: no Redis at $REDIS_URL and no redis-server to start" >&2; exit 1; }
-  REDIS_PORT=$($BIN/python -c "import os, urllib.parse as u; print(u.urlsplit(os.environ['REDIS_URL']).port or 6379)")
+  REDIS_PORT=$($PY -c "import os, urllib.parse as u; print(u.urlsplit(os.environ['REDIS_URL']).port or 6379)")
   start redis redis-server --bind 127.0.0.1 --port "$REDIS_PORT" --save "" --appendonly no
   wait_until 30 "redis-server" redis_answers
 fi
@@ -72,30 +100,40 @@ if [ -z "${MODEL_PATH:-}" ]; then
   else  # a checkout without the trained weights: the untrained test model, which writes gibberish
     export MODEL_PATH="$PWD/var/models/tiny"
     echo "  model: no trained weights in demo_model/demo; building the untrained test model in $MODEL_PATH"
-    $BIN/python -m demo_model.builder "$MODEL_PATH" >"$LOG_DIR/model-build.log" 2>&1
+    $PY -m demo_model.builder "$MODEL_PATH" >"$LOG_DIR/model-build.log" 2>&1
   fi
 fi
 
-$BIN/python manage.py migrate --noinput >"$LOG_DIR/migrate.log"
-# --replace: the demo keys of earlier runs are revoked, so only the one printed below is valid.
-DEMO_KEY=$($BIN/python manage.py create_api_user "$DEMO_USER" --staff --password "$DEMO_PASSWORD" --key-name "make run" \
-  --replace --quiet)
-# GET /metrics wants this bearer token (or a staff session); one per run unless it is set.
-export METRICS_TOKEN="${METRICS_TOKEN:-$($BIN/python -c 'import secrets; print(secrets.token_urlsafe(24))')}"
-
-# daphne runs each request on a thread of its own, so without a pool every request opens a
-# database connection (~8 ms of PostgreSQL CPU). On PostgreSQL with psycopg[pool] installed it
-# borrows from psycopg's pool instead (DB_POOL; set it to force either way). The engine worker
-# keeps persistent connections and never uses the pool.
-WEB_DB_POOL="${DB_POOL:-}"
-if [ -z "$WEB_DB_POOL" ]; then
-  WEB_DB_POOL=0
-  if [[ "${DATABASE_URL:-}" == postgres* ]] && $BIN/python -c "import psycopg_pool" 2>/dev/null; then WEB_DB_POOL=1; fi
+# Served on loopback: webhooks to receivers on loopback are allowed too (the service refuses
+# private addresses otherwise), so a local receiver works without a restart.
+if [ -z "${WEBHOOK_ALLOWED_NETWORKS+set}" ] && [[ "$HOST" == 127.* || "$HOST" == localhost || "$HOST" == ::1 ]]; then
+  export WEBHOOK_ALLOWED_NETWORKS="127.0.0.0/8,::1/128"
 fi
-# Several daphne processes on one port (WEB_PROCESSES, default: one per core up to 4): one daphne
-# runs every view and consumer under a single GIL, and a burst of submissions queued there.
-start web env DB_POOL="$WEB_DB_POOL" $BIN/python -m inference_service.serve_web -b "$HOST" -p "$PORT" \
-  ${WEB_PROCESSES:+--processes "$WEB_PROCESSES"}
+
+# The database's migrations and the demo key, in one Django process, while the engine workers load
+# their models and the web loads its app (below): a worker waits for the migrations before it
+# takes a job (WAIT_FOR_MIGRATIONS).
+# --replace: the demo keys of earlier runs are revoked, so only the one printed below is valid.
+KEY_FILE=$(mktemp "${TMPDIR:-/tmp}/demo-key.XXXXXX")
+$PY - "$DEMO_USER" "$DEMO_PASSWORD" "$LOG_DIR/migrate.log" >"$KEY_FILE" <<'PY' &
+import io, sys
+
+import django
+
+django.setup()
+from django.core.management import call_command
+
+with open(sys.argv[3], "w") as log:
+    call_command("migrate", interactive=False, stdout=log)
+created = io.StringIO()
+call_command("create_api_user", sys.argv[1], staff=True, password=sys.argv[2], key_name="make run", replace=True,
+             quiet=True, with_webhook_secret=True, stdout=created)
+print(created.getvalue().strip())
+PY
+PREPARE_PID=$!
+# GET /metrics wants this bearer token (or a staff session); one per run unless it is set.
+export METRICS_TOKEN="${METRICS_TOKEN:-$(head -c 18 /dev/urandom | base64 | tr '+/' '-_')}"
+
 # On a small machine the worker shares the cores with daphne, Redis and the database; OpenBLAS's
 # spinning threads would take them all (measured: 3x the worker's CPU time on 2 cores). Leave
 # one core to the rest unless OPENBLAS_NUM_THREADS is set.
@@ -112,21 +150,46 @@ for entry in "${MODEL_ENTRIES[@]}"; do
   entry="${entry// /}"
   if [[ "$entry" == *=* ]]; then name="${entry%%=*}"; path="${entry#*=}"; else path="$entry"; name=$(basename "$path"); fi
   for i in $(seq 1 "$WORKERS_PER_MODEL"); do
-    start "engine-worker-$name-$i" env DB_POOL=0 OPENBLAS_NUM_THREADS="$WORKER_BLAS_THREADS" \
-      MODEL_PATH="$path" MODEL_NAME="$name" $BIN/python manage.py run_engine_worker
+    start "engine-worker-$name-$i" env DB_POOL=0 OPENBLAS_NUM_THREADS="$WORKER_BLAS_THREADS" WAIT_FOR_MIGRATIONS=300 \
+      MODEL_PATH="$path" MODEL_NAME="$name" $PY manage.py run_engine_worker
   done
 done
+# daphne runs each request on a thread of its own, so without a pool every request opens a
+# database connection (~8 ms of PostgreSQL CPU). On PostgreSQL with psycopg[pool] installed it
+# borrows from psycopg's pool instead (DB_POOL; set it to force either way). The engine worker
+# keeps persistent connections and never uses the pool.
+WEB_DB_POOL="${DB_POOL:-}"
+if [ -z "$WEB_DB_POOL" ]; then
+  WEB_DB_POOL=0
+  if [[ "${DATABASE_URL:-}" == postgres* ]] && $PY -c "import psycopg_pool" 2>/dev/null; then WEB_DB_POOL=1; fi
+fi
+# Several daphne processes on one port (WEB_PROCESSES, default: one per core up to 4): one daphne
+# runs every view and consumer under a single GIL, and a burst of submissions queued there.
+start web env DB_POOL="$WEB_DB_POOL" $PY -m inference_service.serve_web -b "$HOST" -p "$PORT" \
+  ${WEB_PROCESSES:+--processes "$WEB_PROCESSES"}
+WEB_PID=${PIDS[-1]}
+# The web starts beside the migrations too: nothing is announced (and no key exists) before they end.
+wait "$PREPARE_PID" || { echo "error: the database's migrations or the demo key failed (see $LOG_DIR/migrate.log)" >&2; exit 1; }
+DEMO_KEY=$(sed -n 1p "$KEY_FILE")
+DEMO_WEBHOOK_SECRET=$(sed -n 2p "$KEY_FILE")
+rm -f "$KEY_FILE"
 FIRST_MODEL="${MODEL_ENTRIES[0]}"
 FIRST_MODEL="${FIRST_MODEL// /}"
 if [[ "$FIRST_MODEL" == *=* ]]; then FIRST_MODEL="${FIRST_MODEL%%=*}"; else FIRST_MODEL=$(basename "$FIRST_MODEL"); fi
-start celery-beat $BIN/celery -A inference_service beat --loglevel INFO -s var/celerybeat-schedule
-start celery-worker $BIN/celery -A inference_service worker -Q celery -P solo --loglevel INFO -n "light@%h"
-
-wait_until 120 "the web server" $BIN/python -c "import socket; socket.create_connection(('$HOST', $PORT), 1)"
-wait_until 300 "the engine worker" $BIN/python -c "
+wait_until 120 "the web server" web_answers
+wait_until 300 "the engine worker" $PY -c "
 import os, redis
 r = redis.Redis.from_url(os.environ['REDIS_URL'])
 raise SystemExit(0 if any(True for _ in r.scan_iter('engine:workers:*')) else 1)"
+# Webhooks, batches and the periodic sweeps: started once the rest is up, so that on a small
+# machine they do not take the cores from the web and engine starts.
+start celery-beat $PY -m celery -A inference_service beat --loglevel INFO -s var/celerybeat-schedule
+start celery-worker $PY -m celery -A inference_service worker -Q celery -P solo --loglevel INFO -n "light@%h"
+# Webhook attempts on a worker of their own, WEBHOOK_WORKERS at once (Celery's thread pool; an
+# attempt mostly waits on its receiver): on the light worker, one key's hanging receivers held every
+# batch and every other key's webhooks for 100 s. WEBHOOK_CONCURRENCY_PER_KEY bounds one key's share.
+start webhooks-worker $PY -m celery -A inference_service worker -Q webhooks -P threads -c "${WEBHOOK_WORKERS:-8}" \
+  --loglevel INFO -n "webhooks@%h"
 
 BASE="http://$HOST:$PORT"
 cat <<EOF
@@ -140,16 +203,21 @@ Submit a job and read it back:
   curl -s $BASE/api/v1/jobs/<id> -H "Authorization: Bearer \$KEY"
 
 Stream over a WebSocket (type the JSON line and press Enter):
-  $BIN/python -m websockets "ws://$HOST:$PORT/ws/v1/generate?api_key=\$KEY"
+  $PY -m websockets "ws://$HOST:$PORT/ws/v1/generate?api_key=\$KEY"
   {"prompt": "class Stack:", "max_tokens": 64}
 or watch an existing job (resume with ?after=<seq>):
-  $BIN/python -m websockets "ws://$HOST:$PORT/ws/v1/jobs/<id>/?api_key=\$KEY"
+  $PY -m websockets "ws://$HOST:$PORT/ws/v1/jobs/<id>/?api_key=\$KEY"
 or as server-sent events over plain HTTP:
   curl -N $BASE/api/v1/jobs/<id>/events -H "Authorization: Bearer \$KEY"
 
 OpenAI-compatible (any OpenAI SDK with base_url $BASE/v1 and this key):
   curl -s $BASE/v1/chat/completions -H "Authorization: Bearer \$KEY" -H "Content-Type: application/json" \\
        -d '{"model": "$FIRST_MODEL", "messages": [{"role": "user", "content": "Once upon a time"}], "max_tokens": 64}'
+
+Webhooks: a job or batch that names "webhook_url" is POSTed there when it ends, signed with
+this key's webhook secret (loopback receivers allowed on this run). To watch them locally:
+  WEBHOOK_SECRET=$DEMO_WEBHOOK_SECRET $PY scripts/webhook_receiver.py 9000
+and add "webhook_url": "http://127.0.0.1:9000/" to a job's JSON.
 
 Admin and engine dashboard: $BASE/admin/  (user '$DEMO_USER', password '$DEMO_PASSWORD')
 Prometheus metrics: curl -s $BASE/metrics -H "Authorization: Bearer $METRICS_TOKEN"

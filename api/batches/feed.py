@@ -9,7 +9,7 @@ urgent by its priority (BATCH_JOB_PRIORITY is less urgent than any key's class),
 batch jobs waiting there, and a key's batch cannot take more of the engine than the cap.
 
 It runs on the light worker: after a batch starts, whenever batch jobs end (the engine worker's
-sink asks for it, :func:`batch_jobs_ended`), and on beat's tick (api/batches/tasks.py), which also covers
+sink asks for it, :func:`batch_progress_send`, once per batch), and on beat's tick (api/batches/tasks.py), which also covers
 a lost message. A sent job is an ordinary queued job from then on: the reconciler sends it again
 if its message is lost, and hands it on if its worker dies.
 """
@@ -89,16 +89,6 @@ def batch_keys_to_feed() -> list[int]:
     """The keys with held jobs in running batches."""
     rows = Job.objects.filter(HELD, batch__status=BatchStatus.IN_PROGRESS, api_key__isnull=False)
     return sorted(set(rows.values_list("api_key_id", flat=True)))
-
-
-def batch_jobs_ended(*, job_ids: list[str]) -> None:
-    """Jobs just ended (the engine worker's sink calls this after storing their finals): ask the
-    light worker to feed their keys and move their batches on. Best effort: beat's tick does the
-    same within seconds if this fails."""
-    pairs = set(Job.objects.filter(id__in=job_ids, batch__isnull=False)
-                .values_list("api_key_id", "batch_id"))
-    for api_key_id, batch_id in pairs:
-        batch_progress_send(api_key_id=api_key_id, batch_id=batch_id)
 
 
 def batch_progress_send(*, api_key_id: int | None, batch_id: str) -> None:

@@ -57,6 +57,11 @@ def engine_overview(*, since: float | None = None) -> dict[str, Any]:
         "workers": worker_rows,
         "requests": request_rows,
         "jobs": job_status_counts(),
+        # What the engines hold now, from the same heartbeats as the workers' rows (the jobs'
+        # in_progress count also holds jobs claimed and not yet in an engine, and ones whose
+        # worker died before the reconciler moved them).
+        "engines": {"running": sum(row["num_running"] for row in worker_rows),
+                    "waiting": sum(row["num_waiting"] for row in worker_rows)},
         # tokens_per_second: completion tokens of the jobs that finished in the window (a job's
         # tokens count when it ends); engine_tokens_per_second: what the engines generate now.
         "throughput": {**job_throughput(window_s=60), "engine_tokens_per_second": round(engine_tps, 1)},

@@ -27,7 +27,8 @@ class JobAdmin(admin.ModelAdmin):
     actions = ("cancel_jobs", "requeue_jobs", "delete_job_content")
     readonly_fields = (
         "id", "owner", "api_key", "model", "status", "prompt", "messages", "prompt_token_ids", "params", "priority",
-        "metadata", "idempotency_key", "request_fingerprint", "webhook_url", "output_text", "finish_reason", "error",
+        "metadata", "idempotency_key", "request_fingerprint", "webhook_url", "response_format", "tools", "constraint",
+        "output_text", "finish_reason", "error",
         "prompt_tokens", "cached_tokens", "completion_tokens", "worker_id", "routed_worker", "lease_expires_at",
         "dispatch_count",
         "cancel_requested", "last_seq", "created_at", "queued_at", "started_at", "first_token_at", "finished_at",

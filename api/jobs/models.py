@@ -94,6 +94,12 @@ class Job(models.Model):
     # With params["logprobs"] set: [token id, log probability, [[token id, log probability], ...]]
     # per completion token, written with the final (api/jobs/logprobs.py renders it).
     logprobs = models.JSONField(null=True, blank=True)
+    # Structured output: the request's response_format and tools (OpenAI's shapes: tools, tool_choice,
+    # parallel_tool_calls), and the engine constraint they compiled to ({"kind", "text"}; see
+    # engine_worker.common.request.Constraint), which the worker sends with the job.
+    response_format = models.JSONField(null=True, blank=True)
+    tools = models.JSONField(null=True, blank=True)
+    constraint = models.JSONField(null=True, blank=True)
     finish_reason = models.CharField(max_length=16, null=True, blank=True)
     error = models.TextField(null=True, blank=True)
     prompt_tokens = models.PositiveIntegerField(default=0)

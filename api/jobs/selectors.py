@@ -120,7 +120,8 @@ def job_detail(*, job: Job, with_logprobs: bool = True) -> dict[str, Any]:
         "status": job.status,
         "queue_position": job_queue_position(job=job),
         "model": job.model,
-        "model_served": model_served(job.model) if job.status == JobStatus.QUEUED else None,
+        # As the 202 says it: whatever the job's status, whether a live worker serves its model.
+        "model_served": model_served(job.model),
         "output_text": job_output_text(job=job),
         "finish_reason": job.finish_reason,
         "cancel_requested": job.cancel_requested,
@@ -128,6 +129,7 @@ def job_detail(*, job: Job, with_logprobs: bool = True) -> dict[str, Any]:
         "priority": job.priority,
         "metadata": job.metadata,
         "webhook_url": job.webhook_url or None,
+        "response_format": job.response_format,
         "logprobs": job_logprobs(job.logprobs, model=job.model) if with_logprobs and job.is_finished else None,
         "usage": {
             "prompt_tokens": job.prompt_tokens,

@@ -16,6 +16,7 @@ from api.common.serializers import (
     check_text,
 )
 from api.jobs.metadata import MetadataField
+from api.jobs.structured import ResponseFormatField
 from api.models import JobStatus
 from api.webhooks.targets import MAX_WEBHOOK_URL_LENGTH
 
@@ -85,8 +86,11 @@ class LogitBiasField(serializers.Field):
 
 
 class MessageSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
-    role = serializers.ChoiceField(choices=["system", "user", "assistant"])
+    role = serializers.ChoiceField(choices=["system", "user", "assistant", "tool"])
     content = StrictCharField(allow_blank=True, trim_whitespace=False)
+    # Tool calling's history (OpenAI's shapes, checked by api/openai_api/requests.py).
+    tool_calls = serializers.JSONField(required=False)
+    tool_call_id = StrictCharField(required=False, max_length=128)
 
 
 class JobCreateSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
@@ -110,6 +114,7 @@ class JobCreateSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
     stop = StopField(required=False)
     priority = StrictIntegerField(required=False, min_value=0, max_value=1000)
     metadata = MetadataField(required=False)
+    response_format = ResponseFormatField(required=False)
     # Called when the job ends; where it may point is checked by job_create (api/webhooks/targets.py).
     webhook_url = StrictCharField(
         required=False, max_length=MAX_WEBHOOK_URL_LENGTH, allow_blank=False,
@@ -187,8 +192,8 @@ class JobSerializer(serializers.Serializer):
     queue_position = serializers.IntegerField(allow_null=True)
     model = serializers.CharField()
     model_served = serializers.BooleanField(
-        allow_null=True, help_text="While queued: whether a live worker serves the job's model (false: it waits "
-                                   "for one to start). Null once it left the queue, or when the heartbeats cannot be read.")
+        allow_null=True, help_text="Whether a live worker serves the job's model (false: a queued job waits for one "
+                                   "to start; null: unknown, the workers' heartbeats cannot be read). As in the 202.")
     output_text = serializers.CharField(allow_blank=True)
     finish_reason = serializers.CharField(allow_null=True)
     cancel_requested = serializers.BooleanField()
@@ -196,6 +201,7 @@ class JobSerializer(serializers.Serializer):
     priority = serializers.IntegerField()
     metadata = serializers.DictField(child=serializers.CharField())
     webhook_url = serializers.CharField(allow_null=True, help_text="Called when the job ends (see Webhooks)")
+    response_format = serializers.DictField(allow_null=True)
     logprobs = serializers.ListField(child=serializers.DictField(), allow_null=True)
     usage = UsageSerializer()
     timings = TimingsSerializer()

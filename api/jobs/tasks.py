@@ -1,8 +1,9 @@
 """The jobs' Celery tasks.
 
 ``run_job`` runs on engine workers (their model's queues, the solo pool: api/worker/consumer.py):
-it claims the job and starts it in the worker's engine (api/worker/service.py). A duplicate
-delivery finds the job already claimed and does nothing; a job whose message was lost is still
+it claims the job, with every other queued job of the model the worker's engine has room for, and
+starts them in the engine (api/worker/service.py). A duplicate delivery, or the message of a job an
+earlier batch claim took, finds the job already claimed and starts nothing of it; a job whose message was lost is still
 queued in the database, and the reconciler sends it again, to its model's shared queue.
 ``reconcile_jobs``, ``expire_jobs`` and ``purge_jobs`` run on the light worker under beat, as does
 ``drop_job_stream`` when a delete schedules it.
@@ -30,8 +31,9 @@ logger = logging.getLogger(__name__)
 
 @shared_task(name="api.tasks.run_job", acks_late=True, ignore_result=True)
 def run_job(job_id: str) -> bool:
-    """Claim ``job_id`` and start it in this worker's engine. False when it is not this worker's
-    to run (see ``EngineWorkerService.admit``)."""
+    """Claim ``job_id`` (and the queued jobs the engine has room for) and start them in this
+    worker's engine. False when ``job_id`` is not this worker's to run (see
+    ``EngineWorkerService.admit``)."""
     service = worker.current()
     if service is None:
         # Not an engine worker (misrouted): leave the job queued; the reconciler re-dispatches it.

@@ -77,6 +77,18 @@ class ApiKey(models.Model):
         return self.revoked_at is None
 
 
+class QuotaHold(models.Model):
+    """A job of the key admitted by the quota gate whose row has not committed yet: the gate counts
+    it as one active job reserving ``tokens``. The job's INSERT deletes it in the same transaction,
+    so any snapshot sees the hold or the job, never both, never neither (api/keys/quotas.py). A
+    hold whose submission died before its INSERT expires after QUOTA_HOLD_S."""
+
+    job_id = models.UUIDField(primary_key=True)
+    api_key = models.ForeignKey(ApiKey, on_delete=models.CASCADE, related_name="+")
+    tokens = models.PositiveBigIntegerField()
+    created_at = models.DateTimeField()
+
+
 class UsageRecord(models.Model):
     """Tokens and requests of one key on one UTC day, rolled up from its jobs' engine counts."""
 

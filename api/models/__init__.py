@@ -17,6 +17,7 @@ from api.jobs.models import (
 from api.keys.models import (
     WEBHOOK_SECRET_PREFIX,
     ApiKey,
+    QuotaHold,
     UsageRecord,
     _default_max_concurrent,
     _default_max_tokens_per_job,
@@ -38,6 +39,7 @@ __all__ = [
     "FilePurpose",
     "Job",
     "JobStatus",
+    "QuotaHold",
     "UsageRecord",
     "WebhookAttempt",
     "WebhookDelivery",

@@ -135,12 +135,13 @@ class CompletionConsumer(HttpStreamMixin, FollowsJob, AsyncHttpConsumer):
             **self._headers,
         }))
         self._writer = ChunkWriter(kind=self.kind, job_id=self._job_id, created=self._created, model=request.model,
-                                   include_usage=request.include_usage)
+                                   include_usage=request.include_usage, tool_format=request.tool_format,
+                                   tools_forced=request.tools_forced)
         opening = self._writer.opening()
         if opening is not None:
             await self._data(opening)
         if request.echo is not None:
-            await self._data(self._writer.text(request.echo))
+            await self._data(self._writer.text(request.echo))  # type: ignore[arg-type]  # text: never held
         self.start_keepalive()
 
     async def _on_message(self, message: dict[str, Any]) -> None:
@@ -159,8 +160,9 @@ class CompletionConsumer(HttpStreamMixin, FollowsJob, AsyncHttpConsumer):
                 # log probabilities cannot be split with it, and are left out. A chunk with no
                 # text but entries (the job's last tokens) still goes out, for them.
                 logprobs = message.get("logprobs") if text == message["text"] else None
-                if text or logprobs:
-                    await self._data(self._writer.text(text, logprobs))
+                chunk = self._writer.text(text, logprobs) if text or logprobs else None
+                if chunk is not None:
+                    await self._data(chunk)
             elif kind == "reset":  # the job starts again elsewhere: see continuity.py
                 self._continuity.reset()
             elif kind == "final":
@@ -202,7 +204,8 @@ class CompletionConsumer(HttpStreamMixin, FollowsJob, AsyncHttpConsumer):
         if entries is not None:
             logprobs = chat_logprobs(entries) if self.kind is Kind.CHAT else text_logprobs(entries, text=text)
         body = completion_body(kind=self.kind, job_id=self._job_id, created=self._created, model=request.model,
-                               text=(request.echo or "") + text, final=final, logprobs=logprobs)
+                               text=(request.echo or "") + text, final=final, logprobs=logprobs,
+                               tool_format=request.tool_format)
         await self.send_json(200, body, self._headers)
 
     async def _end_stream(self, error: ServiceError | None, *, final: dict[str, Any] | None = None) -> None:

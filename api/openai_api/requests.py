@@ -5,8 +5,8 @@ Each body is checked in two steps:
 
 1. its OpenAI shape (these serializers): the fields OpenAI's API takes, with its defaults
    (``temperature`` 1, ``top_p`` 1; ``max_tokens`` 16 for completions), and a 400 that names
-   the parameter for any OpenAI feature this service cannot honour (``n`` > 1, tools, JSON mode,
-   log probabilities of an echoed prompt). Silently ignoring one would return
+   the parameter for any OpenAI feature this service cannot honour (``n`` > 1, log probabilities
+   of an echoed prompt). Silently ignoring one would return
    something other than what was asked for. Unknown fields are a 400, as on OpenAI's API;
 2. the job it becomes goes through ``JobCreateSerializer``, so every limit of ``POST
    /api/v1/jobs`` (prompt size, the token cap, stop sequences, text validity) applies
@@ -19,7 +19,7 @@ vLLM's OpenAI server accepts its sampling extras, and so is ``webhook_url`` (as 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Any
 
@@ -35,14 +35,17 @@ from api.common.serializers import (
 from api.jobs.metadata import MetadataField
 from api.jobs.serializers import JobCreateSerializer, LogitBiasField, StopField
 from api.jobs.services.submission import JobRequest
+from api.jobs.structured import ResponseFormatField, response_format_constraint
+from api.jobs.tools import tool_format, tools_spec
 from api.serving.catalog import model_resolve
+from api.serving.tokenization import get_tokenizer
 
 # OpenAI's default for /v1/completions; chat leaves it to the service's DEFAULT_MAX_TOKENS.
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 # OpenAI's limits on the alternatives per token: top_logprobs (chat), logprobs (completions).
 CHAT_MAX_TOP_LOGPROBS = 20
 TEXT_MAX_LOGPROBS = 5
-_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 
 
 class Kind(Enum):
@@ -66,6 +69,10 @@ class OpenAIRequest:
     include_usage: bool
     echo: str | None  # completions with echo: the prompt, which the text then starts with
     max_tokens_param: str = "max_tokens"  # the name the client gave the token limit
+    # With tools the model may call (tool_choice not "none"): the template's call format
+    # (api/jobs/tools.py), parsed out of the answer; ``tools_forced``: the grammar forces calls.
+    tool_format: str | None = None
+    tools_forced: bool = False
 
 
 class BooleanField(serializers.BooleanField):
@@ -106,12 +113,17 @@ class _CommonSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
     repetition_penalty = StrictFloatField(required=False, allow_null=True)
     priority = StrictIntegerField(required=False, allow_null=True)
     webhook_url = StrictCharField(required=False, allow_null=True)  # this service's: called when the job ends
+    # Structured output (api/jobs/structured.py), on both endpoints.
+    response_format = ResponseFormatField(required=False, allow_null=True)
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         attrs = {name: value for name, value in attrs.items() if value is not None}
         model_resolve(name=attrs["model"])  # a 404 before any other check, as OpenAI's API answers
         if attrs.get("n", 1) != 1:
             raise UnsupportedParameter("n", "only one choice per request (n=1) is supported.")
+        # Compiled here (cached for the job's own build): a batch line with a bad schema is refused
+        # when its file is checked, as the online request is.
+        response_format_constraint(attrs.get("response_format"))
         if "stream_options" in attrs and not attrs.get("stream"):
             raise serializers.ValidationError(
                 {"stream_options": ["stream_options is only allowed when stream is true."]})
@@ -142,7 +154,28 @@ class ContentField(serializers.Field):
 
 class ChatMessageSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
     role = serializers.ChoiceField(choices=sorted(_ROLES))
-    content = ContentField()
+    content = ContentField(required=False, allow_null=True)  # null or absent only for an assistant message with tool_calls
+    tool_calls = serializers.JSONField(required=False, allow_null=True)  # an assistant's earlier calls
+    tool_call_id = StrictCharField(required=False, max_length=128)  # a tool message's call
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        calls = attrs.get("tool_calls")
+        if calls is not None and (attrs["role"] != "assistant" or not _calls_shape(calls)):
+            raise serializers.ValidationError({"tool_calls": [
+                'Only an assistant message has tool_calls: [{"id", "type": "function", "function": {"name", '
+                '"arguments"}}].']})
+        if (attrs["role"] == "tool") != ("tool_call_id" in attrs):
+            raise serializers.ValidationError({"tool_call_id": ["A tool message, and only one, has tool_call_id."]})
+        if attrs.get("content") is None and not calls:
+            raise serializers.ValidationError({"content": [serializers.ErrorDetail("This field may not be null.",
+                                                                                   code="null")]})
+        return attrs
+
+
+def _calls_shape(calls: Any) -> bool:
+    return isinstance(calls, list) and all(
+        isinstance(c, dict) and isinstance(c.get("function"), dict) and isinstance(c["function"].get("name"), str)
+        and isinstance(c["function"].get("arguments", ""), str) for c in calls)
 
 
 class ChatCompletionSerializer(_CommonSerializer):
@@ -150,9 +183,9 @@ class ChatCompletionSerializer(_CommonSerializer):
     max_completion_tokens = StrictIntegerField(required=False, allow_null=True)
     logprobs = BooleanField(required=False, allow_null=True)
     top_logprobs = StrictIntegerField(required=False, allow_null=True)
-    response_format = serializers.DictField(required=False, allow_null=True)
-    tools = serializers.ListField(required=False, allow_null=True)
+    tools = serializers.JSONField(required=False, allow_null=True)
     tool_choice = serializers.JSONField(required=False, allow_null=True)
+    parallel_tool_calls = BooleanField(required=False, allow_null=True)
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         attrs = super().validate(attrs)
@@ -163,11 +196,7 @@ class ChatCompletionSerializer(_CommonSerializer):
             raise serializers.ValidationError({"top_logprobs": ["top_logprobs needs logprobs: true."]})
         if attrs.get("logprobs"):
             attrs["job_logprobs"] = _in_range(attrs.get("top_logprobs", 0), "top_logprobs", CHAT_MAX_TOP_LOGPROBS)
-        if attrs.get("response_format", {"type": "text"}) != {"type": "text"}:
-            raise UnsupportedParameter("response_format", 'only {"type": "text"} is supported.')
-        if attrs.get("tools") or attrs.get("tool_choice", "none") != "none":
-            raise UnsupportedParameter("tools" if attrs.get("tools") else "tool_choice",
-                                       "tool calling is not supported.")
+        attrs["tools_spec"] = tools_spec(attrs.get("tools"), attrs.get("tool_choice"), attrs.get("parallel_tool_calls"))
         return attrs
 
 
@@ -207,7 +236,8 @@ def _in_range(value: int, param: str, limit: int) -> int:
 
 
 _PASSED_THROUGH = ("temperature", "top_p", "stop", "seed", "presence_penalty", "frequency_penalty", "logit_bias",
-                   "metadata", "top_k", "min_p", "repetition_penalty", "priority", "webhook_url")
+                   "metadata", "top_k", "min_p", "repetition_penalty", "priority", "webhook_url",
+                   "response_format")
 
 
 def openai_request(kind: Kind, body: Any) -> OpenAIRequest:
@@ -229,21 +259,36 @@ def openai_request(kind: Kind, body: Any) -> OpenAIRequest:
     elif kind is Kind.TEXT:
         job_body["max_tokens"] = COMPLETIONS_DEFAULT_MAX_TOKENS
     if kind is Kind.CHAT:
-        job_body["messages"] = [{"role": _ROLES[m["role"]], "content": m["content"]} for m in attrs["messages"]]
+        job_body["messages"] = [_job_message(m) for m in attrs["messages"]]
     else:
         job_body["prompt"] = attrs["prompt"]
     inner = JobCreateSerializer(data=job_body)
     if not inner.is_valid():
         raise serializers.ValidationError(_renamed(inner.errors, "max_tokens", max_tokens_param))
+    job = JobRequest.from_validated({**inner.validated_data, "model": attrs["model"]})
+    spec = attrs.get("tools_spec")
+    calls_possible = spec is not None and spec["tool_choice"] != "none"
+    fmt = tool_format(get_tokenizer(model_resolve(name=attrs["model"]).path).chat_template) if calls_possible else None
     return OpenAIRequest(
         kind=kind,
         model=attrs["model"],
-        job=JobRequest.from_validated({**inner.validated_data, "model": attrs["model"]}),
+        job=replace(job, tools=spec) if spec else job,
+        tool_format=fmt,
+        tools_forced=calls_possible and spec["tool_choice"] != "auto",
         stream=attrs.get("stream", False),
         include_usage=attrs.get("stream_options", {}).get("include_usage", False),
         echo=attrs["prompt"] if kind is Kind.TEXT and attrs.get("echo") else None,
         max_tokens_param=max_tokens_param,
     )
+
+
+def _job_message(message: dict[str, Any]) -> dict[str, Any]:
+    out = {"role": _ROLES[message["role"]], "content": message.get("content") or ""}
+    if message.get("tool_calls"):
+        out["tool_calls"] = message["tool_calls"]
+    if "tool_call_id" in message:
+        out["tool_call_id"] = message["tool_call_id"]
+    return out
 
 
 def _renamed(errors: dict[str, Any], name: str, as_name: str) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from typing import Any
 from api.common.errors import ServiceError
 from api.jobs.logprobs import chat_logprobs, text_logprobs
 from api.openai_api.requests import Kind
+from api.openai_api.tool_calls import ToolCallStream, openai_calls, parse_tool_calls
 
 
 class JobCancelled(ServiceError):
@@ -80,12 +81,23 @@ def usage(final: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _finish_reason(final: dict[str, Any], calls: list) -> str:
+    # A call that ended the answer is "tool_calls"; one cut by max_tokens stays "length".
+    return "tool_calls" if calls and final["finish_reason"] == "stop" else final["finish_reason"]
+
+
 def completion_body(*, kind: Kind, job_id: str, created: int, model: str, text: str,
-                    final: dict[str, Any], logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The whole answer of a request without ``stream`` (``logprobs``: the choice's, when asked)."""
+                    final: dict[str, Any], logprobs: dict[str, Any] | None = None,
+                    tool_format: str | None = None) -> dict[str, Any]:
+    """The whole answer of a request without ``stream`` (``logprobs``: the choice's, when asked;
+    ``tool_format``: the model's call format, when it may call tools)."""
     if kind is Kind.CHAT:
-        choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text},
-                                  "logprobs": logprobs, "finish_reason": final["finish_reason"]}
+        content, calls = parse_tool_calls(text, tool_format) if tool_format else (text, [])
+        message: dict[str, Any] = {"role": "assistant", "content": content}
+        if calls:
+            message["tool_calls"] = openai_calls(job_id, calls)
+        choice: dict[str, Any] = {"index": 0, "message": message, "logprobs": logprobs,
+                                  "finish_reason": _finish_reason(final, calls)}
     else:
         choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": final["finish_reason"]}
     return {"id": completion_id(kind, job_id), "object": kind.value, "created": created, "model": model,
@@ -95,8 +107,11 @@ def completion_body(*, kind: Kind, job_id: str, created: int, model: str, text: 
 class ChunkWriter:
     """The ``data:`` events of one streamed completion."""
 
-    def __init__(self, *, kind: Kind, job_id: str, created: int, model: str, include_usage: bool) -> None:
+    def __init__(self, *, kind: Kind, job_id: str, created: int, model: str, include_usage: bool,
+                 tool_format: str | None = None, tools_forced: bool = False) -> None:
         self.kind = kind
+        self._job_id = job_id
+        self._calls = ToolCallStream(tool_format, tools_forced) if tool_format and kind is Kind.CHAT else None
         self._head = {"id": completion_id(kind, job_id),
                       "object": "chat.completion.chunk" if kind is Kind.CHAT else "text_completion",
                       "created": created, "model": model, "system_fingerprint": None}
@@ -109,8 +124,14 @@ class ChunkWriter:
             return self._chunk({"role": "assistant", "content": ""}, None)
         return None
 
-    def text(self, text: str, logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-        """A chunk of text; ``logprobs``: its tokens' entries (job_logprobs's form), for a request that asks."""
+    def text(self, text: str, logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any] | None:
+        """A chunk of text; ``logprobs``: its tokens' entries (job_logprobs's form), for a request that asks.
+        None while the text is held back as a possible tool call."""
+        if self._calls is not None:
+            text = self._calls.feed(text)
+            if not text:
+                return None
+            logprobs = None  # a held call's tokens cannot be matched to the text sent
         chunk = self._chunk({"content": text} if self.kind is Kind.CHAT else text, None)
         if logprobs is not None:
             chunk["choices"][0]["logprobs"] = (chat_logprobs(logprobs) if self.kind is Kind.CHAT
@@ -120,7 +141,14 @@ class ChunkWriter:
 
     def closing(self, final: dict[str, Any]) -> list[dict[str, Any]]:
         """The chunk with the finish reason, then (``stream_options.include_usage``) the usage."""
-        chunks = [self._chunk({} if self.kind is Kind.CHAT else "", final["finish_reason"])]
+        chunks, calls = [], []
+        if self._calls is not None:
+            content, calls = self._calls.finish()
+            if content:
+                chunks.append(self._chunk({"content": content}, None))
+            for i, call in enumerate(openai_calls(self._job_id, calls)):
+                chunks.append(self._chunk({"tool_calls": [{"index": i, **call}]}, None))
+        chunks.append(self._chunk({} if self.kind is Kind.CHAT else "", _finish_reason(final, calls)))
         if self._include_usage:
             chunks.append({**self._head, "choices": [], "usage": usage(final)})
         return chunks

@@ -39,23 +39,50 @@ _COMMON: dict[str, Any] = {
     "min_p": {**_NUMBER, "minimum": 0, "maximum": 1, "description": "Extension."},
     "repetition_penalty": {**_NUMBER, "minimum": 0.01, "maximum": 10, "description": "Extension."},
     "priority": {**_INTEGER, "minimum": 0, "description": "Extension: as for POST /api/v1/jobs."},
+    "response_format": {"type": "object", "nullable": True, "required": ["type"],
+                        "properties": {"type": {"type": "string", "enum": ["text", "json_object", "json_schema"]},
+                                       "json_schema": {"type": "object", "required": ["name"], "properties": {
+                                           "name": {"type": "string"}, "schema": {"type": "object"},
+                                           "strict": {"type": "boolean", "nullable": True},
+                                           "description": {"type": "string"}}}},
+                        "description": "Structured output (docs/structured-output.md): the answer is JSON, "
+                                       "valid against json_schema.schema when given."},
 }
+_TOOL_CALL = {"type": "object", "required": ["function"], "properties": {
+    "id": {"type": "string"}, "type": {"type": "string", "enum": ["function"]},
+    "function": {"type": "object", "required": ["name"], "properties": {
+        "name": {"type": "string"}, "arguments": {"type": "string"}}}}}
 _CHAT_BODY = {
     "type": "object", "required": ["model", "messages"], "additionalProperties": False,
     "properties": {
         **_COMMON,
         "messages": {"type": "array", "minItems": 1, "items": {
-            "type": "object", "required": ["role", "content"], "additionalProperties": False,
-            "properties": {"role": {"type": "string", "enum": ["system", "developer", "user", "assistant"]},
-                           "content": {"oneOf": [{"type": "string"}, {"type": "array", "items": {
+            "type": "object", "required": ["role"], "additionalProperties": False,
+            "properties": {"role": {"type": "string", "enum": ["system", "developer", "user", "assistant", "tool"]},
+                           "content": {"nullable": True, "oneOf": [{"type": "string"}, {"type": "array", "items": {
                                "type": "object", "required": ["type", "text"],
                                "properties": {"type": {"type": "string", "enum": ["text"]},
-                                                                "text": {"type": "string"}}}}]}}}},
+                                                                "text": {"type": "string"}}}}]},
+                           "tool_calls": {"type": "array", "nullable": True, "items": _TOOL_CALL,
+                                          "description": "An assistant message's calls."},
+                           "tool_call_id": {"type": "string", "description": "A tool message's call."}}}},
         "max_completion_tokens": {**_INTEGER, "minimum": 1},
         "logprobs": {"type": "boolean", "nullable": True, "default": False,
                      "description": "The choice's (or each chunk's) logprobs.content, per token."},
         "top_logprobs": {**_INTEGER, "minimum": 0, "maximum": 20},
-        "response_format": {"type": "object", "nullable": True, "description": 'Only {"type": "text"}.'},
+        "tools": {"type": "array", "nullable": True, "maxItems": 128, "items": {
+            "type": "object", "required": ["type", "function"], "properties": {
+                "type": {"type": "string", "enum": ["function"]},
+                "function": {"type": "object", "required": ["name"], "properties": {
+                    "name": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"}, "description": {"type": "string"},
+                    "parameters": {"type": "object"}, "strict": {"type": "boolean"}}}}}},
+        "tool_choice": {"nullable": True, "oneOf": [
+            {"type": "string", "enum": ["none", "auto", "required"]},
+            {"type": "object", "required": ["type", "function"], "properties": {
+                "type": {"type": "string", "enum": ["function"]},
+                "function": {"type": "object", "required": ["name"], "properties": {"name": {"type": "string"}}}}}]},
+        "parallel_tool_calls": {"type": "boolean", "nullable": True, "default": True,
+                                "description": "At most 4 calls an answer; false: one."},
     },
 }
 _TEXT_BODY = {

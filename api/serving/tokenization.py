@@ -80,7 +80,13 @@ class PromptTokenizer:
         """Token ids of a plain prompt, with the tokenizer's special tokens (BOS) once."""
         return list(self._tokenizer.encode(text))
 
-    def encode_messages(self, messages: list[dict[str, str]]) -> list[int]:
+    @property
+    def chat_template(self) -> str:
+        """The chat template's text ("" for none); a dict of named templates, joined."""
+        template = self._tokenizer.chat_template or ""
+        return "\n".join(template.values()) if isinstance(template, dict) else template
+
+    def encode_messages(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
         """Token ids of chat messages rendered with the model's chat template, ending with the
         assistant generation prompt. The template emits BOS itself, so no special tokens are added
         on top (that would double it)."""
@@ -88,7 +94,7 @@ class PromptTokenizer:
             raise ChatTemplateMissing(self.info.name)
         try:
             rendered: Any = self._tokenizer.apply_chat_template(
-                messages, tokenize=True, add_generation_prompt=True, return_dict=False
+                messages, tools=tools, tokenize=True, add_generation_prompt=True, return_dict=False
             )
         except TemplateSyntaxError as exc:  # the model folder's template is broken: not the request's fault
             logger.error("The chat template of %s does not compile: %s", self.info.path, exc)

@@ -1,12 +1,13 @@
 """The one way anything writes to a job's stream (``job:<id>:chunks``, messages.py): the engine
 worker's sink (chunks and finals), the worker's restart of a job that runs again (a reset entry)
 and the end of a job that never reached a worker all append through :func:`stream_append`, so
-every stream is bounded and expires the same way.
+every stream is bounded and expires the same way; :func:`streams_append` is its form for many jobs
+at once (the sink's whole output batch).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 import redis
 from django.conf import settings
@@ -33,3 +34,10 @@ def stream_append(pipe: redis.client.Pipeline, *, job_id: str, entries: Iterable
     for entry in entries:
         pipe.xadd(key, entry, maxlen=STREAM_MAXLEN, approximate=True)  # type: ignore[arg-type]  # redis-py wants an invariant dict of its own value union
     pipe.expire(key, stream_ttl_s())
+
+
+def streams_append(pipe: redis.client.Pipeline, *, entries: Mapping[str, Iterable[dict[str, str]]]) -> None:
+    """:func:`stream_append` of each job's entries (job id -> its entries, in order), all queued on
+    ``pipe``: the caller's one ``execute`` writes every job's stream in one round trip."""
+    for job_id, job_entries in entries.items():
+        stream_append(pipe, job_id=job_id, entries=job_entries)

@@ -15,7 +15,7 @@ revoked while it is open ends at once (api/keys/revocation.py). Close codes: 440
 revoked key; 4404 a job that does not exist or belongs to someone else (``job_not_found``), or a
 path that is neither of the two (``/ws/v1/jobs/not-a-uuid/``, ``not_found``); 4400 bad input; 4503
 no stream to follow (Redis is down) or the database is unavailable; 4500 an internal error. Both
-close after the final message.
+close after the final message (1000). docs/streaming.md lists every close code, daphne's too.
 """
 
 from __future__ import annotations

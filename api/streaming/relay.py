@@ -6,7 +6,9 @@ starts the stream afresh with a ``reset`` entry, whose seq comes after every seq
 attempt, and its deltas go on from there; so a seq names one chunk of one attempt, and a client
 resuming with ``after=<seq>`` is never given another attempt's text without a ``reset`` first.
 
-The relay reads the stream from its start with ``XREAD BLOCK`` and forwards, in order: every
+The relay reads the stream from its start (a first ``XREAD`` of its own, then the entries the
+process's :class:`~api.streaming.hub.StreamHub` reads for it, one ``XREAD BLOCK`` for every
+followed stream of the process) and forwards, in order: every
 delta after the client's seq, a reset when the client holds text of an earlier attempt, and the
 final. Nothing else carries a job's chunks, so there is no second copy to reconcile.
 
@@ -18,7 +20,6 @@ whole text, if what the client holds is not a prefix of the stored text) and the
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -30,6 +31,7 @@ from api.common.errors import JobNotFound, ServiceUnavailable
 from api.common.redis_keys import job_stream_key
 from api.models import Job
 from api.streaming import messages
+from api.streaming.hub import Subscription, hub_for, stream_id
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +61,7 @@ class JobStreamRelay:
         self._lost = False  # the stream lacks entries this client needs: the row gives the end
         self._first: list[tuple[str, dict[str, str]]] | None = None  # what open() read
         self._read_failing = False
+        self._last_id = "0-0"  # the last stream entry handled
 
     async def open(self) -> None:
         """Take a first look at the stream. Raises :class:`ServiceUnavailable` when Redis cannot
@@ -74,32 +77,47 @@ class JobStreamRelay:
         """Forward the stream until the final is sent; returns then. Raises :class:`JobNotFound`
         when the job is gone (deleted) before it could end. Cancel the task to stop early."""
         entries, self._first = self._first or [], []
-        last_id = "0-0"
+        hub = hub_for(self._redis)
+        sub: Subscription | None = None
         silent = 0
-        while True:
-            if entries:
-                silent = 0
-                for entry_id, fields in entries:
-                    last_id = entry_id
-                    await self._on_entry(fields)
-                    if self.done:
-                        return
-            else:
-                if self._lost or silent % ROW_CHECK_EVERY == 0:
-                    await self._end_if_row_finished(last_id)
-                    if self.done:
-                        return
-                silent += 1
-            entries = await self._read(last_id, int(BLOCK_S * 1000))
-
-    async def _read(self, last_id: str, block_ms: int | None) -> list[tuple[str, dict[str, str]]]:
         try:
-            reply = await self._redis.xread({self._key: last_id}, count=READ_COUNT, block=block_ms)
+            while True:
+                if entries:
+                    silent = 0
+                    await self._handle(entries)
+                    if self.done:
+                        return
+                else:
+                    if self._lost or silent % ROW_CHECK_EVERY == 0:
+                        await self._end_if_row_finished()
+                        if self.done:
+                            return
+                    silent += 1
+                if sub is None:  # after the first look: the hub reads on from there
+                    sub = hub.subscribe(self._key, self._last_id)
+                entries = await sub.get(BLOCK_S)
+        finally:
+            if sub is not None:
+                hub.unsubscribe(sub)
+
+    async def _handle(self, entries: list[tuple[str, dict[str, str]]]) -> None:
+        """Forward ``entries`` in order, each once (the hub and a direct read may both bring one)."""
+        for entry_id, fields in entries:
+            if stream_id(entry_id) <= stream_id(self._last_id):
+                continue
+            self._last_id = entry_id
+            await self._on_entry(fields)
+            if self.done:
+                return
+
+    async def _read(self) -> list[tuple[str, dict[str, str]]]:
+        """What the stream holds after the last entry handled, read now (no wait)."""
+        try:
+            reply = await self._redis.xread({self._key: self._last_id}, count=READ_COUNT)
         except aioredis.RedisError as exc:
             log = logger.debug if self._read_failing else logger.warning
             log("job %s: stream read failed (%s); the row will tell its end", self.job_id, exc)
             self._read_failing = True
-            await asyncio.sleep(BLOCK_S)
             return []
         self._read_failing = False
         return _entries(reply)
@@ -128,16 +146,14 @@ class JobStreamRelay:
                            self.job_id, self.last_seq + 1, seq - 1)
             self._lost = True
 
-    async def _end_if_row_finished(self, last_id: str) -> None:
+    async def _end_if_row_finished(self) -> None:
         job = await _load_job(self.job_id)
         if job is not None and not job.is_finished:
             return
         # The row is written before the stream's final: read what came meanwhile before deciding.
-        for _, fields in await self._read(last_id, None):
-            await self._on_entry(fields)
-            if self.done:
-                return
-        await self._end_from_row(job)
+        await self._handle(await self._read())
+        if not self.done:
+            await self._end_from_row(job)
 
     async def _end_from_row(self, job: Job | None) -> None:
         if job is None:

@@ -1,2 +1,2 @@
 """Webhooks: which URLs may be called, deliveries recorded with the events they announce, signed
-attempts with retries on the light worker, and their admin."""
+attempts with retries on the webhooks worker, and their admin."""

@@ -1,4 +1,9 @@
-"""One attempt of a webhook delivery, on the light worker: claim, sign, POST, record, schedule.
+"""One attempt of a webhook delivery, on the webhooks worker: take a slot, claim, sign, POST,
+record, schedule.
+
+An attempt first takes one of its API key's slots (api/webhooks/slots.py): when the key already has
+WEBHOOK_CONCURRENCY_PER_KEY attempts running, this one is put off by DEFER_S without using up an
+attempt, and ``send_due_webhooks`` sends it again.
 
 An attempt claims its delivery with a conditional UPDATE on the attempt count, so two messages for
 one attempt make one request. Its outcome is one WebhookAttempt row (status code or error,
@@ -30,6 +35,7 @@ from api.webhooks.job_events import job_webhook_payload
 from api.webhooks.models import WebhookAttempt, WebhookDelivery, WebhookDeliveryStatus
 from api.webhooks.services import redispatch_after
 from api.webhooks.signing import webhook_headers
+from api.webhooks.slots import key_slot
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +43,8 @@ logger = logging.getLogger(__name__)
 RETRY_BASE_S = 10.0
 RETRY_MAX_DELAY_S = 2 * 3600.0
 HTTP_GONE = 410
+# How long an attempt whose key has no free slot waits before it is sent again.
+DEFER_S = 1.0
 
 
 def webhook_retry_delay(attempt: int, *, rng: random.Random | None = None) -> float:
@@ -48,13 +56,22 @@ def webhook_retry_delay(attempt: int, *, rng: random.Random | None = None) -> fl
 
 
 def webhook_deliver(*, delivery_id: str, attempt: int) -> WebhookDeliveryStatus | None:
-    """Make attempt ``attempt + 1`` of the delivery, if it is pending and that attempt is not
-    taken. Returns the delivery's status after it, or None when there was nothing to do."""
-    number = attempt + 1
-    claimed = WebhookDelivery.objects.filter(
-        id=delivery_id, status=WebhookDeliveryStatus.PENDING, attempts=attempt,
-    ).update(attempts=number, next_attempt_at=timezone.now() + redispatch_after())
-    if not claimed:
+    """Make attempt ``attempt + 1`` of the delivery, if it is pending, that attempt is not taken and
+    its key has a free slot. Returns the delivery's status after it, or None when there was nothing
+    to do (or it was put off)."""
+    pending = WebhookDelivery.objects.filter(id=delivery_id, status=WebhookDeliveryStatus.PENDING, attempts=attempt)
+    key_ids = list(pending.values_list("api_key_id", flat=True)[:1])
+    if not key_ids:
+        return None
+    with key_slot(api_key_id=key_ids[0], holder=delivery_id) as held:
+        if not held:
+            pending.update(next_attempt_at=timezone.now() + dt.timedelta(seconds=DEFER_S))
+            return None
+        return _attempt(pending, delivery_id=delivery_id, number=attempt + 1)
+
+
+def _attempt(pending, *, delivery_id: str, number: int) -> WebhookDeliveryStatus | None:
+    if not pending.update(attempts=number, next_attempt_at=timezone.now() + redispatch_after()):
         return None
     delivery = WebhookDelivery.objects.select_related("api_key").get(id=delivery_id)
     started_at = timezone.now()
@@ -68,7 +85,8 @@ def webhook_deliver(*, delivery_id: str, attempt: int) -> WebhookDeliveryStatus 
         return _record(delivery, number, started_at, response, give_up=True)
     headers = webhook_headers(secret=delivery.api_key.webhook_secret, message_id=delivery.event_id, body=body,
                               at=started_at)
-    response = webhook_post(url=delivery.url, body=body, headers=headers, timeout_s=settings.WEBHOOK_TIMEOUT_S)
+    response = webhook_post(url=delivery.url, body=body, headers=headers, timeout_s=settings.WEBHOOK_TIMEOUT_S,
+                            connect_timeout_s=settings.WEBHOOK_CONNECT_TIMEOUT_S)
     return _record(delivery, number, started_at, response, give_up=response.status_code == HTTP_GONE)
 
 
@@ -86,7 +104,9 @@ def _render(delivery: WebhookDelivery) -> str | None:
         return None
     body = job_webhook_payload(job_id=str(delivery.job_id), event_type=delivery.event_type, at=delivery.created_at)
     if body is not None:
-        WebhookDelivery.objects.filter(id=delivery.id, payload="").update(payload=body)
+        # Only while pending: a delete in between ended it (and must not find its body written back).
+        WebhookDelivery.objects.filter(id=delivery.id, payload="", status=WebhookDeliveryStatus.PENDING).update(
+            payload=body)
     return body
 
 

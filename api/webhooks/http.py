@@ -1,5 +1,6 @@
 """One webhook request: resolve and check the host again, POST to the checked address, never
-follow a redirect, give it at most WEBHOOK_TIMEOUT_S in all, keep the start of the answer.
+follow a redirect, give it WEBHOOK_CONNECT_TIMEOUT_S to connect and at most WEBHOOK_TIMEOUT_S in
+all, keep the start of the answer.
 
 The request goes to the address :func:`api.webhooks.targets.webhook_target` checked, with the URL's
 host in ``Host`` and, over TLS, as the server name (SNI and the certificate's check): a second
@@ -36,10 +37,11 @@ class WebhookResponse:
         return self.status_code is not None and 200 <= self.status_code < 300
 
 
-def webhook_post(*, url: str, body: str, headers: dict[str, str], timeout_s: float) -> WebhookResponse:
+def webhook_post(*, url: str, body: str, headers: dict[str, str], timeout_s: float,
+                 connect_timeout_s: float | None = None) -> WebhookResponse:
     """POST ``body`` to ``url``, in at most ``timeout_s`` from the connection to the last byte
-    read (after the host's lookup, which the system resolver bounds). Never raises for what the
-    network or the receiver does."""
+    read (after the host's lookup, which the system resolver bounds), with at most
+    ``connect_timeout_s`` of it to connect. Never raises for what the network or the receiver does."""
     started = time.monotonic()
 
     def answer(status_code: int | None, error: str = "", excerpt: str = "") -> WebhookResponse:
@@ -50,7 +52,8 @@ def webhook_post(*, url: str, body: str, headers: dict[str, str], timeout_s: flo
     except WebhookUrlRefused as exc:
         return answer(None, f"refused: {exc.reason}")
     try:
-        status_code, excerpt = asyncio.run(_post(target, body, headers, timeout_s))
+        timeouts = httpx.Timeout(timeout_s, connect=min(timeout_s, connect_timeout_s or timeout_s))
+        status_code, excerpt = asyncio.run(_post(target, body, headers, timeouts))
     except TimeoutError:
         return answer(None, f"Timeout: no complete answer within {timeout_s:g} s")
     except httpx.HTTPError as exc:
@@ -58,13 +61,14 @@ def webhook_post(*, url: str, body: str, headers: dict[str, str], timeout_s: flo
     return answer(status_code, excerpt=excerpt)
 
 
-async def _post(target: WebhookTarget, body: str, headers: dict[str, str], timeout_s: float) -> tuple[int, str]:
+async def _post(target: WebhookTarget, body: str, headers: dict[str, str], timeouts: httpx.Timeout,
+                ) -> tuple[int, str]:
     """The request, under one deadline for all of it: httpx's own timeouts apply to each read and
-    write, so a receiver that sends its answer a byte at a time would hold the light worker for as
-    long as it liked."""
+    write, so a receiver that sends its answer a byte at a time would hold a webhooks worker's slot
+    for as long as it liked."""
     host = target.url.raw_host.decode("ascii")
     extensions = {"sni_hostname": host} if target.url.scheme == "https" else {}
-    async with asyncio.timeout(timeout_s), httpx.AsyncClient(timeout=timeout_s, follow_redirects=False,
+    async with asyncio.timeout(timeouts.read), httpx.AsyncClient(timeout=timeouts, follow_redirects=False,
                                                              trust_env=False) as client:
         async with client.stream("POST", target.pinned_url, content=body.encode("utf-8"), extensions=extensions,
                                  headers={**headers, "host": target.host_header, "user-agent": USER_AGENT},

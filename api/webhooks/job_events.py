@@ -13,7 +13,7 @@ operator's requeue queues it anew, with a new ``queued_at``), so a second path t
 same end (a late worker's final after the reconciler cancelled the job) adds nothing.
 
 The body's ``data`` is the job as ``GET /api/v1/jobs/<id>`` shows it, rendered at the first attempt
-on the light worker rather than in the finals' transaction: the engine worker's I/O thread, which
+on the webhooks worker rather than in the finals' transaction: the engine worker's I/O thread, which
 writes every job's output, pays one SELECT and one INSERT for the jobs of a batch that named a
 webhook, and nothing for the others (and never a round trip to the broker).
 """

@@ -2,7 +2,7 @@
 
 A delivery is one event for one URL: its ``event_id`` is unique, so an event recorded twice (a
 retried write, two services racing to end a job) is delivered once. The row is the truth; Celery
-messages only wake the light worker, and a lost one is sent again by ``send_due_webhooks``.
+messages only wake the webhooks worker, and a lost one is sent again by ``send_due_webhooks``.
 """
 
 from __future__ import annotations

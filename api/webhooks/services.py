@@ -1,4 +1,4 @@
-"""Webhooks: record a delivery in the caller's transaction, wake the light worker on commit, and
+"""Webhooks: record a delivery in the caller's transaction, wake the webhooks worker on commit, and
 send again what nothing came of.
 
 Whatever calls a URL on an event (a job's end, api/webhooks/job_events.py; a batch's) calls
@@ -6,8 +6,9 @@ Whatever calls a URL on an event (a job's end, api/webhooks/job_events.py; a bat
 commit together or not at all. The ``event_id`` is unique: recording the same event twice (a
 retried write, two paths racing to end one job) leaves one delivery.
 
-Each attempt is one Celery message ``deliver_webhook(id, attempt)`` on the light worker's
-``celery`` queue (never the engine workers'). The message names the attempt it is for, and the
+Each attempt is one Celery message ``deliver_webhook(id, attempt)`` on the ``webhooks`` queue,
+which the webhooks worker consumes (inference_service/celery.py; never the engine workers' or the
+light worker's). The message names the attempt it is for, and the
 attempt claims the delivery with a conditional UPDATE, so a duplicate message does nothing.
 
 Who sends the first message: the web tier's events send it once their transaction commits
@@ -150,6 +151,20 @@ def webhook_redeliver(*, delivery_id: str) -> bool:
             return False
         transaction.on_commit(partial(webhook_send, delivery_id=str(delivery_id), attempt=attempts))
     return True
+
+
+JOB_DELETED = "not sent: the job was deleted"
+
+
+def job_deliveries_erase(*, job_id: str) -> list[tuple[int | None, str]]:
+    """A job's delete, in its transaction: clear the bodies of the job's deliveries and end the
+    pending ones (``failed``, never sent again). Returns their (API key id, delivery id) pairs, for
+    :func:`api.webhooks.slots.slots_wait_released` once the delete commits."""
+    deliveries = WebhookDelivery.objects.filter(job_id=job_id)
+    deliveries.filter(status=WebhookDeliveryStatus.PENDING).update(status=WebhookDeliveryStatus.FAILED,
+                                                                  last_error=JOB_DELETED)
+    deliveries.exclude(payload="").update(payload="")
+    return [(key_id, str(delivery_id)) for delivery_id, key_id in deliveries.values_list("id", "api_key_id")]
 
 
 def webhook_deliveries_purge(*, older_than_days: int) -> int:

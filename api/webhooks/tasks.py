@@ -1,6 +1,6 @@
-"""The webhooks' Celery tasks, on the light worker: ``deliver_webhook`` makes one attempt of a
-delivery, and ``send_due_webhooks`` (beat) sends those whose retry is due or whose message was lost
-(api/webhooks/services.py). Their names stay ``api.tasks.<name>`` (api/jobs/tasks.py says why)."""
+"""The webhooks' Celery tasks: ``deliver_webhook`` makes one attempt of a delivery (on the webhooks
+worker's queue), and ``send_due_webhooks`` (beat, on the light worker) sends those whose retry is
+due or whose message was lost (api/webhooks/services.py). Their names stay ``api.tasks.<name>`` (api/jobs/tasks.py says why)."""
 
 from __future__ import annotations
 

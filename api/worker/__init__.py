@@ -3,9 +3,9 @@
 A worker (``python manage.py run_engine_worker``) is one Django process with two threads, and the
 engine's own process, which it spawns:
 
-* main thread: the Celery consumer of the ``engine`` queue (consumer.py). ``run_job`` claims its
-  job with one conditional UPDATE and submits it to the engine (service.py, admission.py), then
-  returns;
+* main thread: the Celery consumer of the model's queues (consumer.py). ``run_job`` claims its
+  job, and every other queued job of the model the engine has room for, with one conditional
+  UPDATE, and hands them to the engine in one message (service.py, admission.py), then returns;
 * the I/O thread (engine_worker's EngineProcess) receives the engine's outputs, writes them through
   the sink (sink.py: the database and each job's Redis stream) and, between batches, runs the
   periodic duties (control.py: heartbeat and its history, lease renewal, cancellations,

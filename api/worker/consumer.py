@@ -3,9 +3,9 @@
 A worker of model M consumes M's shared queue, its own queue (jobs routed to it by prefix
 affinity) and ``engine``, the service's one queue before it served several models, so messages
 sent there before an upgrade still run (api/serving/catalog.py). With the solo pool: mlx does not
-survive a fork, and ``run_job`` is short (a claim and a hand-over to the engine), so one thread
-consumes for the whole continuous batch. A message is acknowledged when ``run_job`` returns,
-after the claim: a job whose worker dies before that is still queued, and the reconciler sends it
+survive a fork, and ``run_job`` is short (one claim of every queued job the engine has room for,
+and one hand-over to the engine), so one thread consumes for the whole continuous batch. A message
+is acknowledged when ``run_job`` returns, after the claim: a job whose worker dies before that is still queued, and the reconciler sends it
 again, to the shared queue.
 
 The consumer keeps its database connection from one ``run_job`` to the next: Celery's Django

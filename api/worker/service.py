@@ -2,9 +2,9 @@
 
 It owns the host of the engine (an :class:`EngineProcess` in a worker: the engine in a child
 process, its outputs written here by the I/O thread) and the worker's periodic duties
-(control.py, run on that I/O thread). ``run_job`` (api/jobs/tasks.py) calls :meth:`admit` on the Celery
-consumer's thread: one claim and a hand-over to the engine, which batches the job with those it is
-running.
+(control.py, run on that I/O thread). ``run_job`` (api/jobs/tasks.py) calls :meth:`admit` on the
+Celery consumer's thread: one claim of every queued job the engine has room for, and one hand-over
+of them all to the engine, which batches them with those it is running.
 """
 
 from __future__ import annotations
@@ -16,11 +16,14 @@ from typing import Any
 import redis
 from django.db import DatabaseError, close_old_connections
 
+from api.jobs.services import claim as job_claims
 from api.jobs.services import lifecycle as job_lifecycle
-from api.models import JobStatus
+from api.jobs.services import outputs as job_outputs
+from api.models import Job, JobStatus
 from api.worker.admission import stream_restart
 from api.worker.config import WorkerConfig
 from api.worker.control import WorkerControl
+from engine_worker.protocol import JobSpec
 from engine_worker.runtime import Host, OutputSink
 
 logger = logging.getLogger(__name__)
@@ -65,48 +68,59 @@ class EngineWorkerService:
     # -- jobs ---------------------------------------------------------------------------------
 
     def admit(self, job_id: str) -> bool:
-        """Claim ``job_id`` and start it in the engine. False when it is not ours to run: someone
-        else holds it, it was cancelled or finished, or this worker is stopping (the job is then
-        sent back to the queue for another worker)."""
+        """Claim ``job_id``, and with it every other queued job of this worker's model that its
+        engine has room for, in one statement, and start them in the engine in one hand-over.
+        Returns whether ``job_id`` started here. False when it is not ours to run: someone else
+        holds it (a batch claim of this worker's, say: its message is then a no-op), it was
+        cancelled or finished, or this worker is stopping (the job is then sent back to the queue
+        for another worker)."""
         if self.host.holds(job_id):
-            return False  # delivered twice
+            return False  # delivered twice, or claimed with an earlier message's batch
         if self._stopping or not self.host.engine_running():
             self._redispatch(job_id)
             return False
         try:
-            job = job_lifecycle.job_claim(job_id=job_id, worker_id=self.worker_id, lease_s=self.config.lease_s,
-                                          model=self.config.model_name)
-            if job is None:
-                if job_lifecycle.job_queued_for_other_model(job_id=job_id, model=self.config.model_name):
+            jobs = job_claims.jobs_claim(job_id=job_id, worker_id=self.worker_id, lease_s=self.config.lease_s,
+                                         model=self.config.model_name, limit=self.host.free_slots())
+            if not any(str(job.id) == job_id for job in jobs):
+                if job_claims.job_queued_for_other_model(job_id=job_id, model=self.config.model_name):
                     self._redispatch(job_id)  # a message on the old shared queue: to its model's queue
-                return False
-        except DatabaseError:  # it stays queued in the database; the reconciler sends it again
+        except DatabaseError:  # they stay queued in the database; the reconciler sends them again
             logger.warning("could not claim job %s", job_id, exc_info=True)
             close_old_connections()
             return False
+        started = self._start([spec for spec in map(self._spec, jobs) if spec is not None])
+        return job_id in started
+
+    def _spec(self, job: Job) -> JobSpec | None:
+        """The claimed job's wire form (its stream restarted if it ran before); None when it cannot
+        start here (it was refused: failed alone, or handed back)."""
         try:
             first_seq = stream_restart(redis_client=self._redis, job=job) if job.attempts > 1 else 1
-            spec = job_lifecycle.job_spec(job, first_seq=first_seq)
+            return job_claims.job_spec(job, first_seq=first_seq)
         except (ValueError, TypeError) as exc:  # its stored parameters are malformed: it fails alone
-            self._refused(job_id, str(exc), True)
-            return False
+            self._refused(str(job.id), str(exc), True)
         except Exception as exc:  # this worker's trouble (Redis), not the job's: another may run it
-            logger.exception("could not prepare job %s here", job_id)
-            self._refused(job_id, str(exc), False)
-            return False
-        if self.host.submit(spec):
-            return True
+            logger.exception("could not prepare job %s here", job.id)
+            self._refused(str(job.id), str(exc), False)
+        return None
+
+    def _start(self, specs: list[JobSpec]) -> set[str]:
+        """Hand claimed jobs to the engine; returns the ids it started."""
+        if not specs:
+            return set()
+        started = set(self.host.submit_many(specs))
         # Not started: the host is draining, or its engine refused the job at once (_refused has
         # failed it or handed it back already, and this conditional hand-back changes nothing).
-        self._hand_back([job_id])
-        return False
+        self._hand_back([spec.job_id for spec in specs if spec.job_id not in started])
+        return started
 
     def _refused(self, job_id: str, error: str, job_fault: bool) -> None:
         """The job cannot start here: it fails alone when the fault is its own, else it goes back
         to the queue for another worker. The engine side says which (``job_fault``)."""
         if job_fault:
             logger.warning("job %s cannot run: %s", job_id, error)
-            job_lifecycle.job_fail(job_id=job_id, worker_id=self.worker_id, error=error)
+            job_outputs.job_fail(job_id=job_id, worker_id=self.worker_id, error=error)
         else:
             logger.warning("job %s could not start here (%s); handing it back", job_id, error)
             self._hand_back([job_id])

@@ -8,12 +8,13 @@ For each :class:`StepBatch` (one or more engine steps, at most one chunk per job
 3. database: the text so far of running jobs and the first-token times seen since the last write,
    all of them in one UPDATE every ``progress_interval_s`` (for polling clients). A job that
    finishes first gets its first-token time with its final;
-4. for finished jobs of a batch, a message that has the light worker send the batch's next jobs.
+4. for the batches whose jobs ended, one message each that has the light worker send the batch's
+   next jobs (the finals' UPDATE returns the batches: no read of the rows).
 
 A final is published only once its row is stored, so a client that sees ``final`` and then reads
 the job finds it finished, and a final the database did not take (the job was handed on, or the
 write failed) is never announced. The webhook of a job that named one is recorded in the
-transaction of its final (job_lifecycle.jobs_complete), and sent by the light worker: nothing here
+transaction of its final (job_outputs.jobs_complete), and sent by the light worker: nothing here
 waits on the broker or on a receiver. Bookkeeping that no client waits for comes last.
 
 One job's bad write never costs the others theirs: when a batch's write fails, each job is written
@@ -33,10 +34,10 @@ from typing import Any
 import redis
 from django.db import DatabaseError, InterfaceError, OperationalError, close_old_connections
 
-from api.batches.feed import batch_jobs_ended
-from api.jobs.services import lifecycle as job_lifecycle
+from api.batches.feed import batch_progress_send
+from api.jobs.services import outputs as job_outputs
 from api.streaming import messages
-from api.streaming.append import stream_append
+from api.streaming.append import streams_append
 from engine_worker.protocol import FinalResult, OutputChunk, StepBatch
 
 logger = logging.getLogger(__name__)
@@ -61,6 +62,7 @@ class RedisJobSink:
         self._tokens: dict[str, tuple[int, int]] = {}  # job id -> (last seq, completion tokens)
         self._first_at: dict[str, float] = {}  # first-token times the database does not have yet
         self._failed: set[str] = set()  # jobs failed here, until the engine's final of theirs comes
+        self._ended_batches: set[tuple[int | None, str]] = set()  # (key, batch) of jobs ended in this batch
 
     def publish(self, batch: StepBatch) -> None:
         finals = self._store_finals(batch)
@@ -70,8 +72,7 @@ class RedisJobSink:
         failed = self._write_bookkeeping(batch)
         if failed:
             self._write_streams([], failed)
-        if finals or failed:
-            self._batch_jobs_ended([final["job_id"] for final in (*finals, *failed)])
+        self._batches_moved()
 
     # -- database -----------------------------------------------------------------------------
 
@@ -85,11 +86,13 @@ class RedisJobSink:
 
     def _write_finals(self, results: list[FinalResult]) -> list[dict[str, Any]]:
         try:
-            written = set(job_lifecycle.jobs_complete(results=results, worker_id=self.worker_id))
+            stored = job_outputs.jobs_store_finals(results=results, worker_id=self.worker_id)
         except DatabaseError:
             logger.warning("writing %s finals together failed; writing each alone", len(results), exc_info=True)
             close_old_connections()
             return self._store_finals_alone(results)
+        written = set(stored.job_ids)
+        self._ended_batches |= stored.batches
         if len(written) < len(results):
             logger.warning("%s of %s jobs finished here (%s) are no longer held by %s; their finals are dropped",
                            len(results) - len(written), len(results),
@@ -100,8 +103,10 @@ class RedisJobSink:
         stored: list[dict[str, Any]] = []
         for i, result in enumerate(results):
             try:
-                if job_lifecycle.jobs_complete(results=[result], worker_id=self.worker_id):
+                alone = job_outputs.jobs_store_finals(results=[result], worker_id=self.worker_id)
+                if alone.job_ids:
                     stored.append(messages.final_from_result(result))
+                    self._ended_batches |= alone.batches
             except _CONNECTION_ERRORS:
                 logger.warning("database out of reach: %s finals not stored; their leases decide",
                                len(results) - i, exc_info=True)
@@ -118,7 +123,7 @@ class RedisJobSink:
         published_seq = self._tokens.get(job_id, (0, 0))[0]  # its chunks so far; none go out after this
         self._forget(job_id)
         try:
-            job = job_lifecycle.job_fail_held(job_id=job_id, worker_id=self.worker_id,
+            job = job_outputs.job_fail_held(job_id=job_id, worker_id=self.worker_id,
                                               error=OUTPUT_NOT_STORED.format(error=type(exc).__name__))
         except DatabaseError:
             logger.warning("could not record the failure of job %s; its lease decides", job_id, exc_info=True)
@@ -127,6 +132,8 @@ class RedisJobSink:
         if job is None:
             return []
         self._failed.add(job_id)
+        if job.batch_id is not None:
+            self._ended_batches.add((job.api_key_id, str(job.batch_id)))
         # Its end follows the last chunk its clients have: the row's own last_seq may lag behind.
         return [{**messages.final_from_job(job), "seq": published_seq}]
 
@@ -154,11 +161,11 @@ class RedisJobSink:
         due = []
         for job_id in self._unsaved:
             seq, tokens = self._tokens[job_id]
-            due.append(job_lifecycle.Progress(job_id=job_id, text="".join(self._texts[job_id]), last_seq=seq,
+            due.append(job_outputs.Progress(job_id=job_id, text="".join(self._texts[job_id]), last_seq=seq,
                                               completion_tokens=tokens, first_token_at=self._first_at.pop(job_id, None)))
         self._unsaved.clear()
         try:
-            job_lifecycle.jobs_record_progress(worker_id=self.worker_id, progress=due)
+            job_outputs.jobs_record_progress(worker_id=self.worker_id, progress=due)
             return []
         except DatabaseError:
             logger.warning("writing the progress of %s jobs together failed; writing each alone", len(due),
@@ -167,7 +174,7 @@ class RedisJobSink:
         failed: list[dict[str, Any]] = []
         for i, progress in enumerate(due):
             try:
-                job_lifecycle.jobs_record_progress(worker_id=self.worker_id, progress=[progress])
+                job_outputs.jobs_record_progress(worker_id=self.worker_id, progress=[progress])
             except _CONNECTION_ERRORS:
                 logger.warning("database out of reach: the progress of %s jobs not stored", len(due) - i,
                                exc_info=True)
@@ -177,14 +184,13 @@ class RedisJobSink:
                 failed += self._fail(progress.job_id, exc)
         return failed
 
-    def _batch_jobs_ended(self, job_ids: list[str]) -> None:
-        """Ask the light worker to send the next jobs of the batches these jobs were part of
-        (api/batches/feed.py); beat's tick does it too, so a failure here only delays."""
-        try:
-            batch_jobs_ended(job_ids=job_ids)
-        except DatabaseError:
-            logger.warning("could not look up the batches of %s ended jobs", len(job_ids), exc_info=True)
-            close_old_connections()
+    def _batches_moved(self) -> None:
+        """Ask the light worker to send the next jobs of the batches whose jobs ended in this output
+        batch, once per batch (api/batches/feed.py); the UPDATEs that ended them said which.
+        Beat's tick does it too, so a failed send only delays."""
+        for api_key_id, batch_id in self._ended_batches:
+            batch_progress_send(api_key_id=api_key_id, batch_id=batch_id)
+        self._ended_batches.clear()
 
     def _forget(self, job_id: str) -> None:
         self._texts.pop(job_id, None)
@@ -203,8 +209,7 @@ class RedisJobSink:
         for final in finals:
             entries.setdefault(final["job_id"], []).append(messages.final_entry_from_message(final))
         pipe = self._redis.pipeline(transaction=False)
-        for job_id, job_entries in entries.items():
-            stream_append(pipe, job_id=job_id, entries=job_entries)
+        streams_append(pipe, entries=entries)
         try:
             pipe.execute()
         except redis.RedisError:

@@ -170,6 +170,9 @@ class MemoryAwarePrefixCache(PrefixCacheBackend):
             removed = self._ssd.remove(key) or removed
         return removed
 
+    def replace_turn(self, key: str) -> None:
+        self.evict(key)
+
     def clear(self, include_ssd: bool = False) -> int:
         """Drop every RAM entry (and the disk tier when asked; the seed leaves disk alone)."""
         count = self._store.clear()

@@ -76,6 +76,9 @@ class PrefixCacheManager(PrefixCacheBackend):
     def evict(self, key: str) -> bool:
         return self._store.remove(key) is not None
 
+    def replace_turn(self, key: str) -> None:
+        self.evict(key)
+
     def clear(self) -> None:
         self._store.clear()
 

@@ -87,6 +87,12 @@ class PrefixCacheBackend(Protocol):
         """Drop one entry by ``key_hash``; False when unknown. Default: False (nothing to evict)."""
         return False
 
+    def replace_turn(self, key: str) -> None:
+        """A newer reply to the same prompt was stored: drop the entry stored under ``key`` (a
+        ``key_hash``; see :mod:`engine_worker.cache.turns`). Default, for a back end that shares
+        a prompt's blocks between its replies: nothing."""
+        return None
+
     def save_to_disk(self, directory: str) -> bool:
         """Write every entry to ``directory`` (outside engine steps). Default: not saved (False)."""
         logger.info("the %s back end cannot be saved to disk", self.name)

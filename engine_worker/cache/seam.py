@@ -16,6 +16,7 @@ from typing import Any
 
 from engine_worker.cache import kv
 from engine_worker.cache.protocol import NoPrefixCache, PrefixCacheBackend
+from engine_worker.cache.turns import TurnStore
 from engine_worker.common.config import SchedulerConfig
 from engine_worker.common.request import Request
 
@@ -38,6 +39,7 @@ class PrefixSeam:
     def __init__(self, backend: PrefixCacheBackend) -> None:
         self.backend = backend
         self.errors = 0
+        self._turns = TurnStore(backend)
 
     @property
     def active(self) -> bool:
@@ -72,11 +74,13 @@ class PrefixSeam:
         # "ssd_pending" is kept on a miss: the scheduler may hold the request for the disk read.
         request.cache_hit_type = hit_type if cache is not None or hit_type == "ssd_pending" else "miss"
 
-    def store(self, request_id: str, tokens: Sequence[int], cache: list[Any]) -> None:
+    def store_finished(self, request: Request, tokens: Sequence[int], cache: list[Any]) -> None:
+        """Offer a finished request's cache (``tokens``: its prompt and reply): stored as the
+        latest reply to its prompt (:mod:`engine_worker.cache.turns`)."""
         try:
-            self.backend.store(tokens, cache)
+            self._turns.store(request.prompt_token_ids or [], tokens, cache)
         except Exception:  # a failed store only loses a future hit
-            logger.exception("prefix cache store failed for %s", request_id)
+            logger.exception("prefix cache store failed for %s", request.request_id)
             self.errors += 1
 
     def release(self, request_id: str) -> None:

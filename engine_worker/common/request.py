@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["OutputText", "Request", "RequestOutput", "RequestStatus", "SamplingParams", "replace_new",
+__all__ = ["Constraint", "OutputText", "Request", "RequestOutput", "RequestStatus", "SamplingParams", "replace_new",
            "step_output"]
 
 
@@ -53,6 +53,16 @@ _FINISH_REASONS = {
 }
 
 
+@dataclass(frozen=True)
+class Constraint:
+    """What a request's output must match (structured output): ``kind`` ``"json_schema"`` with a
+    JSON schema as JSON text, or ``"lark"`` with a Lark grammar in llguidance's dialect (which may
+    embed schemas as ``%json {...}``). The runner compiles it (:mod:`engine_worker.runner.grammar`)."""
+
+    kind: str
+    text: str
+
+
 @dataclass
 class SamplingParams:
     """Per-request sampling settings. Every field applies to its own request only."""
@@ -76,6 +86,8 @@ class SamplingParams:
     logits_processors: list[Callable[..., Any]] | None = None
     seed: int | None = None
     ignore_eos: bool = False
+    # Structured output: every token is sampled from those the constraint allows.
+    constraint: Constraint | None = None
 
     def __post_init__(self) -> None:
         if self.stop is None:

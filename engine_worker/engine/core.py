@@ -35,7 +35,7 @@ from typing import Any
 
 from engine_worker.cache.protocol import PrefixCacheBackend
 from engine_worker.common.config import EngineConfig, SchedulerConfig
-from engine_worker.common.errors import DuplicateRequest, EngineClosed, EngineFatalError
+from engine_worker.common.errors import DuplicateRequest, EngineClosed, EngineError, EngineFatalError
 from engine_worker.common.request import Request, RequestOutput, SamplingParams
 from engine_worker.engine.async_api import AsyncRequestAPI, Done
 from engine_worker.engine.collectors import AsyncCollector, SyncWaiter, deliver
@@ -168,7 +168,8 @@ class EngineCore(AsyncRequestAPI):
     def _run(self) -> None:
         try:
             budget = self.memory_budget
-            device_memory.apply_allocator_limits(budget.total, budget.allocator_cache)
+            # The allocator keeps one step's working memory, and more as larger steps are measured.
+            device_memory.apply_allocator_limits(budget.total, budget.step_bytes or budget.allocator_cache)
             self.memory_limit_bytes = budget.total
             while True:
                 with self._cond:
@@ -308,6 +309,20 @@ class EngineCore(AsyncRequestAPI):
         listeners. Raises :class:`DuplicateRequest` while a request with that id is live."""
         self._register(request)
         return request.request_id
+
+    def submit_many(self, requests: list[Request]) -> list[Exception | None]:
+        """:meth:`submit` of each request, all queued under one hold of the command lock, so the
+        engine thread takes them into one step. Returns, per request, the error that refused it
+        (None: queued); one refusal does not stop the others."""
+        errors: list[Exception | None] = []
+        with self._cond:  # re-entrant: _register takes it again
+            for request in requests:
+                try:
+                    self._register(request)
+                    errors.append(None)
+                except EngineError as exc:
+                    errors.append(exc)
+        return errors
 
     def abort(self, request_id: str) -> bool:
         """Abort from any thread; applied at the start of the next step. False if not live."""

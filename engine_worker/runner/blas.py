@@ -120,6 +120,6 @@ def _cpu_flags() -> set[str] | None:
 
 
 def blas_status() -> dict[str, str | bool | None]:
-    """What :func:`preload_openblas` did, for stats and the README's troubleshooting."""
+    """What :func:`preload_openblas` did, for stats and the engine docs' troubleshooting (docs/engine.md)."""
     return dict(_status)
 

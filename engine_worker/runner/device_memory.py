@@ -78,6 +78,16 @@ def apply_allocator_limits(total_bytes: int, cache_bytes: int) -> None:
     mx.set_cache_limit(int(cache_bytes))
 
 
+def set_cache_limit(cache_bytes: int) -> None:
+    """Keep at most ``cache_bytes`` of freed buffers for reuse (see :func:`apply_allocator_limits`)."""
+    mx.set_cache_limit(int(cache_bytes))
+
+
+def active_and_peak() -> tuple[int, int]:
+    """Bytes in live arrays now, and the most held since start (or the last reset)."""
+    return int(mx.get_active_memory()), int(mx.get_peak_memory())
+
+
 def seed_memory_keys(stats: dict[str, Any]) -> dict[str, float]:
     """The seed's ``metal_*_memory_gb`` keys, which it reported only on Metal."""
     if stats["device"] != "metal":

@@ -8,7 +8,7 @@ its own PRNG key, so its draws depend on its seed alone, not on its neighbours o
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from engine_worker.runner.mlx_core import mx
@@ -17,6 +17,7 @@ from mlx_lm.generate import StopSequences
 from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p, make_logits_processors, make_sampler
 
 from engine_worker.common.request import SamplingParams
+from engine_worker.runner.grammar import ConstrainedRows
 
 Sampler = Callable[[mx.array], mx.array]
 
@@ -64,13 +65,24 @@ def _guarded(processor: Callable[..., Any], on_error: Callable[[BaseException], 
 class SamplingFactory:
     """Builds the generator-side objects for a request's :class:`SamplingParams`."""
 
-    def __init__(self, eos_token_ids: Iterable[int]) -> None:
+    def __init__(self, eos_token_ids: Iterable[int], constrained: ConstrainedRows | None = None) -> None:
         self._eos = tuple(sorted(set(eos_token_ids)))
+        self.constrained = constrained
         self._samplers: dict[tuple[float, float, int, float], Sampler] = {}
         self._stops: dict[tuple[int, ...], StopSequences] = {}
 
-    def sampler(self, sp: SamplingParams) -> Sampler | None:
-        """``None`` for greedy (the generator's batched default); a shared or seeded sampler else."""
+    def sampler(self, sp: SamplingParams, replay: Sequence[int] = ()) -> Sampler | None:
+        """``None`` for greedy (the generator's batched default); a shared or seeded sampler else.
+        A constrained request gets its own row sampler over that one, its grammar advanced by
+        ``replay`` (its output so far); raises ``ConstraintError`` (a ``ValueError``)."""
+        base = self._base_sampler(sp)
+        if sp.constraint is None:
+            return base
+        if self.constrained is None:
+            raise ValueError("this engine cannot constrain output: it was built without a tokenizer")
+        return self.constrained.sampler(sp.constraint, base, replay)
+
+    def _base_sampler(self, sp: SamplingParams) -> Sampler | None:
         if sp.temperature <= 0.0:
             return None
         top_p = sp.top_p if 0 < sp.top_p < 1.0 else 0.0

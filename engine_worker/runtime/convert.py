@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from engine_worker.common.request import Request, SamplingParams
+from engine_worker.common.request import Constraint, Request, SamplingParams
 from engine_worker.protocol import JobSpec
 
 
@@ -23,5 +23,6 @@ def spec_to_request(spec: JobSpec) -> Request:
         stop=list(spec.stop),
         seed=spec.seed,
         ignore_eos=spec.ignore_eos,
+        constraint=Constraint(spec.constraint_kind, spec.constraint) if spec.constraint_kind else None,
     )
     return Request(spec.job_id, list(spec.prompt_token_ids), params, priority=spec.priority)

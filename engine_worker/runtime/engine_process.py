@@ -1,16 +1,17 @@
 """The engine in a process of its own, so that nothing else a worker does shares its GIL.
 
-:class:`EngineProcess` offers :class:`JobHost`'s methods (``submit``, ``cancel``, ``hand_back``,
-``drain``, ``heartbeat``...) to the worker, and runs the JobHost itself (model, engine thread,
-coalescer) in a child started with multiprocessing's *spawn* (mlx does not survive a fork; the
-parent never imports mlx). One duplex connection carries the messages of
+:class:`EngineProcess` offers :class:`JobHost`'s methods (``submit_many``, ``cancel``,
+``hand_back``, ``drain``, ``heartbeat``...) to the worker, and keeps the one set of the jobs it
+holds; the engine and its I/O thread (an :class:`~engine_worker.runtime.engine_side.EngineSide`:
+model, engine thread, coalescer, no held set) run in a child started with multiprocessing's
+*spawn* (mlx does not survive a fork; the parent never imports mlx). One duplex connection carries the messages of
 :mod:`engine_worker.protocol`, each a small frozen dataclass pickled by multiprocessing:
 
-* parent → child: :class:`Submit`, :class:`Cancel`, :class:`HandBack`, :class:`Evict`,
-  :class:`Stop`;
+* parent → child: :class:`Admit` (the jobs of one claim), :class:`Cancel`, :class:`HandBack`,
+  :class:`Evict`, :class:`Stop`;
 * child → parent: :class:`StepBatch` (the engine's outputs), :class:`WorkerHeartbeat` (every
   ``heartbeat_s``, the first one meaning "ready"), :class:`Refused` (a job the engine would not
-  take, classified by the child's :class:`JobHost`) and :class:`Stopped`.
+  take, classified by the child's EngineSide) and :class:`Stopped`.
 
 The parent's I/O thread receives them: it hands each batch to the sink, keeps the last heartbeat,
 and between messages (at least every ``tick_s``) runs ``on_tick``. Supervision is one rule: if the
@@ -31,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine_worker.protocol import (
+    Admit,
     Cancel,
     Evict,
     HandBack,
@@ -39,7 +41,6 @@ from engine_worker.protocol import (
     StepBatch,
     Stop,
     Stopped,
-    Submit,
     WorkerHeartbeat,
 )
 from engine_worker.runtime.host import OnRefused
@@ -128,14 +129,23 @@ class EngineProcess:
     # -- jobs ---------------------------------------------------------------------------------
 
     def submit(self, spec: JobSpec) -> bool:
-        """Hand a job to the engine. False (nothing sent) when it is held already or this host is
-        draining. A job the engine refuses comes back through ``on_refused``."""
+        """:meth:`submit_many` of one job: whether it was sent."""
+        return bool(self.submit_many([spec]))
+
+    def submit_many(self, specs: list[JobSpec]) -> list[str]:
+        """Hand jobs to the engine, all in one message. Returns the ids sent: not those held
+        already, none while this host is draining. A job the engine refuses comes back through
+        ``on_refused``."""
         with self._lock:
-            if self._closed or spec.job_id in self._held:
-                return False
-            self._held[spec.job_id] = time.time()
-        self._send(Submit(spec))
-        return True
+            if self._closed:
+                return []
+            fresh = list({spec.job_id: spec for spec in specs if spec.job_id not in self._held}.values())
+            now = time.time()
+            for spec in fresh:
+                self._held[spec.job_id] = now
+        if fresh:
+            self._send(Admit(tuple(fresh)))
+        return [spec.job_id for spec in fresh]
 
     def cancel(self, job_id: str) -> bool:
         """Stop a held job: it ends with ``finish_reason="abort"`` and the text so far."""
@@ -167,6 +177,13 @@ class EngineProcess:
     def held_jobs(self) -> list[str]:
         with self._lock:
             return list(self._held)
+
+    def free_slots(self) -> int:
+        """How many more jobs the engine's batch would run at once (its last heartbeat's capacity,
+        less the jobs held here); 0 when it reports none."""
+        capacity = self._beat.capacity if self._beat is not None else 0
+        with self._lock:
+            return max(0, capacity - len(self._held))
 
     def engine_running(self) -> bool:
         """False once the child has died or stopped."""
@@ -275,7 +292,7 @@ def serve(conn: Any, spec: ChildSpec) -> None:
     from engine_worker.common.config import EngineConfig
     from engine_worker.engine.core import EngineCore
     from engine_worker.runner.loader import context_length, load_model
-    from engine_worker.runtime.host import JobHost
+    from engine_worker.runtime.engine_side import EngineSide
 
     logging.basicConfig(level=os.environ.get("LOG_LEVEL", "INFO"), format="%(asctime)s %(levelname)s %(name)s %(message)s")
     model, tokenizer = load_model(spec.model_path)
@@ -283,9 +300,11 @@ def serve(conn: Any, spec: ChildSpec) -> None:
     engine.start()
     out = _ConnectionSink(conn)
     beats = _Beats(spec, out)
-    host = JobHost(engine, out, model_name=spec.model_name or os.path.basename(os.path.normpath(spec.model_path)),
-                   context_length=context_length(model), stream_interval_s=spec.stream_interval_s,
-                   on_tick=lambda: beats.tick(host), tick_s=min(0.5, spec.heartbeat_s), on_refused=_refusals(out))
+    # No set of held jobs here: the parent's is the one (it filters what comes back by it).
+    host = EngineSide(engine, out, on_refused=out.publish, context_length=context_length(model),
+                      model_name=spec.model_name or os.path.basename(os.path.normpath(spec.model_path)),
+                      stream_interval_s=spec.stream_interval_s, on_tick=lambda: beats.tick(host),
+                      tick_s=min(0.5, spec.heartbeat_s))
     host.start()
     beats.send(host)  # ready
     try:
@@ -313,19 +332,14 @@ def serve(conn: Any, spec: ChildSpec) -> None:
 
 
 def _obey(host: Any, message: object) -> None:
-    if isinstance(message, Submit):
-        host.submit(message.job)  # a refusal reaches the parent through the host's on_refused
+    if isinstance(message, Admit):
+        host.admit(list(message.jobs))  # a refusal reaches the parent through on_refused
     elif isinstance(message, Cancel):
         host.cancel(message.job_id)
     elif isinstance(message, HandBack):
         host.hand_back(list(message.job_ids))
     elif isinstance(message, Evict):
         host.evict_cache_entry(message.key)
-
-
-def _refusals(out: _ConnectionSink) -> OnRefused:
-    """The child's ``on_refused``: each refusal goes to the parent as it was classified."""
-    return lambda job_id, error, job_fault: out.publish(Refused(job_id, error, job_fault))
 
 
 class _Beats:

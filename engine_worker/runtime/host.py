@@ -1,17 +1,19 @@
-"""JobHost: runs jobs on an in-process EngineCore and streams their outputs to a sink.
+"""JobHost: runs jobs on an in-process EngineCore and streams their outputs to a sink; the
+:class:`Host` protocol that it and the engine in a process of its own (engine_process.py) offer.
 
 Threads (one of them owns the model):
 
-* the engine thread (EngineCore's own) steps the scheduler; after each step it calls our output
+* the engine thread (EngineCore's own) steps the scheduler; after each step it calls the output
   listener, which only enqueues;
 * the I/O thread (:class:`IOThread`) folds outputs into one chunk per job per batch, calls the
   sink (Redis, database) and, between batches, the worker's periodic duties (``on_tick``);
-* callers (the Celery consumer's thread, the periodic duties) use :meth:`submit`, :meth:`cancel`,
-  :meth:`hand_back`, :meth:`heartbeat`, which never block on the engine.
+* callers (the Celery consumer's thread, the periodic duties) use :meth:`JobHost.submit_many`,
+  ``cancel``, ``hand_back``, ``heartbeat``, which never block on the engine.
 
-A job the engine will not start is refused here, once, for every host: :func:`refusal` says whether
-the fault is the job's (it cannot run anywhere) or the engine's, and ``on_refused`` hands that to
-the worker (through the connection, when the host runs in an engine process of its own).
+The engine and its I/O thread are an :class:`EngineSide` (engine_side.py, also what the engine
+process runs); a JobHost adds the set of jobs it holds. A job the engine will not start is
+classified there, once, for every host (``refusal``: the job's fault, or the engine's), and
+``on_refused`` hands that to the worker.
 
 This module imports neither Django nor Celery; the service plugs in through :class:`OutputSink`.
 """
@@ -24,12 +26,9 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from engine_worker.common.errors import RequestError
-from engine_worker.common.request import Request, RequestOutput
-from engine_worker.protocol import Cancel, HandBack, JobSpec, Refused, Submit, WorkerHeartbeat
-from engine_worker.runtime.convert import spec_to_request
-from engine_worker.runtime.heartbeat import build_heartbeat
-from engine_worker.runtime.io_thread import IOThread
+from engine_worker.common.request import Request
+from engine_worker.protocol import JobSpec, Refused, WorkerHeartbeat
+from engine_worker.runtime.engine_side import EngineSide
 from engine_worker.runtime.sink import OutputSink
 
 logger = logging.getLogger(__name__)
@@ -39,19 +38,12 @@ logger = logging.getLogger(__name__)
 OnRefused = Callable[[str, str, bool], None]
 
 
-def refusal(job_id: str, exc: Exception) -> Refused:
-    """How a job the engine would not start is refused: the job's own fault when it cannot run
-    anywhere (a ``RequestError``, or settings the request types reject with ``ValueError`` or
-    ``TypeError``), else the engine's (``EngineClosed``...: another worker may run it)."""
-    job_fault = isinstance(exc, RequestError | ValueError | TypeError)
-    return Refused(job_id, str(exc), job_fault=job_fault)
-
-
 class HostedEngine(Protocol):
     """The part of EngineCore's sync host API the runtime uses."""
 
     def add_output_listener(self, fn: Any) -> None: ...
     def submit(self, request: Request) -> Any: ...
+    def submit_many(self, requests: list[Request]) -> list[Exception | None]: ...
     def abort(self, request_id: str) -> Any: ...
     def get_stats(self) -> dict[str, Any]: ...
     def get_cache_stats(self) -> dict[str, Any] | None: ...
@@ -65,16 +57,18 @@ class Host(Protocol):
     process) or :class:`~engine_worker.runtime.engine_process.EngineProcess` (in a child)."""
 
     def start(self) -> None: ...
-    def submit(self, spec: JobSpec) -> bool:
-        """Hand a job to the engine. False when it does not run here: the host holds it already,
-        is draining, or its engine refused it at once. A refusal, at once or later (an engine in a
-        process of its own answers after this returns), reaches the host's ``on_refused``."""
+    def submit_many(self, specs: list[JobSpec]) -> list[str]:
+        """Hand jobs to the engine, in one hand-over. Returns the ids of those that run here: not
+        one the host holds already, none while it is draining, not one its engine refused at once.
+        A refusal, at once or later (an engine in a process of its own answers after this
+        returns), reaches the host's ``on_refused``."""
         ...
 
     def cancel(self, job_id: str) -> bool: ...
     def hand_back(self, job_ids: list[str]) -> list[str]: ...
     def holds(self, job_id: str) -> bool: ...
     def held_jobs(self) -> list[str]: ...
+    def free_slots(self) -> int: ...
     def drain(self, timeout: float) -> list[str]: ...
     def stop(self) -> None: ...
     def engine_running(self) -> bool: ...
@@ -88,7 +82,8 @@ class Host(Protocol):
 
 
 class JobHost:
-    """Admits :class:`JobSpec` s into one engine, many at once (continuous batching)."""
+    """Admits :class:`JobSpec` s into one engine, many at once (continuous batching): an
+    :class:`EngineSide` and the set of jobs it holds."""
 
     def __init__(self, engine: HostedEngine, sink: OutputSink, *, model_name: str = "",
                  context_length: int | None = None, stream_interval_s: float = 0.0,
@@ -99,12 +94,12 @@ class JobHost:
         the worker's periodic duties, run on the I/O thread at least every ``tick_s`` seconds.
         ``on_refused``: what a refused job is reported to (without one, it is logged)."""
         self.engine = engine
-        self.model_name = model_name
-        self.context_length = context_length
         self._on_refused = on_refused
         self._held: dict[str, float] = {}  # job id -> admitted at
         self._lock = threading.Condition()
-        self._io = IOThread(sink, self._finished, interval_s=stream_interval_s, on_tick=on_tick, tick_s=tick_s)
+        self._side = EngineSide(engine, sink, on_refused=self._refused, on_finished=self._finished,
+                                model_name=model_name, context_length=context_length,
+                                stream_interval_s=stream_interval_s, on_tick=on_tick, tick_s=tick_s)
         self._started = False
         self._closed = False
 
@@ -112,11 +107,9 @@ class JobHost:
 
     def start(self) -> None:
         """Start the I/O thread and register the output listener (the engine runs already)."""
-        if self._started:
-            return
-        self._io.start()
-        self.engine.add_output_listener(self._on_outputs)
-        self._started = True
+        if not self._started:
+            self._side.start()
+            self._started = True
 
     def drain(self, timeout: float) -> list[str]:
         """Stop admitting and wait up to ``timeout`` s for held jobs to finish (their finals are
@@ -136,56 +129,51 @@ class JobHost:
     def stop(self, flush_timeout: float = 10.0) -> None:
         """Flush pending outputs to the sink and stop the I/O thread. The engine is the caller's."""
         if self._started:
-            self._io.flush(flush_timeout)
-            self._io.stop(flush_timeout)
+            self._side.stop(flush_timeout)
             self._started = False
 
     # -- jobs ---------------------------------------------------------------------------------
 
     def submit(self, spec: JobSpec) -> bool:
-        """Admit a job. False when this host already holds it or is draining (nothing happens),
-        or when the engine will not start it: it is released and refused (:func:`refusal`)."""
+        """:meth:`submit_many` of one job: whether it started."""
+        return bool(self.submit_many([spec]))
+
+    def submit_many(self, specs: list[JobSpec]) -> list[str]:
+        """Admit jobs, all in one hand-over to the engine (its next step takes them together).
+        Returns the ids of those started. One is not started when this host already holds it or
+        is draining (nothing happens), or when the engine will not start it: it is released and
+        refused (engine_side.refusal), and the others still start."""
         with self._lock:
-            if self._closed or spec.job_id in self._held:
-                return False
-            self._held[spec.job_id] = time.time()
-        # Queued before the engine has it: the FIFO queue then orders the start before any output.
-        self._io.put(Submit(spec))
-        try:
-            self.engine.submit(spec_to_request(spec))
-        except BaseException as exc:
-            self._io.put(HandBack((spec.job_id,)))
-            self._finished(spec.job_id)
-            if not isinstance(exc, Exception):
-                raise
-            refused = refusal(spec.job_id, exc)
-            if not refused.job_fault:
-                logger.exception("the engine could not start job %s", spec.job_id)
-            if self._on_refused is not None:
-                self._on_refused(refused.job_id, refused.error, refused.job_fault)
-            else:
-                logger.warning("job %s refused, with nobody to tell: %s", spec.job_id, refused.error)
-            return False
-        return True
+            if self._closed:
+                return []
+            fresh = list({spec.job_id: spec for spec in specs if spec.job_id not in self._held}.values())
+            now = time.time()
+            for spec in fresh:
+                self._held[spec.job_id] = now
+        return self._side.admit(fresh) if fresh else []
+
+    def _refused(self, answer: Refused) -> None:
+        self._finished(answer.job_id)
+        if self._on_refused is not None:
+            self._on_refused(answer.job_id, answer.error, answer.job_fault)
+        else:
+            logger.warning("job %s refused, with nobody to tell: %s", answer.job_id, answer.error)
 
     def cancel(self, job_id: str) -> bool:
         """Stop a held job: the engine drops it at its next step and the job ends with
         ``finish_reason="abort"`` and the text streamed so far. False if not held here."""
         if not self.holds(job_id):
             return False
-        self.engine.abort(job_id)
-        self._io.put(Cancel(job_id))
+        self._side.cancel(job_id)
         return True
 
     def hand_back(self, job_ids: list[str]) -> list[str]:
         """Abort held jobs without a final (they go back to the queue). Returns those released."""
-        released = []
-        for job_id in job_ids:
-            if self.holds(job_id):
-                self.engine.abort(job_id)
-                self._io.put(HandBack((job_id,)))
+        released = [job_id for job_id in job_ids if self.holds(job_id)]
+        if released:
+            self._side.hand_back(released)
+            for job_id in released:
                 self._finished(job_id)
-                released.append(job_id)
         return released
 
     def holds(self, job_id: str) -> bool:
@@ -203,40 +191,26 @@ class JobHost:
 
     def flush(self, timeout: float = 10.0) -> bool:
         """Wait until every output so far reached the sink."""
-        return self._io.flush(timeout)
+        return self._side.flush(timeout)
+
+    def free_slots(self) -> int:
+        """How many more jobs the engine's batch would run at once (its ``max_running``, less the
+        jobs held here); 0 when it reports none."""
+        capacity = int(self.engine.get_stats().get("max_running", 0))
+        with self._lock:
+            return max(0, capacity - len(self._held))
 
     def engine_running(self) -> bool:
         """False once the engine thread has stopped (shut down, or died of a fatal error)."""
-        return self.engine.is_running()
-
-    # -- stats --------------------------------------------------------------------------------
+        return self._side.engine_running()
 
     def heartbeat(self, worker_id: str) -> WorkerHeartbeat:
-        return build_heartbeat(
-            worker_id=worker_id,
-            model=self.model_name,
-            stats=self.engine.get_stats(),
-            cache=self.engine.get_cache_stats(),
-            context_length=self.context_length,
-            cache_entries=self.engine.list_cache_entries(),
-        )
+        return self._side.heartbeat(worker_id)
 
     def evict_cache_entry(self, key: str) -> bool:
         """Drop one prefix-cache entry, from every tier, between two engine steps (the caller
         waits for the step in progress). False when the cache holds no such entry."""
-        evicted = self.engine.evict_cache_entry(key)
-        logger.info("prefix-cache entry %s %s", key, "evicted" if evicted else "not found")
-        return evicted
-
-    # -- internals ----------------------------------------------------------------------------
-
-    def _on_outputs(self, outputs: list[RequestOutput]) -> None:
-        # Engine thread: enqueue only. A job the engine dropped because the engine itself failed
-        # gets no final: it stays held, and the worker hands it back to the queue (drain returns
-        # at once once the engine is down), so another worker runs it instead of it failing.
-        if any(out.engine_failed for out in outputs):
-            outputs = [out for out in outputs if not out.engine_failed]
-        self._io.on_outputs(outputs)
+        return self._side.evict_cache_entry(key)
 
     def _finished(self, job_id: str) -> None:
         with self._lock:

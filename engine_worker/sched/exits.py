@@ -81,7 +81,7 @@ class Exits:
             cache, all_tokens = request.prompt_cache
         request.prompt_cache = None
         if cache is not None and all_tokens is not None and self._cache.active:
-            self._cache.store(rid, all_tokens, cache)
+            self._cache.store_finished(request, all_tokens, cache)
         self._release(rid)  # after the store: the blocks it was served from stay pinned till then
         self._counters.num_requests_processed += 1
         self._counters.total_completion_tokens += request.num_output_tokens

@@ -8,10 +8,11 @@ The budget bounds everything the worker's mlx allocator holds on the device::
   (:func:`engine_worker.runner.device_memory.device_memory_bytes`: all of a GPU, the GPU's recommended share of
   unified memory on Apple silicon, RAM on the CPU build).
 * ``weights``: the model's parameter bytes.
-* ``allocator_cache``: the freed buffers mlx keeps for reuse (``mx.set_cache_limit``): the working
-  memory of one decode step of a full batch, and at least 1/16 of ``total``, which is what the
-  next steps reuse. It is bounded because a continuous batch's KV buffers change size at every
-  join and finish and are never reused: unbounded, the cache would grow to most of the device.
+* ``allocator_cache``: what the budget reserves for the freed buffers mlx keeps for reuse: a
+  step's working memory, and at most 1/16 of ``total``. What mlx may keep (``mx.set_cache_limit``,
+  :class:`AllocatorCache`) is less: about one step's worth, measured. A continuous batch's KV
+  buffers change size at every join and finish and are never reused: a cache larger than a step
+  fills with them, and they are the device memory a worker held beyond its batch.
 * ``prefix_cache``: ``cache_memory_mb``, or ``cache_memory_percent`` of ``total``. Running
   requests come first: the scheduler lowers the prefix cache's limit (least recently used
   entries go) while the batch needs the memory, and raises it again when the batch shrinks.
@@ -63,11 +64,13 @@ KV_COPIES = 2
 _VOCAB_ROWS = 4
 # The allocator cache of a model whose sizes are unknown: mlx's own default on its CPU build.
 _FALLBACK_CACHE_BYTES = 32 << 20
-# The allocator cache keeps at least this share of the budget: a step's temporaries (a prefill
-# chunk's attention scores above all) are then reused by the next step instead of going back to
-# the device and being allocated again. With only one decode step's working memory cached, a GPU
-# engine spends a large part of each prefill step allocating.
+# The budget reserves at least this share for the allocator cache (what mlx keeps is bounded by
+# the measured step, below, and never more than this).
 ALLOCATOR_CACHE_SHARE = 16
+# What mlx keeps: this many times the largest step's working memory seen (the step's temporaries,
+# which the next step reuses, and as much again for the KV buffers a join, finish or growth frees
+# meanwhile, which would otherwise push the temporaries out).
+CACHE_STEPS = 2
 
 
 class BatchShape(NamedTuple):
@@ -97,6 +100,7 @@ class MemoryBudget:
     prefix_cache: int
     allocator_cache: int
     dims: ModelDims | None = None
+    step_bytes: int = 0  # what the allocator keeps at first: twice a full batch's decode step, estimated
 
     def __post_init__(self) -> None:
         if self.total < self.weights + self.allocator_cache:
@@ -156,10 +160,11 @@ class MemoryBudget:
             logger.warning("the model's sizes are unknown: its KV is not budgeted, only mlx's allocator is bounded")
         weights = device_memory.weights_bytes(model)
         rows = max(config.completion_batch_size, config.prefill_batch_size)
-        allocator = _FALLBACK_CACHE_BYTES
+        # A decode step of a full batch; a larger step (a long prefill) is measured when it runs.
+        step = _FALLBACK_CACHE_BYTES
         if dims is not None:
-            allocator = rows * (dims.activation_bytes_per_token + _VOCAB_ROWS * dims.vocab * 4)
-        allocator = max(allocator, total // ALLOCATOR_CACHE_SHARE)
+            step = rows * (dims.activation_bytes_per_token + _VOCAB_ROWS * dims.vocab * 4)
+        allocator = max(CACHE_STEPS * step, total // ALLOCATOR_CACHE_SHARE)
         prefix = 0
         if config.enable_prefix_cache:
             prefix = resolve_budget_bytes(config.cache_memory_mb, config.cache_memory_percent, total)
@@ -168,7 +173,7 @@ class MemoryBudget:
             raise ValueError(f"cache_memory_mb={config.cache_memory_mb} is more than the memory budget leaves "
                              f"after the weights ({max(0, left) // 2**20} MiB)")
         return cls(total=total, weights=weights, prefix_cache=max(0, min(prefix, left)),
-                   allocator_cache=allocator, dims=dims)
+                   allocator_cache=allocator, dims=dims, step_bytes=min(CACHE_STEPS * step, allocator))
 
 
 # ---- the batch within the budget -----------------------------------------------------------------
@@ -230,6 +235,7 @@ class MemoryGuard:
         self.prefill_step = prefill_step
         self.batch_cap: int | None = None  # set after an allocation failure
         self._clean_steps = 0
+        self.allocator = AllocatorCache(budget)
 
     @property
     def bounds_kv(self) -> bool:
@@ -268,3 +274,34 @@ class MemoryGuard:
         if self._clean_steps >= KV_STEP:
             self._clean_steps = 0
             self.batch_cap = None if self.batch_cap * 2 >= limit else self.batch_cap * 2
+
+
+class AllocatorCache:
+    """What mlx's allocator may keep of freed buffers: ``CACHE_STEPS`` times the largest step's
+    working memory seen, within the budget's ``allocator_cache``; it starts at the budget's
+    estimate of a step and only grows.
+
+    A step's working memory is read from mlx's peak (``mx.get_peak_memory``) without resetting it
+    (others read the peak since start): a step that raised the peak used the new peak less what
+    was live before and after it. Steps that stay under the peak are not read: one of them may have
+    needed more working memory beside less live memory, and the cache then holds less than it
+    could, never more."""
+
+    def __init__(self, budget: MemoryBudget) -> None:
+        self._cap = budget.allocator_cache
+        self.limit = budget.step_bytes or budget.allocator_cache
+        self._active = self._peak = 0
+
+    def before_step(self) -> None:
+        self._active, self._peak = device_memory.active_and_peak()
+
+    def after_step(self) -> None:
+        active, peak = device_memory.active_and_peak()
+        if peak <= self._peak:
+            return
+        # What the step freed again: its peak above what was live before and after it (the
+        # batch's KV, grown by a join, stays live and is not working memory).
+        want = min(self._cap, CACHE_STEPS * (peak - max(self._active, active)))
+        if want > self.limit:
+            self.limit = want
+            device_memory.set_cache_limit(want)

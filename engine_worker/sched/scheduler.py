@@ -39,6 +39,7 @@ from engine_worker.common.request import Request, RequestOutput, RequestStatus
 from engine_worker.runner import device_memory
 from engine_worker.runner.detokenizer import detokenizer_factory
 from engine_worker.runner.generator import BatchRunner
+from engine_worker.runner.grammar import ConstrainedRows
 from engine_worker.runner.loader import context_length, drop_model_caches, vocab_size
 from engine_worker.runner.sampling import SamplingFactory, eos_token_ids
 from engine_worker.runner.text_stream import TextStream
@@ -107,7 +108,7 @@ class Scheduler:
         self._runner_factory = runner_factory or LanedRunner
         self.max_model_len = max_model_len or context_length(model)
         self._validator = RequestValidator(tokenizer, self.max_model_len, vocab_size(model))
-        self._sampling = SamplingFactory(eos_token_ids(tokenizer))
+        self._sampling = SamplingFactory(eos_token_ids(tokenizer), ConstrainedRows(tokenizer, vocab_size(model)))
         self._new_detokenizer = detokenizer_factory(tokenizer)
         self._pacer = AdmissionPacer()
         self.counters = SchedulerCounters()
@@ -215,7 +216,7 @@ class Scheduler:
                 max_tokens=sp.max_tokens - request.num_output_tokens,
                 cache=cache,
                 all_tokens=request.prompt_ids[: request.cached_tokens] if cache is not None else None,
-                sampler=self._sampling.sampler(sp),
+                sampler=self._sampling.sampler(sp, request.output_token_ids),
                 logits_processors=self._sampling.logits_processors(sp, self._exits.processor_guard(request)),
                 stop_sequences=self._sampling.stop_sequences(sp),
             )
@@ -285,6 +286,7 @@ class Scheduler:
         and runs smaller; any other failure fails the requests in it. The queue keeps being served."""
         prompt_work = bool(self._batch.prefilling)  # inserted or prefilling: the step admits or prefills
         started = time.perf_counter()
+        self._guard.allocator.before_step()
         try:
             responses = self._batch.step()
         except Exception as exc:
@@ -297,6 +299,7 @@ class Scheduler:
             responses = ()
         else:
             self._guard.step_succeeded(self.config.max_running)
+            self._guard.allocator.after_step()
             self._pacer.record(time.perf_counter() - started, prompt_work=prompt_work)
             self._lifecycle.after_step(self._batch.ensure_runner())  # mid-prefill saves; no-op for short prompts
         self._exits.fail_processor_errors()
@@ -327,7 +330,7 @@ class Scheduler:
         mem.update(budget_bytes=budget.total, weights_bytes=budget.weights, kv_bytes=self._batch.kv_bytes() or 0,
                    prefix_cache_bytes=self._cache.bytes_used,
                    prefix_cache_limit_bytes=budget.prefix_cache if self._cache.active else 0,
-                   cache_limit_bytes=budget.allocator_cache)
+                   cache_limit_bytes=self._guard.allocator.limit)
         stats.update(device_memory.seed_memory_keys(mem))
         if self.mtp_status is not None:
             stats["mtp"] = dict(self.mtp_status)

@@ -16,7 +16,7 @@ from demo_model.evaluate import MAX_HELDOUT_LOSS, evaluate
 pytestmark = [
     pytest.mark.skipif(not (DEMO_MODEL_DIR / "model.safetensors").exists(),
                        reason="no trained weights in demo_model/demo yet: train them with "
-                              "python -m demo_model.train (README, The models)"),
+                              "python -m demo_model.train (docs/models.md)"),
     pytest.mark.timeout(600),
 ]
 

@@ -110,3 +110,19 @@ def port_open(port: int) -> bool:
     with socket.socket() as s:
         s.settimeout(0.5)
         return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def start_celery_workers(env: dict[str, str], log_dir: Path) -> tuple[Proc, Proc]:
+    """The light worker (queue ``celery``, one task at a time) and the webhooks worker (queue
+    ``webhooks``, Celery's thread pool), as scripts/run.sh starts them."""
+    celery = [sys.executable, "-m", "celery", "-A", "inference_service", "worker", "--loglevel", "INFO"]
+    light = Proc("light-worker", [*celery, "-Q", "celery", "-P", "solo", "-n", "light@%h"], env, log_dir)
+    hooks = Proc("webhooks-worker", [*celery, "-Q", "webhooks", "-P", "threads", "-c", "8", "-n", "webhooks@%h"],
+                 env, log_dir)
+    return light, hooks
+
+
+def celery_ready(proc: Proc) -> bool:
+    """Whether a Celery worker started (its log says ``ready.``); fails if it exited."""
+    assert proc.alive(), f"{proc.name} exited:\n{proc.log_tail()}"
+    return b"ready." in proc.log_path.read_bytes()

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import ipaddress
 import json
-import sys
 from collections.abc import Iterator
 
 import openai
@@ -20,7 +19,15 @@ from api.jobs.tasks import reconcile_jobs
 from api.models import ApiKey, Job
 from tests.api.factories import make_api_key
 from tests.api.webhooks.receiver import WebhookReceiver
-from tests.integration.procs import START_TIMEOUT_S, Proc, free_port, port_open, start_daphne, wait_for
+from tests.integration.procs import (
+    START_TIMEOUT_S,
+    celery_ready,
+    free_port,
+    port_open,
+    start_celery_workers,
+    start_daphne,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -42,8 +49,7 @@ def stack(workers, service_env, tmp_path, settings) -> Iterator[str]:
     settings.BATCH_JOBS_IN_FLIGHT_PER_KEY = CAP
     port = free_port()
     daphne = start_daphne(service_env, port, tmp_path)
-    light = Proc("light-worker", [sys.executable, "-m", "celery", "-A", "inference_service", "worker", "-Q", "celery",
-                                  "-P", "solo", "--loglevel", "INFO"], service_env, tmp_path)
+    light, hooks = start_celery_workers(service_env, tmp_path)
     workers.start("w-batch")
 
     def up() -> bool:
@@ -51,9 +57,9 @@ def stack(workers, service_env, tmp_path, settings) -> Iterator[str]:
         return port_open(port)
 
     wait_for(up, START_TIMEOUT_S, "daphne to listen")
-    wait_for(lambda: b"ready" in light.log_path.read_bytes() or not light.alive(), START_TIMEOUT_S, "the light worker")
-    assert light.alive(), light.log_tail()
+    wait_for(lambda: celery_ready(light) and celery_ready(hooks), START_TIMEOUT_S, "the Celery workers")
     yield f"http://127.0.0.1:{port}/v1"
+    hooks.stop()
     light.stop()
     daphne.stop()
 

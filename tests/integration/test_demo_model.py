@@ -20,7 +20,7 @@ pytestmark = [
     pytest.mark.timeout(600),
     pytest.mark.skipif(not (DEMO_MODEL_DIR / "model.safetensors").exists(),
                        reason="no trained weights in demo_model/demo yet: train them with "
-                              "python -m demo_model.train (README, The models)"),
+                              "python -m demo_model.train (docs/models.md)"),
 ]
 
 

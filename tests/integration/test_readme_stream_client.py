@@ -1,6 +1,6 @@
-"""A WebSocket client written from the README alone follows jobs across a worker's kill -9.
+"""A WebSocket client written from docs/streaming.md alone follows jobs across a worker's kill -9.
 
-The client below knows only what README.md says of ``/ws/v1/jobs/<id>/?after=<seq>``: a ``delta``
+The client below knows only what docs/streaming.md says of ``/ws/v1/jobs/<id>/?after=<seq>``: a ``delta``
 appends its text, a ``reset`` drops the text held (the job runs again from the start and its deltas
 continue after the reset's seq), the ``final`` ends the job; keep the seq of the last delta or
 reset, and resume a dropped connection with ``after=<that seq>``. Real daphne, real engine workers
@@ -31,7 +31,7 @@ CLIENT_TIMEOUT_S = 300.0
 
 @dataclass
 class ReadmeClient:
-    """Follows one job over ``/ws/v1/jobs/<id>/`` exactly as the README says."""
+    """Follows one job over ``/ws/v1/jobs/<id>/`` exactly as docs/streaming.md says."""
 
     port: int
     secret: str

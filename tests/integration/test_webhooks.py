@@ -1,6 +1,6 @@
-"""A job submitted through REST to the real stack (daphne, an engine worker, celery beat and the
-light Celery worker, Redis, Postgres) calls its webhook on a receiver on loopback: signed with the
-key's secret, carrying the job as GET shows it, and retried by the light worker after a 500."""
+"""A job submitted through REST to the real stack (daphne, an engine worker, celery beat, the
+light Celery worker and the webhooks worker, Redis, Postgres) calls its webhook on a receiver on loopback: signed with the
+key's secret, carrying the job as GET shows it, and retried by the webhooks worker after a 500."""
 
 from __future__ import annotations
 
@@ -16,7 +16,16 @@ from api.webhooks.models import WebhookDelivery, WebhookDeliveryStatus
 from tests.api.factories import make_api_key
 from tests.api.webhooks.receiver import WebhookReceiver
 from tests.integration.client import ServiceClient
-from tests.integration.procs import START_TIMEOUT_S, Proc, free_port, port_open, start_daphne, wait_for
+from tests.integration.procs import (
+    START_TIMEOUT_S,
+    Proc,
+    celery_ready,
+    free_port,
+    port_open,
+    start_celery_workers,
+    start_daphne,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -29,20 +38,19 @@ def hooks_stack(workers, service_env, tmp_path):
     workers.env = env
     port = free_port()
     daphne = start_daphne(env, port, tmp_path)
-    light = Proc("light-worker", [sys.executable, "-m", "celery", "-A", "inference_service", "worker", "-Q", "celery",
-                                  "-P", "solo", "--loglevel", "INFO", "-n", "light@%h"], env, tmp_path)
+    light, hooks = start_celery_workers(env, tmp_path)
     beat = Proc("beat", [sys.executable, "-m", "celery", "-A", "inference_service", "beat", "--loglevel", "INFO",
                          "-s", str(tmp_path / "beat-schedule")], env, tmp_path)
     workers.start("w-hooks")
 
     def up() -> bool:
-        for proc in (daphne, light, beat):
+        for proc in (daphne, beat):
             assert proc.alive(), proc.log_tail()
-        return port_open(port) and b"ready." in light.log_path.read_bytes()
+        return port_open(port) and celery_ready(light) and celery_ready(hooks)
 
     wait_for(up, START_TIMEOUT_S, "daphne and the light worker to start")
     yield port
-    for proc in (beat, light, daphne):
+    for proc in (beat, hooks, light, daphne):
         proc.stop()
 
 

@@ -3,6 +3,7 @@ reach /metrics, each run's demo key replaces the last, and Ctrl-C is an orderly 
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import select
@@ -100,3 +101,61 @@ def test_make_run_prints_an_export_line_and_the_metrics_token_and_stops_cleanly_
         assert returncode == 0, run.output
         assert tail.rstrip().endswith("stopped."), tail
         assert "a process exited" not in run.output
+
+
+def _post_job(base: str, key: str, body: dict) -> int:
+    request = urllib.request.Request(f"{base}/api/v1/jobs", data=json.dumps(body).encode(), method="POST", headers={
+        "Authorization": f"Bearer {key}", "Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=180) as response:
+        return response.status
+
+
+def _read_until(proc: subprocess.Popen, text: str, timeout: float) -> str:
+    output, deadline = "", time.monotonic() + timeout
+    while text not in output:
+        assert proc.poll() is None, f"exited early:\n{output}"
+        assert time.monotonic() < deadline, f"no {text!r} within {timeout:.0f} s:\n{output}"
+        if select.select([proc.stdout], [], [], 1.0)[0]:
+            output += os.read(proc.stdout.fileno(), 65536).decode()
+    return output
+
+
+def test_a_second_make_run_on_a_held_port_fails_naming_it_and_the_printed_webhook_secret_works(run_env, tmp_path):
+    base = f"http://127.0.0.1:{run_env['PORT']}"
+    first = Run(run_env)
+    receiver = None
+    try:
+        banner = first.wait_ready()
+        key = re.search(r"^  export KEY=(sk-\S+)$", banner, re.MULTILINE)[1]
+        command = re.search(r"^  (WEBHOOK_SECRET=whsec_\S+) \S+ (scripts/webhook_receiver.py) 9000$", banner,
+                            re.MULTILINE)
+
+        # Another service (its own database) on the same port: it stops before starting anything.
+        other = {**run_env, "DATABASE_URL": f"sqlite:///{tmp_path / 'other.sqlite3'}"}
+        second = subprocess.run(["bash", "scripts/run.sh"], cwd=ROOT, env=other, capture_output=True, text=True,
+                                timeout=120)
+        assert second.returncode != 0, second.stdout
+        assert f"error: port {run_env['PORT']} on 127.0.0.1 is in use by another process" in second.stderr
+        assert "ready." not in second.stdout and "export KEY" not in second.stdout
+        assert not (tmp_path / "other.sqlite3").exists()  # nothing started: not even its migrations
+        for _ in range(6):  # the first one serves every request, with its own key
+            assert _status(f"{base}/api/v1/usage", key) == 200
+
+        # The printed command receives the demo key's webhooks, their signatures checked.
+        hook_port = free_port()
+        receiver = subprocess.Popen([str(ROOT / ".venv/bin/python"), command[2], str(hook_port)], cwd=ROOT,
+                                    env={**run_env, "WEBHOOK_SECRET": command[1].split("=", 1)[1]},
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        _read_until(receiver, "receiving webhooks", 60)
+        assert _post_job(base, key, {"prompt": "def f():", "max_tokens": 4,
+                                     "webhook_url": f"http://127.0.0.1:{hook_port}/"}) == 202
+        received = _read_until(receiver, "(signature verified)", 180)
+        assert "job.completed" in received
+
+        returncode, _tail = first.ctrl_c()
+    finally:
+        first.kill()
+        if receiver is not None:
+            receiver.kill()
+            receiver.wait()
+    assert returncode == 0, first.output

@@ -5,7 +5,10 @@ stop strings, metadata, log probabilities and idempotency key are cleared and ``
 set; its status, token counts and timings stay. The key's daily token quota and the usage roll-up
 count those rows (services/quotas.py), so a delete never gives a quota back. Every user-facing
 read (the job, the list, cancel, the WebSocket and the events stream) treats a tombstone as not
-found, and the job's Redis stream, which holds the same text, goes once the delete commits. A job
+found, and the job's Redis stream, which holds the same text, goes once the delete commits. Its
+webhook deliveries lose their bodies and the pending ones end unsent, in the delete's transaction;
+an attempt already sending when the delete commits is waited for (at most WEBHOOK_TIMEOUT_S), so
+nothing of the job leaves the service after the delete returns. A job
 still queued or running cannot be deleted: it must end first, or a worker could write its output
 after the content was cleared.
 
@@ -35,6 +38,8 @@ from api.common import redis_keys
 from api.common.errors import JobNotDeletable, JobNotFound
 from api.common.redis_client import get_redis
 from api.models import TERMINAL_STATUSES, Job
+from api.webhooks.services import job_deliveries_erase
+from api.webhooks.slots import slots_wait_released
 from inference_service.celery import app as celery_app
 
 logger = logging.getLogger(__name__)
@@ -63,18 +68,22 @@ def job_delete(*, job_id: uuid.UUID | str, owner: User | None) -> Job:
         raise JobNotDeletable(status=job.status)
     now = timezone.now()
     params = {name: value for name, value in job.params.items() if name not in _CONTENT_PARAMS}
-    # Conditional on the job being finished still: an operator's requeue in between wins, and the
-    # delete is then refused as for any running job.
-    if not jobs.filter(status__in=TERMINAL_STATUSES).update(
-        prompt="", messages=None, prompt_token_ids=[], output_text="", error=None, params=params, metadata={},
-        logprobs=None,
-        idempotency_key=None, request_fingerprint="", deleted_at=now,
-    ):
-        current = jobs.first()
-        if current is None:
-            raise JobNotFound(job_id)
-        raise JobNotDeletable(status=current.status)
-    transaction.on_commit(partial(_drop_stream_now_and_later, str(job.id)))
+    with transaction.atomic():
+        # Conditional on the job being finished still: an operator's requeue in between wins, and
+        # the delete is then refused as for any running job.
+        if not jobs.filter(status__in=TERMINAL_STATUSES).update(
+            prompt="", messages=None, prompt_token_ids=[], output_text="", error=None, params=params, metadata={},
+            logprobs=None,
+            idempotency_key=None, request_fingerprint="", deleted_at=now,
+        ):
+            current = jobs.first()
+            if current is None:
+                raise JobNotFound(job_id)
+            raise JobNotDeletable(status=current.status)
+        deliveries = job_deliveries_erase(job_id=str(job.id))
+        transaction.on_commit(partial(_drop_stream_now_and_later, str(job.id)))
+        if deliveries:
+            transaction.on_commit(partial(slots_wait_released, holders=deliveries))
     job.refresh_from_db()
     return job
 

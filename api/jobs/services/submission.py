@@ -27,7 +27,8 @@ from api.common.errors import (
 from api.jobs.selectors import job_queue_position
 from api.jobs.services.dispatch import job_dispatch_counted
 from api.jobs.services.queue_routing import job_route
-from api.keys.quotas import RateLimitState, quota_consume_request, quota_gate
+from api.jobs.structured import job_constraint
+from api.keys.quotas import RateLimitState, quota_admission, quota_consume_request
 from api.models import SAMPLING_DEFAULTS, ApiKey, Job
 from api.serving.catalog import ConfiguredModel, model_resolve
 from api.serving.tokenization import get_tokenizer
@@ -48,6 +49,8 @@ class JobRequest:
     sampling: dict[str, Any] = field(default_factory=dict)
     metadata: dict[str, str] = field(default_factory=dict)
     webhook_url: str = ""
+    response_format: dict[str, Any] | None = None
+    tools: dict[str, Any] | None = None  # {"tools", "tool_choice", "parallel_tool_calls"} (api/jobs/tools.py)
 
     @classmethod
     def from_validated(cls, data: dict[str, Any]) -> JobRequest:
@@ -60,6 +63,8 @@ class JobRequest:
             priority=data.pop("priority", None),
             metadata=dict(data.pop("metadata", {})),
             webhook_url=data.pop("webhook_url", ""),
+            response_format=data.pop("response_format", None),
+            tools=data.pop("tools", None),
             sampling=data,
         )
 
@@ -73,6 +78,8 @@ class JobRequest:
             **({"metadata": self.metadata} if self.metadata else {}),  # bodies without it keep their fingerprint
             **({"webhook_url": self.webhook_url} if self.webhook_url else {}),
             **({"model": self.model} if self.model is not None else {}),
+            **({"response_format": self.response_format} if self.response_format else {}),
+            **({"tools": self.tools} if self.tools else {}),
         }
         return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()
 
@@ -116,11 +123,9 @@ def job_create(
     job.idempotency_key = idempotency_key
     job.dispatch_count = 1  # the send on commit; job_dispatch_counted takes it back if the send fails
     try:
-        with transaction.atomic():
+        with quota_admission(api_key_id=api_key.id, job_id=job.id, prompt_tokens=len(job.prompt_token_ids),
+                             max_tokens=job.max_tokens, now=job.created_at):
             job.save(force_insert=True)
-            # Locks the key's row and counts this job in: a QuotaExceeded rolls the insert back.
-            quota_gate(api_key_id=api_key.id, prompt_tokens=len(job.prompt_token_ids), max_tokens=job.max_tokens,
-                       now=job.created_at)
             transaction.on_commit(partial(job_dispatch_counted, job_id=str(job.id), precounted=True,
                                           queue=route.queue))
     except ApiKey.DoesNotExist:
@@ -150,6 +155,7 @@ def job_build(*, owner: User, api_key: ApiKey, request: JobRequest, priority: in
     if request.webhook_url:
         webhook_url_check(request.webhook_url)
     prompt_token_ids, param = _tokenize(request, model)
+    constraint = job_constraint(request, model)
     _check_logit_bias(request.sampling.get("logit_bias"), model)
     max_tokens = _max_tokens(request, model, api_key=api_key, prompt_tokens=len(prompt_token_ids), param=param)
     if priority is None:
@@ -167,6 +173,9 @@ def job_build(*, owner: User, api_key: ApiKey, request: JobRequest, priority: in
         metadata=request.metadata,
         webhook_url=request.webhook_url,
         request_fingerprint=request.fingerprint(),
+        response_format=request.response_format,
+        tools=request.tools,
+        constraint={"kind": constraint.kind, "text": constraint.text} if constraint is not None else None,
     )
 
 
@@ -221,5 +230,6 @@ def _check_logit_bias(bias: dict[str, float] | None, model: ConfiguredModel) -> 
 def _tokenize(request: JobRequest, model: ConfiguredModel) -> tuple[list[int], str]:
     tokenizer = get_tokenizer(model.path)
     if request.messages is not None:
-        return tokenizer.encode_messages(request.messages), "messages"
+        tools = request.tools["tools"] if request.tools and request.tools["tool_choice"] != "none" else None
+        return tokenizer.encode_messages(request.messages, tools=tools), "messages"
     return tokenizer.encode_prompt(request.prompt or ""), "prompt"

@@ -24,6 +24,8 @@ class Command(BaseCommand):
         parser.add_argument("--replace", action="store_true",
                             help="revoke the user's earlier keys of this --key-name: only the new one is valid")
         parser.add_argument("--quiet", action="store_true", help="print only the key")
+        parser.add_argument("--with-webhook-secret", action="store_true",
+                            help="with --quiet: print the key's webhook signing secret on a second line")
 
     def handle(self, *args: Any, **options: Any) -> None:
         user_model = get_user_model()
@@ -42,6 +44,8 @@ class Command(BaseCommand):
             api_key, secret = api_key_create(owner=user, name=name)
         if options["quiet"]:
             self.stdout.write(secret)
+            if options["with_webhook_secret"]:
+                self.stdout.write(api_key.webhook_secret)
             return
         verb = "Created" if created else "Found"
         # The key's secret stays the last line, for scripts that read it.

@@ -42,6 +42,7 @@ class Command(BaseCommand):
             config = replace(config, worker_id=options["worker_id"])
         service = _build(config)
         service.start()  # the engine process has loaded the model and runs
+        _wait_for_migrations(float(os.environ.get("WAIT_FOR_MIGRATIONS", "0")))
         worker.install(service)
         logger.info("engine worker %s ready (model %s at %s)", config.worker_id, config.model_name, config.model_path)
         try:
@@ -51,6 +52,26 @@ class Command(BaseCommand):
             worker.install(None)
             handed_back = service.shutdown()
             logger.info("engine worker %s stopped; %s jobs handed back", config.worker_id, len(handed_back))
+
+
+def _wait_for_migrations(timeout_s: float) -> None:
+    """With ``timeout_s`` > 0, wait until the database has every migration before taking jobs:
+    ``make run`` migrates while the worker loads its model (scripts/run.sh)."""
+    if timeout_s <= 0:
+        return
+    import time
+
+    from django.db import connection
+    from django.db.migrations.executor import MigrationExecutor
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        executor = MigrationExecutor(connection)
+        if not executor.migration_plan(executor.loader.graph.leaf_nodes()):
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the database still lacks migrations after {timeout_s:.0f} s")
+        time.sleep(0.2)
 
 
 def _keep_database_connections() -> None:

@@ -87,7 +87,7 @@
     document.getElementById("ed-summary").replaceChildren(
       card("Live Workers", U.count(d.workers.length)),
       card("Queued Jobs", U.count(d.jobs.queued)),
-      card("Running Jobs", U.count(d.jobs.in_progress)),
+      card("Running Jobs", U.count(d.engines.running)),
       card("Generation Speed", U.rate(d.throughput.engine_tokens_per_second)),
       card("Jobs Finished (Last 60 s)", U.count(d.throughput.jobs)),
       card("Prefix-Cache Hit Rate", U.percent(hitRate(d.workers)))

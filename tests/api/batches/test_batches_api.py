@@ -209,18 +209,30 @@ def test_beat_tick_starts_feeds_and_ends_batches_whose_messages_were_lost(api_cl
     assert Batch.objects.get(id=batch_id).status == BatchStatus.COMPLETED
 
 
-def test_the_sink_asks_for_progress_when_batch_jobs_end(api_client, api_key, broker):
-    from api.batches.feed import batch_jobs_ended
+def test_the_sink_asks_for_progress_once_per_batch_whose_jobs_end_without_reading_them(
+        api_client, api_key, broker, redis_client):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
 
-    batch_id = _batch(api_client, [chat_line("a")])["id"]
+    from api.worker.sink import RedisJobSink
+    from engine_worker.protocol import FinalResult, StepBatch
+
+    batch_id = _batch(api_client, [chat_line("a"), chat_line("b")])["id"]
     batch_start(batch_id=batch_id)
-    [job] = Job.objects.filter(batch_id=batch_id)
+    jobs = list(Job.objects.filter(batch_id=batch_id))
     interactive = Job.objects.create(owner=api_key.owner, api_key=api_key, prompt="x")
+    Job.objects.filter(id__in=[j.id for j in (*jobs, interactive)]).update(status=JobStatus.IN_PROGRESS, worker_id="w")
     broker.messages.clear()
+    sink = RedisJobSink(worker_id="w", redis_client=redis_client)
 
-    batch_jobs_ended(job_ids=[str(job.id), str(interactive.id)])
+    with CaptureQueriesContext(connection) as queries:
+        sink.publish(StepBatch(finals=tuple(
+            FinalResult(job_id=str(j.id), text="t", finish_reason="stop", prompt_tokens=1, completion_tokens=1)
+            for j in (*jobs, interactive))))
 
     assert [(name, args) for name, args, _ in broker.messages] == [(BATCH_PROGRESS_TASK, [api_key.id, batch_id])]
+    # The finals' UPDATE says which batches moved: nothing reads the rows again.
+    assert not [q["sql"] for q in queries if q["sql"].lstrip().upper().startswith("SELECT")]
 
 
 def test_batches_are_paged_newest_first(api_client):

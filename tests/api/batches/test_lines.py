@@ -29,6 +29,12 @@ def test_a_parsed_line_carries_the_online_request():
     assert line.request.job.max_tokens == 5 and line.request.job.sampling["temperature"] == 0.5
 
 
+def test_a_lines_response_format_reaches_its_job_request():
+    response_format = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "integer"}}}
+    line = parse_line(jsonl([chat_line("x", response_format=response_format)]).strip(), 1)
+    assert line.request.job.response_format == response_format
+
+
 @pytest.mark.parametrize(("line", "reason"), [
     ("{not json", "JSON parse error"),
     ([1, 2], "a line must be a JSON object"),
@@ -41,6 +47,8 @@ def test_a_parsed_line_carries_the_online_request():
     (chat_line("a", temperature="hot"), "body.temperature"),
     (chat_line("a", n=2), "body: n: only one choice"),
     (chat_line("a", stream=True), "body.stream"),
+    (chat_line("a", response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "strin"}}}),
+     "response_format: the schema cannot be used"),
 ])
 def test_a_bad_line_is_refused_with_its_number_and_reason(line, reason):
     with pytest.raises(FileInvalid) as caught:

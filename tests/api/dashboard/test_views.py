@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 from django.test import Client
@@ -93,3 +94,20 @@ def test_engine_dashboard_data_sends_only_the_samples_after_since(staff, redis_c
 
     assert [p["t"] for p in data["history"]["mac-1"]] == [now - 4, now - 2]
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "since"
+
+
+def test_the_running_jobs_card_counts_what_the_worker_panel_shows(staff, redis_client):
+    """The card and the workers' rows read the same heartbeats: 20 jobs in_progress in the
+    database (some claimed and waiting, some of a dead worker) are not 15 running in the engines."""
+    publish_heartbeat(redis_client, heartbeat(worker_id="mac-1", num_running=9, num_waiting=3))
+    publish_heartbeat(redis_client, heartbeat(worker_id="mac-2", num_running=6, num_waiting=2))
+    for _ in range(20):
+        make_job(status=JobStatus.IN_PROGRESS)
+
+    data = staff.get("/admin/engine/data.json").json()
+
+    assert data["engines"] == {"running": 15, "waiting": 5}
+    assert data["engines"]["running"] == sum(w["num_running"] for w in data["workers"])
+    assert data["jobs"]["in_progress"] == 20
+    script = (Path(__file__).resolve().parents[3] / "api/static/api/engine_dashboard.js").read_text()
+    assert 'card("Running Jobs", U.count(d.engines.running))' in script

@@ -14,8 +14,9 @@ from django.utils import timezone
 
 from api.common.redis_keys import job_stream_key
 from api.jobs import tasks
+from api.jobs.services import claim as claims
 from api.jobs.services import lifecycle as lc
-from api.jobs.services import reconciler
+from api.jobs.services import outputs, reconciler
 from api.jobs.services.cancel import job_cancel
 from api.models import Job, JobStatus
 from tests.api.factories import make_job
@@ -31,7 +32,7 @@ def no_broker(monkeypatch):
 
 def _running_on_a_stuck_worker(api_key=None, **fields) -> Job:
     job = make_job(api_key=api_key, **fields)
-    lc.job_claim(job_id=str(job.id), worker_id="stuck", lease_s=30)
+    claims.job_claim(job_id=str(job.id), worker_id="stuck", lease_s=30)
     Job.objects.filter(id=job.id).update(output_text="partial", completion_tokens=3, last_seq=3)
     job_cancel(job_id=job.id)  # the worker never acts on it
     return Job.objects.get(id=job.id)
@@ -66,13 +67,13 @@ def test_a_job_handed_back_on_shutdown_after_its_cancel_was_requested_ends_cance
     assert lc.job_hand_back(job_id=str(job.id), worker_id="stuck", redispatch_after_s=5) == JobStatus.CANCELLED
     job.refresh_from_db()
     assert job.status == JobStatus.CANCELLED
-    assert lc.job_claim(job_id=str(job.id), worker_id="w2", lease_s=30) is None
+    assert claims.job_claim(job_id=str(job.id), worker_id="w2", lease_s=30) is None
 
 
 @pytest.mark.django_db
 def test_a_job_handed_back_without_a_cancel_goes_back_to_the_queue():
     job = make_job()
-    lc.job_claim(job_id=str(job.id), worker_id="w1", lease_s=30)
+    claims.job_claim(job_id=str(job.id), worker_id="w1", lease_s=30)
     assert lc.job_hand_back(job_id=str(job.id), worker_id="w1", redispatch_after_s=5) == JobStatus.QUEUED
     assert lc.job_hand_back(job_id=str(job.id), worker_id="w1", redispatch_after_s=5) is None
     job.refresh_from_db()
@@ -82,9 +83,9 @@ def test_a_job_handed_back_without_a_cancel_goes_back_to_the_queue():
 @pytest.mark.django_db
 def test_a_job_handed_back_and_then_cancelled_in_the_queue_keeps_its_text_with_its_first_token_time():
     job = make_job()
-    lc.job_claim(job_id=str(job.id), worker_id="w1", lease_s=30)
-    lc.jobs_record_progress(worker_id="w1", progress=[
-        lc.Progress(job_id=str(job.id), text="partial", last_seq=2, completion_tokens=3, first_token_at=1_800_000_000.0)])
+    claims.job_claim(job_id=str(job.id), worker_id="w1", lease_s=30)
+    outputs.jobs_record_progress(worker_id="w1", progress=[
+        outputs.Progress(job_id=str(job.id), text="partial", last_seq=2, completion_tokens=3, first_token_at=1_800_000_000.0)])
     assert lc.job_hand_back(job_id=str(job.id), worker_id="w1", redispatch_after_s=5) == JobStatus.QUEUED
 
     job_cancel(job_id=job.id)
@@ -97,12 +98,12 @@ def test_a_job_handed_back_and_then_cancelled_in_the_queue_keeps_its_text_with_i
 @pytest.mark.django_db
 def test_the_next_claim_of_a_handed_back_job_clears_its_text_and_first_token_time_together():
     job = make_job()
-    lc.job_claim(job_id=str(job.id), worker_id="w1", lease_s=30)
-    lc.jobs_record_progress(worker_id="w1", progress=[
-        lc.Progress(job_id=str(job.id), text="partial", last_seq=2, completion_tokens=3, first_token_at=1_800_000_000.0)])
+    claims.job_claim(job_id=str(job.id), worker_id="w1", lease_s=30)
+    outputs.jobs_record_progress(worker_id="w1", progress=[
+        outputs.Progress(job_id=str(job.id), text="partial", last_seq=2, completion_tokens=3, first_token_at=1_800_000_000.0)])
     lc.job_hand_back(job_id=str(job.id), worker_id="w1", redispatch_after_s=5)
 
-    claimed = lc.job_claim(job_id=str(job.id), worker_id="w2", lease_s=30)
+    claimed = claims.job_claim(job_id=str(job.id), worker_id="w2", lease_s=30)
 
     assert (claimed.output_text, claimed.first_token_at, claimed.completion_tokens) == ("", None, 0)
 

@@ -6,12 +6,14 @@ import threading
 from unittest import mock
 
 import pytest
-from django.db import connection
+from django.db import connection, connections
+from django.utils import timezone
 
 from api.common.errors import QuotaExceeded
 from api.jobs.services.submission import JobRequest, job_create
-from api.keys import quotas
-from api.models import Job
+from api.keys.quotas import quota_key_usage
+from api.models import Job, QuotaHold
+from api.serving.tokenization import get_tokenizer
 from tests.api.factories import make_api_key
 
 pytestmark = pytest.mark.skipif(connection.vendor != "postgresql", reason="needs row locks (Postgres)")
@@ -64,42 +66,77 @@ def test_concurrent_submissions_never_exceed_the_concurrent_jobs_quota(transacti
     assert Job.objects.count() == 2
 
 
-def test_a_submission_waiting_for_the_keys_lock_counts_the_job_committed_by_its_holder(
+def test_many_concurrent_submissions_of_one_key_admit_exactly_its_job_quota(transactional_db, redis_client,
+                                                                          dispatched):
+    api_key, _ = make_api_key(max_concurrent_jobs=7)
+
+    results = _submit_concurrently(24, lambda: _submit(api_key))
+
+    assert sum(isinstance(r, tuple) for r in results) == 7, results
+    assert sum(isinstance(r, QuotaExceeded) and r.code == "concurrent_jobs_exceeded" for r in results) == 17
+    assert Job.objects.count() == 7 and len(dispatched) == 7
+    assert QuotaHold.objects.count() == 0  # every hold became its job or was given back
+
+
+def test_many_concurrent_submissions_of_one_key_admit_exactly_its_daily_tokens(transactional_db, redis_client,
+                                                                             dispatched):
+    needed = len(get_tokenizer().encode_prompt("Hi")) + 4
+    api_key, _ = make_api_key(max_concurrent_jobs=100, tokens_per_day=5 * needed + needed - 1)
+
+    results = _submit_concurrently(24, lambda: _submit(api_key))
+
+    assert sum(isinstance(r, tuple) for r in results) == 5, results
+    assert sum(isinstance(r, QuotaExceeded) and r.code == "tokens_per_day_exceeded" for r in results) == 19
+    assert quota_key_usage(api_key=api_key, now=timezone.now()).tokens_used == 5 * needed
+    assert QuotaHold.objects.count() == 0
+
+
+def test_a_submission_completes_while_another_of_its_key_holds_its_transaction_open(
         transactional_db, redis_client, dispatched):
-    """The gate reads the usage after the lock is granted (a new snapshot), so the job that the
-    lock's holder commits meanwhile is counted: here it takes the key's only slot."""
-    api_key, _ = make_api_key(max_concurrent_jobs=1)
-    holding, release = threading.Event(), threading.Event()
-
-    def gate_then_hold(**kwargs) -> None:
-        quotas.quota_gate(**kwargs)
-        if threading.current_thread().name == "holder":  # the key's lock is held until its commit
-            holding.set()
-            release.wait(10)
-
+    """The key's lock is held only while the gate counts: a submission stalled before its COMMIT
+    holds its place (a third one is refused) but no one waits for it."""
+    api_key, _ = make_api_key(max_concurrent_jobs=2)
+    committing, release = threading.Event(), threading.Event()
     outcome: dict[str, object] = {}
 
-    def submit() -> None:
+    def record(name: str, submit) -> None:
         try:
-            outcome[threading.current_thread().name] = job_create(
-                owner=api_key.owner, api_key=api_key, request=JobRequest(prompt="Hi", max_tokens=4))
+            outcome[name] = submit()
         except QuotaExceeded as exc:
-            outcome[threading.current_thread().name] = exc
+            outcome[name] = exc
         finally:
             connection.close()
 
-    with mock.patch("api.jobs.services.submission.quota_gate", side_effect=gate_then_hold):
-        holder = threading.Thread(target=submit, name="holder")
-        holder.start()
-        assert holding.wait(10)
-        waiter = threading.Thread(target=submit, name="waiter")
-        waiter.start()
-        waiter.join(0.5)
-        assert waiter.is_alive() and "waiter" not in outcome  # queued on the key's lock
-        release.set()
-        holder.join(10)
-        waiter.join(10)
+    def stalled_submit():
+        wrapper = connections["default"]  # this thread's connection
+        commit = wrapper.commit
 
-    assert isinstance(outcome["waiter"], QuotaExceeded), outcome
-    assert outcome["waiter"].code == "concurrent_jobs_exceeded"
-    assert list(Job.objects.values_list("id", flat=True)) == [outcome["holder"].job.id]
+        def stall_then_commit() -> None:
+            committing.set()
+            release.wait(10)
+            commit()
+
+        with mock.patch.object(wrapper, "commit", side_effect=stall_then_commit):
+            return _submit(api_key)
+
+    slow = threading.Thread(target=record, args=("slow", stalled_submit))
+    slow.start()
+    try:
+        assert committing.wait(10)
+        for name in ("second", "third"):
+            thread = threading.Thread(target=record, args=(name, lambda: _submit(api_key)))
+            thread.start()
+            thread.join(3)
+            assert not thread.is_alive(), f"the {name} submission waited for the open transaction"
+        assert "slow" not in outcome  # its transaction is still open
+    finally:
+        release.set()
+        slow.join(10)
+
+    assert isinstance(outcome["slow"], tuple) and isinstance(outcome["second"], tuple), outcome
+    assert isinstance(outcome["third"], QuotaExceeded) and outcome["third"].code == "concurrent_jobs_exceeded"
+    assert Job.objects.count() == 2 and QuotaHold.objects.count() == 0
+
+
+def _submit(api_key):
+    return job_create(owner=api_key.owner, api_key=api_key, request=JobRequest(prompt="Hi", max_tokens=4))

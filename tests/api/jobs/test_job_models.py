@@ -6,11 +6,12 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from django.utils import timezone
 from rest_framework.test import APIClient
 
-from api.jobs.services import lifecycle as job_lifecycle
+from api.jobs.services import claim as job_claims
 from api.jobs.tasks import reconcile_jobs
-from api.models import ApiKey, Job
+from api.models import ApiKey, Job, JobStatus
 from tests.api.factories import heartbeat, make_api_key, make_job, publish_heartbeat
 from tests.api.openai_api.client import request
 
@@ -122,9 +123,9 @@ def test_v1_models_lists_every_configured_model_with_its_workers_and_availabilit
 def test_a_worker_claims_only_its_own_models_jobs(db):
     job = make_job(model="tiny-b")
 
-    assert job_lifecycle.job_claim(job_id=str(job.id), worker_id="w-a", lease_s=30, model="tiny") is None
-    assert job_lifecycle.job_queued_for_other_model(job_id=str(job.id), model="tiny")
-    assert job_lifecycle.job_claim(job_id=str(job.id), worker_id="w-b", lease_s=30, model="tiny-b") is not None
+    assert job_claims.job_claim(job_id=str(job.id), worker_id="w-a", lease_s=30, model="tiny") is None
+    assert job_claims.job_queued_for_other_model(job_id=str(job.id), model="tiny")
+    assert job_claims.job_claim(job_id=str(job.id), worker_id="w-b", lease_s=30, model="tiny-b") is not None
 
 
 def test_the_reconciler_sends_a_job_routed_to_a_dead_worker_to_its_models_shared_queue(
@@ -158,3 +159,15 @@ def test_a_chunk_with_log_probabilities_is_rendered_with_its_own_models_tokenize
     assert message["logprobs"][0]["token_id"] == 5 and message["logprobs"][0]["logprob"] == -0.5
     plain = OutputChunk(job_id="j", seq=1, text="a", completion_tokens=1)
     assert "model" not in messages.chunk_entry(plain, model="tiny-b")
+
+
+def test_model_served_says_the_same_in_the_202_and_in_get_once_the_job_has_left_the_queue(
+        two_models, api_client, broker, redis_client):
+    publish_heartbeat(redis_client, heartbeat(worker_id="w-a", model="tiny"))
+    created = _post(api_client, {"model": "tiny", "prompt": "Hi", "max_tokens": 4}).json()
+    Job.objects.filter(id=created["id"]).update(status=JobStatus.COMPLETED, finished_at=timezone.now())
+
+    detail = api_client.get(f"/api/v1/jobs/{created['id']}").json()
+
+    assert detail["status"] == "completed"
+    assert created["model_served"] is detail["model_served"] is True

@@ -10,7 +10,8 @@ import pytest
 from channels.db import database_sync_to_async
 
 from api.jobs.logprobs import chat_logprobs, job_logprobs, text_logprobs
-from api.jobs.services import lifecycle as job_lifecycle
+from api.jobs.services import claim as job_claims
+from api.jobs.services import outputs as job_outputs
 from api.models import Job, JobStatus
 from api.serving.tokenization import get_tokenizer
 from engine_worker.protocol import FinalResult
@@ -32,7 +33,7 @@ def test_the_final_writes_them_and_get_shows_each_tokens_text_id_and_alternative
     result = FinalResult(job_id=str(job.id), text=_text(77) + _text(42), finish_reason="length", prompt_tokens=3,
                          completion_tokens=2, finished_at=time.time(), last_seq=1, logprobs=STORED)
 
-    assert job_lifecycle.jobs_complete(results=[result], worker_id="w") == [str(job.id)]
+    assert job_outputs.jobs_complete(results=[result], worker_id="w") == [str(job.id)]
 
     body = api_client.get(f"/api/v1/jobs/{job.id}").json()
     assert body["logprobs"] == [
@@ -43,7 +44,7 @@ def test_the_final_writes_them_and_get_shows_each_tokens_text_id_and_alternative
          "top_logprobs": [{"token": _text(42), "token_id": 42, "logprob": -1.0},
                           {"token": _text(77), "token_id": 77, "logprob": -1.5}]},
     ]
-    assert job_lifecycle.job_spec(Job.objects.get(id=job.id)).logprobs == 1
+    assert job_claims.job_spec(Job.objects.get(id=job.id)).logprobs == 1
 
 
 @pytest.mark.django_db

@@ -16,7 +16,7 @@ from django.db.migrations.executor import MigrationExecutor
 
 from api.common.redis_keys import job_stream_key
 from api.jobs.fields import decode_text, encode_text
-from api.jobs.services import lifecycle as lc
+from api.jobs.services import outputs
 from api.models import Job, JobStatus
 from api.worker.sink import RedisJobSink
 from engine_worker.protocol import FinalResult, OutputChunk, StepBatch
@@ -48,12 +48,12 @@ def _final(job: Job, text: str) -> FinalResult:
 def test_finals_and_progress_holding_nul_are_stored_next_to_ordinary_jobs_and_read_back_exactly(api_client, api_key):
     jobs = [make_job(api_key=api_key, status=JobStatus.IN_PROGRESS, worker_id="w") for _ in range(4)]
     texts = ["ab\x00cd\uffff0", "ordinary one", "another\n", "\x00"]
-    progress = [lc.Progress(job_id=str(job.id), text=text[:3], last_seq=1, completion_tokens=1)
+    progress = [outputs.Progress(job_id=str(job.id), text=text[:3], last_seq=1, completion_tokens=1)
                 for job, text in zip(jobs, texts, strict=True)]
-    assert lc.jobs_record_progress(worker_id="w", progress=progress) == 4
+    assert outputs.jobs_record_progress(worker_id="w", progress=progress) == 4
     assert [Job.objects.get(id=job.id).output_text for job in jobs] == [text[:3] for text in texts]
 
-    written = lc.jobs_complete(results=[_final(job, text) for job, text in zip(jobs, texts, strict=True)],
+    written = outputs.jobs_complete(results=[_final(job, text) for job, text in zip(jobs, texts, strict=True)],
                                worker_id="w")
 
     assert sorted(written) == sorted(str(job.id) for job in jobs)
@@ -115,15 +115,15 @@ def test_migration_0008_keeps_every_existing_row_s_text_exactly():
 SQLITE_SCRIPT = """
 import json, time
 from api.models import Job
-from api.jobs.services import lifecycle as lc
+from api.jobs.services import outputs
 from engine_worker.protocol import FinalResult
 from tests.api.factories import make_job
 jobs = [make_job(status="in_progress", worker_id="w") for _ in range(3)]
 texts = ["a\\x00b\\uffff0", "plain", "\\x00"]
-lc.jobs_record_progress(worker_id="w", progress=[
-    lc.Progress(job_id=str(j.id), text=t, last_seq=1, completion_tokens=1) for j, t in zip(jobs, texts)])
+outputs.jobs_record_progress(worker_id="w", progress=[
+    outputs.Progress(job_id=str(j.id), text=t, last_seq=1, completion_tokens=1) for j, t in zip(jobs, texts)])
 progress = [Job.objects.get(id=j.id).output_text for j in jobs]
-written = lc.jobs_complete(results=[FinalResult(job_id=str(j.id), text=t + "!", finish_reason="stop", prompt_tokens=1,
+written = outputs.jobs_complete(results=[FinalResult(job_id=str(j.id), text=t + "!", finish_reason="stop", prompt_tokens=1,
                                                 completion_tokens=2, finished_at=time.time(), last_seq=2)
                                     for j, t in zip(jobs, texts)], worker_id="w")
 print(json.dumps({"progress": progress, "written": len(written),

@@ -39,12 +39,13 @@ except QuotaExceeded as exc:
 usage = quota_key_usage(api_key=key, now=timezone.now())
 active, tokens = usage.active_jobs, usage.tokens_used
 positions = [job_queue_position(job=job) for job in jobs]
-from api.jobs.services import lifecycle as lc
-claimed = [lc.job_claim(job_id=str(jobs[0].id), worker_id="w", lease_s=30)]
+from api.jobs.services import claim as claims
+from api.jobs.services import outputs
+claimed = [claims.job_claim(job_id=str(jobs[0].id), worker_id="w", lease_s=30)]
 claim_same = model_to_dict(claimed[0]) == model_to_dict(Job.objects.get(id=jobs[0].id)) and \
     claimed[0].started_at == Job.objects.get(id=jobs[0].id).started_at is not None
-written = lc.jobs_record_progress(worker_id="w", progress=[
-    lc.Progress(job_id=str(j.id), text="so far", last_seq=2, completion_tokens=3, first_token_at=1_800_000_000.5)
+written = outputs.jobs_record_progress(worker_id="w", progress=[
+    outputs.Progress(job_id=str(j.id), text="so far", last_seq=2, completion_tokens=3, first_token_at=1_800_000_000.5)
     for j in jobs])
 jobs[0].refresh_from_db()
 found, orm = authenticate_api_key(secret), ApiKey.objects.select_related("owner").get(id=key.id)
@@ -58,11 +59,17 @@ connection.features.can_return_columns_from_insert = False
 key.max_concurrent_jobs = 10; key.save()
 old = [job_create(owner=user, api_key=key, request=JobRequest(prompt="hi", max_tokens=7)) for _ in range(2)]
 fallback = [[s.queue_position for s in old],
-            [str(lc.job_claim(job_id=str(s.job.id), worker_id="w", lease_s=30).id) for s in old]
+            [str(claims.job_claim(job_id=str(s.job.id), worker_id="w", lease_s=30).id) for s in old]
             == [str(s.job.id) for s in old]]
+Job.objects.filter(id__in=[j.id for j in jobs[1:]]).update(dispatch_count=1)
+extra = Job.objects.create(owner=user, status="queued", prompt="x", prompt_token_ids=[1], params={"max_tokens": 1},
+                           model=jobs[1].model, dispatch_count=1)
+batch = [str(j.id) for j in claims.jobs_claim(job_id=str(jobs[2].id), worker_id="w2", lease_s=30, model=jobs[1].model,
+                                              limit=2)]
+batch_claim = batch == [str(jobs[2].id), str(jobs[1].id)] and Job.objects.get(id=extra.id).status == "queued"
 print(json.dumps({
     "positions": positions, "insert_positions": [s.queue_position for s in submissions],
-    "claim_same": claim_same, "fallback": fallback,
+    "claim_same": claim_same, "fallback": fallback, "batch_claim": batch_claim,
     "active": active, "tokens": tokens, "prompt_len": len(jobs[0].prompt_token_ids), "refused": refused,
     "progress": [written, jobs[0].output_text, jobs[0].last_seq, jobs[0].completion_tokens,
                  jobs[0].first_token_at.timestamp()],
@@ -85,7 +92,8 @@ def test_quota_usage_and_queue_position_on_sqlite(migrated_sqlite_url, tiny_mode
     # Positions count only the jobs ahead (a text/datetime mismatch made a job count itself).
     assert result["positions"] == [0, 1, 2]
     assert result["insert_positions"] == [0, 1, 2]  # the 202's positions agree
-    assert result["claim_same"] is True  # the claim's UPDATE ... RETURNING rows, converted as the ORM does
+    assert result["claim_same"] is True
+    assert result["batch_claim"] is True  # the batch claim: the named job, then the queue, up to the limit  # the claim's UPDATE ... RETURNING rows, converted as the ORM does
     # Without RETURNING: positions behind the two jobs still queued, and both jobs claimed.
     assert result["fallback"] == [[2, 3], True]
     assert result["active"] == 3

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import uuid
 from unittest import mock
 
 import pytest
@@ -9,8 +10,8 @@ from django.utils import timezone
 
 from api.common.errors import AuthenticationFailed, QuotaExceeded
 from api.jobs.services.submission import JobRequest, job_create
-from api.keys.quotas import quota_key_usage, usage_rollup
-from api.models import ApiKey, Job, JobStatus, UsageRecord
+from api.keys.quotas import QUOTA_HOLD_S, quota_key_usage, usage_rollup
+from api.models import ApiKey, Job, JobStatus, QuotaHold, UsageRecord
 from api.serving.tokenization import get_tokenizer
 from tests.api.factories import make_api_key, make_job
 
@@ -193,3 +194,19 @@ def test_a_key_with_finished_jobs_can_still_be_deleted_and_its_jobs_stay(api_key
 
     job.refresh_from_db()
     assert job.api_key_id is None
+
+
+def test_a_hold_counts_as_its_job_until_it_expires(redis_client, dispatched):
+    """A hold is a job admitted whose row has not committed: it takes the key's place, and one left
+    by a submission that died is given back after QUOTA_HOLD_S."""
+    api_key, _ = make_api_key(max_concurrent_jobs=1)
+    hold = QuotaHold.objects.create(job_id=uuid.uuid4(), api_key=api_key, tokens=5, created_at=timezone.now())
+
+    with pytest.raises(QuotaExceeded) as refused:
+        _submit(api_key)
+    assert refused.value.code == "concurrent_jobs_exceeded"
+    assert quota_key_usage(api_key=api_key, now=timezone.now()).active_jobs == 1
+
+    QuotaHold.objects.filter(pk=hold.pk).update(created_at=timezone.now() - dt.timedelta(seconds=QUOTA_HOLD_S + 1))
+    assert _submit(api_key).created
+    assert list(QuotaHold.objects.all()) == []

@@ -10,7 +10,7 @@ from typing import Any
 from channels.db import database_sync_to_async
 from channels.testing import ApplicationCommunicator
 
-from api.jobs.services.lifecycle import job_claim
+from api.jobs.services.claim import job_claim
 from api.worker.sink import RedisJobSink
 from engine_worker.protocol import FinalResult, OutputChunk, StepBatch
 from inference_service.asgi import application

@@ -9,7 +9,7 @@ import asyncio
 import pytest
 from channels.db import database_sync_to_async
 
-from api.jobs.services.lifecycle import job_spec
+from api.jobs.services.claim import job_spec
 from api.models import Job, JobStatus
 from tests.api.factories import make_api_key
 from tests.api.openai_api.client import Exchange, run_job
@@ -228,7 +228,7 @@ def _restarted_stream(second_attempt: list[str]):
     """A streamed chat whose job streams "Once", then restarts on another worker, whose attempt
     streams ``second_attempt`` and finishes. Returns the job and the response."""
     from api.common.redis_client import get_redis
-    from api.jobs.services.lifecycle import job_claim
+    from api.jobs.services.claim import job_claim
     from api.worker.admission import stream_restart
     from api.worker.sink import RedisJobSink
     from engine_worker.protocol import FinalResult, OutputChunk, StepBatch

@@ -29,6 +29,8 @@ def _text(**fields):
     return {"model": "tiny", "prompt": "Once upon a time", **fields}
 
 
+_TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+
 BAD = [
     # (path, body, status, code, param)
     (CHAT, b"{not json", 400, "invalid_json", None),
@@ -37,7 +39,10 @@ BAD = [
     (CHAT, _chat(model="gpt-4o"), 404, "model_not_found", "model"),
     (CHAT, {"model": "tiny"}, 400, "required", "messages"),
     (CHAT, _chat(messages=[]), 400, "min_length", "messages"),
-    (CHAT, _chat(messages=[{"role": "tool", "content": "x"}]), 400, "invalid_choice", "messages.0.role"),
+    (CHAT, _chat(messages=[{"role": "function", "content": "x"}]), 400, "invalid_choice", "messages.0.role"),
+    (CHAT, _chat(messages=[{"role": "tool", "content": "x"}]), 400, "invalid", "messages.0.tool_call_id"),
+    (CHAT, _chat(messages=[{"role": "user", "content": "x", "tool_calls": [{"function": {"name": "f"}}]}]), 400,
+     "invalid", "messages.0.tool_calls"),
     (CHAT, _chat(messages=[{"role": "user", "content": None}]), 400, "null", "messages.0.content"),
     (CHAT, _chat(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]),
      400, "unsupported_content", "messages.0.content"),
@@ -47,9 +52,24 @@ BAD = [
     (CHAT, _chat(top_logprobs=2), 400, "invalid", "top_logprobs"),
     (CHAT, _chat(logprobs=True, top_logprobs=21), 400, "invalid", "top_logprobs"),
     (CHAT, _chat(logprobs="yes"), 400, "invalid", "logprobs"),
-    (CHAT, _chat(tools=[{"type": "function", "function": {"name": "f"}}]), 400, "unsupported_parameter", "tools"),
-    (CHAT, _chat(tool_choice="auto"), 400, "unsupported_parameter", "tool_choice"),
-    (CHAT, _chat(response_format={"type": "json_object"}), 400, "unsupported_parameter", "response_format"),
+    (CHAT, _chat(tools=[{"type": "function", "function": {"name": "no spaces"}}]), 400, "invalid",
+     "tools.0.function.name"),
+    (CHAT, _chat(tools=[{"type": "function"}]), 400, "invalid", "tools.0"),
+    (CHAT, _chat(tool_choice="auto"), 400, "invalid", "tool_choice"),
+    (CHAT, _chat(tools=[_TOOL], tool_choice="always"), 400, "invalid", "tool_choice"),
+    (CHAT, _chat(tools=[_TOOL], tool_choice={"type": "function", "function": {"name": "g"}}), 400, "invalid",
+     "tool_choice"),
+    (CHAT, _chat(tools=[{"type": "function", "function": {"name": "f", "parameters": {"type": "strin"}}}]), 400,
+     "invalid_schema", "tools"),
+    (CHAT, _chat(tools=[_TOOL], parallel_tool_calls="yes"), 400, "invalid", "parallel_tool_calls"),
+    (CHAT, _chat(response_format={"type": "xml"}), 400, "invalid", "response_format"),
+    (CHAT, _chat(response_format={"type": "json_schema", "json_schema": {"schema": {}}}), 400, "invalid",
+     "response_format"),
+    (CHAT, _chat(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "strin"}}}),
+     400, "invalid_schema", "response_format"),
+    (TEXT, _text(response_format={"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"type": "object", "propertyNames": {"maxLength": 3}}}}), 400, "invalid_schema",
+     "response_format"),
     (CHAT, _chat(presence_penalty=2.5), 400, "max_value", "presence_penalty"),
     (CHAT, _chat(frequency_penalty="1"), 400, "invalid", "frequency_penalty"),
     (CHAT, _chat(logit_bias={"50256": -100}), 400, "invalid_token_id", "logit_bias"),  # the vocabulary is 3,000

@@ -80,6 +80,17 @@ def test_deeply_nested_json_on_a_generate_socket_is_4400_invalid_json(redis_clie
     assert not Job.objects.exists()
 
 
+def test_a_bad_schema_on_a_generate_socket_is_an_error_naming_response_format_and_makes_no_job(redis_client, dispatched):
+    _, secret = make_api_key()
+    body = {"prompt": "x", "max_tokens": 4,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "strin"}}}}
+
+    received, _ = asyncio.run(_messages_until_close(f"/ws/v1/generate?api_key={secret}", json.dumps(body)))
+
+    assert [(m["error"]["code"], m["error"]["param"]) for m in received] == [("invalid_schema", "response_format")]
+    assert not Job.objects.exists()
+
+
 def test_deeply_nested_json_while_a_job_streams_is_a_notice_and_the_stream_goes_on(redis_client):
     api_key, secret = make_api_key()
     job_id = str(make_job(api_key=api_key, status=JobStatus.IN_PROGRESS, worker_id="w-1").id)

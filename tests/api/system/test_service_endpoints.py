@@ -116,3 +116,12 @@ def test_docs_page_renders_every_endpoint_and_loads_nothing_from_the_network(db)
     html = response.content.decode()
     assert "/api/v1/jobs/{job_id}/cancel" in html and "JobCreateRequest" in html
     assert not re.search(r"""(src|href)=["']?(https?:)?//""", html)
+
+
+def test_favicon_is_an_icon_and_the_admin_pages_name_it(admin_client):
+    response = admin_client.get("/favicon.ico")
+    page = admin_client.get("/admin/").content.decode()
+
+    assert response.status_code == 200 and response["Content-Type"] == "image/x-icon"
+    assert response.content[:4] == b"\x00\x00\x01\x00"  # an ICO header
+    assert '<link rel="icon" href="/static/api/favicon.ico">' in page

@@ -11,6 +11,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from api.jobs.services import lifecycle as job_lifecycle
+from api.jobs.services import outputs as job_outputs
 from api.jobs.services.cancel import job_cancel
 from api.jobs.services.requeue import job_requeue
 from api.models import JobStatus
@@ -45,7 +46,7 @@ def _sent(broker) -> list[str]:
 def test_a_final_from_the_engine_records_its_event(broker, finish_reason, event):
     job = _running()
 
-    assert job_lifecycle.jobs_complete(results=[_final(job, finish_reason)], worker_id=WORKER) == [str(job.id)]
+    assert job_outputs.jobs_complete(results=[_final(job, finish_reason)], worker_id=WORKER) == [str(job.id)]
 
     delivery = WebhookDelivery.objects.get()
     assert (delivery.event_type, delivery.url, delivery.job_id, delivery.api_key_id) == (
@@ -58,7 +59,7 @@ def test_finals_of_jobs_without_a_webhook_record_nothing(broker):
     plain = make_job(status=JobStatus.IN_PROGRESS, worker_id=WORKER)
     hooked = _running()
 
-    written = job_lifecycle.jobs_complete(results=[_final(plain), _final(hooked)], worker_id=WORKER)
+    written = job_outputs.jobs_complete(results=[_final(plain), _final(hooked)], worker_id=WORKER)
 
     assert sorted(written) == sorted([str(plain.id), str(hooked.id)])
     assert list(WebhookDelivery.objects.values_list("job_id", flat=True)) == [hooked.id]
@@ -67,7 +68,7 @@ def test_finals_of_jobs_without_a_webhook_record_nothing(broker):
 def test_a_failure_recorded_by_the_worker_records_job_failed(broker):
     job = _running()
 
-    assert job_lifecycle.job_fail(job_id=str(job.id), worker_id=WORKER, error="boom")
+    assert job_outputs.job_fail(job_id=str(job.id), worker_id=WORKER, error="boom")
 
     assert WebhookDelivery.objects.get().event_type == "job.failed"
 
@@ -88,7 +89,7 @@ def test_cancel_of_a_running_job_records_nothing_until_its_final(broker):
 
     job_cancel(job_id=job.id)
     assert not WebhookDelivery.objects.exists()
-    job_lifecycle.jobs_complete(results=[_final(job, "abort")], worker_id=WORKER)
+    job_outputs.jobs_complete(results=[_final(job, "abort")], worker_id=WORKER)
 
     assert WebhookDelivery.objects.get().event_type == "job.cancelled"
 
@@ -112,7 +113,7 @@ def test_a_dead_workers_cancelled_job_and_its_late_final_make_one_delivery(broke
 
     assert job_lifecycle.job_hand_back(job_id=str(job.id), worker_id=None, redispatch_after_s=0) == JobStatus.CANCELLED
     # The worker was not dead after all: its abort final still lands on the cancelled row.
-    assert job_lifecycle.jobs_complete(results=[_final(job, "abort")], worker_id=WORKER) == [str(job.id)]
+    assert job_outputs.jobs_complete(results=[_final(job, "abort")], worker_id=WORKER) == [str(job.id)]
     job_webhooks_enqueue(job_ids=[job.id])  # and any other path that records the same end
 
     assert WebhookDelivery.objects.get().event_type == "job.cancelled"
@@ -120,7 +121,7 @@ def test_a_dead_workers_cancelled_job_and_its_late_final_make_one_delivery(broke
 
 def test_a_job_requeued_by_an_operator_announces_its_next_end_too(broker):
     job = _running()
-    job_lifecycle.job_fail(job_id=str(job.id), worker_id=WORKER, error="boom")
+    job_outputs.job_fail(job_id=str(job.id), worker_id=WORKER, error="boom")
 
     job_requeue(job_id=job.id)
     job.refresh_from_db()
@@ -133,7 +134,7 @@ def test_nothing_is_recorded_or_sent_when_the_transaction_rolls_back(broker):
     job = _running()
 
     with pytest.raises(RuntimeError), transaction.atomic():
-        job_lifecycle.job_fail(job_id=str(job.id), worker_id=WORKER, error="boom")
+        job_outputs.job_fail(job_id=str(job.id), worker_id=WORKER, error="boom")
         raise RuntimeError("rolled back")
 
     assert not WebhookDelivery.objects.exists()

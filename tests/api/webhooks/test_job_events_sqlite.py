@@ -15,7 +15,7 @@ SCRIPT = """
 import json, time
 from django.contrib.auth.models import User
 from api.models import Job
-from api.jobs.services import lifecycle as lc
+from api.jobs.services import outputs
 from api.keys.services import api_key_create
 from api.webhooks.models import WebhookDelivery
 from engine_worker.protocol import FinalResult
@@ -27,8 +27,8 @@ jobs = [Job.objects.create(owner=user, api_key=key, status="in_progress", worker
         for url in ("http://93.184.216.34/a", "")]
 finals = [FinalResult(job_id=str(j.id), text="t", finish_reason="stop", prompt_tokens=1, completion_tokens=1,
                       finished_at=time.time(), last_seq=1) for j in jobs]
-written = lc.jobs_complete(results=finals, worker_id="w")
-again = lc.jobs_complete(results=finals, worker_id="w")
+written = outputs.jobs_complete(results=finals, worker_id="w")
+again = outputs.jobs_complete(results=finals, worker_id="w")
 print(json.dumps({"written": sorted(written) == sorted(str(j.id) for j in jobs), "again": again,
                   "deliveries": [[str(d.job_id), d.event_type] for d in WebhookDelivery.objects.all()],
                   "hooked": str(jobs[0].id)}))

@@ -21,9 +21,11 @@ pytestmark = pytest.mark.django_db
 class FakeEngine:
     """The part of EngineCore a JobHost drives; refuses the jobs it is told to."""
 
-    def __init__(self, *, invalid: set[str] = frozenset(), down: set[str] = frozenset(), running: bool = True) -> None:
-        self.invalid, self.down, self.running = invalid, down, running
+    def __init__(self, *, invalid: set[str] = frozenset(), down: set[str] = frozenset(), running: bool = True,
+                 capacity: int = 0) -> None:
+        self.invalid, self.down, self.running, self.capacity = invalid, down, running, capacity
         self.started: list = []
+        self.hand_overs: list[int] = []  # the size of each submit_many
 
     def add_output_listener(self, fn) -> None:
         pass
@@ -35,11 +37,22 @@ class FakeEngine:
             raise EngineClosed("engine stopped")
         self.started.append(request)
 
+    def submit_many(self, requests) -> list:
+        self.hand_overs.append(len(requests))
+        errors = []
+        for request in requests:
+            try:
+                self.submit(request)
+                errors.append(None)
+            except Exception as exc:  # noqa: BLE001 - handed back as EngineCore does
+                errors.append(exc)
+        return errors
+
     def abort(self, request_id: str) -> None:
         pass
 
     def get_stats(self) -> dict:
-        return {}
+        return {"max_running": self.capacity}
 
     def get_cache_stats(self) -> None:
         return None
@@ -74,6 +87,27 @@ def test_a_good_job_starts_a_bad_one_fails_alone_and_engine_trouble_hands_back(r
     # The engine's fault: back in the queue and re-sent at once for another worker.
     assert (down.status, down.worker_id) == (JobStatus.QUEUED, None)
     assert dispatched == [str(down.id)]
+
+
+def test_one_message_starts_every_queued_job_the_engine_has_room_for_in_one_hand_over(
+        redis_client, django_assert_num_queries):
+    jobs = [make_job(model="tiny", dispatch_count=1) for _ in range(6)]
+    engine = FakeEngine(capacity=4)
+    service = _service(engine, redis_client)
+
+    assert service.admit(str(jobs[5].id)) is True
+
+    assert engine.hand_overs == [4]  # one claim, one hand-over, up to the batch's room
+    assert [r.request_id for r in engine.started][0] == str(jobs[5].id)  # the message's own job first
+    claimed = {r.request_id for r in engine.started}
+    with django_assert_num_queries(0):  # the others' messages: held here already, no claim
+        assert not any(service.admit(str(job.id)) for job in jobs if str(job.id) in claimed)
+    # No room left: a message claims its own job alone, nothing more.
+    rest = [job for job in jobs if str(job.id) not in claimed]
+    assert service.admit(str(rest[0].id)) is True
+    assert engine.hand_overs == [4, 1]
+    rest[1].refresh_from_db()
+    assert rest[1].status == JobStatus.QUEUED
 
 
 def test_a_duplicate_delivery_or_a_cancelled_job_starts_nothing(redis_client, django_assert_num_queries):
@@ -125,7 +159,7 @@ def test_a_job_that_runs_again_restarts_its_stream_after_every_earlier_seq(redis
                                                                 completion_tokens=seq)))
     service = _service(FakeEngine(), redis_client)
     specs = []
-    service.host.submit = lambda spec: specs.append(spec) or True
+    service.host.submit_many = lambda batch: specs.extend(batch) or [s.job_id for s in batch]
 
     assert service.admit(str(job.id)) is True
 
@@ -145,7 +179,7 @@ def test_a_job_whose_first_attempt_streamed_nothing_starts_again_at_seq_one(redi
     job = make_job(attempts=1)  # its worker died before the first chunk
     service = _service(FakeEngine(), redis_client)
     specs = []
-    service.host.submit = lambda spec: specs.append(spec) or True
+    service.host.submit_many = lambda batch: specs.extend(batch) or [s.job_id for s in batch]
 
     assert service.admit(str(job.id)) is True
 

@@ -13,6 +13,7 @@ from django.db import DataError, OperationalError
 
 from api.common.redis_keys import job_stream_key
 from api.jobs.services import lifecycle as job_lifecycle
+from api.jobs.services import outputs as job_outputs
 from api.models import Job, JobStatus
 from api.worker.sink import OUTPUT_NOT_STORED, RedisJobSink
 from engine_worker.protocol import FinalResult, OutputChunk, StepBatch
@@ -22,9 +23,9 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def _refuse(monkeypatch, name: str, bad: str, error: type[Exception] = DataError) -> list[int]:
-    """Make ``job_lifecycle.<name>`` fail, as the database would, for any call whose batch holds
+    """Make ``job_outputs.<name>`` fail, as the database would, for any call whose batch holds
     job ``bad``; returns the sizes of the batches it was called with."""
-    real = getattr(job_lifecycle, name)
+    real = getattr(job_outputs, name)
     sizes: list[int] = []
 
     def write(**kwargs):
@@ -34,7 +35,7 @@ def _refuse(monkeypatch, name: str, bad: str, error: type[Exception] = DataError
             raise error("refused")
         return real(**kwargs)
 
-    monkeypatch.setattr(job_lifecycle, name, write)
+    monkeypatch.setattr(job_outputs, name, write)
     return sizes
 
 
@@ -63,7 +64,7 @@ def _stream_finals(redis_client, job_id: str) -> list[str]:
 
 def test_a_failed_batch_of_finals_is_written_job_by_job_and_only_the_refused_job_fails(redis_client, monkeypatch):
     bad, *good = _jobs(3)
-    sizes = _refuse(monkeypatch, "jobs_complete", bad)
+    sizes = _refuse(monkeypatch, "jobs_store_finals", bad)
     sink = RedisJobSink(worker_id="w", redis_client=redis_client)
     sink.publish(StepBatch(chunks=tuple(_chunk(j, 1) for j in (bad, *good))))
 
@@ -113,7 +114,7 @@ def test_a_job_whose_progress_write_is_refused_fails_alone_and_its_later_outputs
 
 def test_a_lost_database_connection_fails_no_job_and_publishes_no_final(redis_client, monkeypatch):
     jobs = _jobs(2)
-    _refuse(monkeypatch, "jobs_complete", jobs[0], error=OperationalError)
+    _refuse(monkeypatch, "jobs_store_finals", jobs[0], error=OperationalError)
     sink = RedisJobSink(worker_id="w", redis_client=redis_client)
 
     sink.publish(StepBatch(finals=tuple(_final(j) for j in jobs)))

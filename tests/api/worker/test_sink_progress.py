@@ -7,7 +7,7 @@ from unittest import mock
 
 import pytest
 
-from api.jobs.services import lifecycle as job_lifecycle
+from api.jobs.services import outputs as job_outputs
 from api.models import Job, JobStatus
 from api.worker import sink as sink_module
 from api.worker.sink import RedisJobSink
@@ -30,8 +30,8 @@ def test_jobs_that_start_on_different_steps_share_one_progress_write(redis_clien
     monkeypatch.setattr(sink_module.time, "monotonic", clock)
     jobs = [str(make_job(status=JobStatus.IN_PROGRESS, worker_id="w").id) for _ in range(3)]
     sink = RedisJobSink(worker_id="w", redis_client=redis_client, progress_interval_s=1.0)
-    writes = mock.Mock(wraps=job_lifecycle.jobs_record_progress)
-    monkeypatch.setattr(job_lifecycle, "jobs_record_progress", writes)
+    writes = mock.Mock(wraps=job_outputs.jobs_record_progress)
+    monkeypatch.setattr(job_outputs, "jobs_record_progress", writes)
 
     seq = {job_id: 0 for job_id in jobs}
     for step in range(32):  # 32 steps of 0.125 s; job i starts at step 3 * i

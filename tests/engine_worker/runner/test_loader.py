@@ -34,7 +34,7 @@ def test_load_model_casts_a_bf16_checkpoint_to_fp32_on_cpu_and_reads_the_context
 
 
 def test_a_4bit_folder_in_the_mlx_community_layout_loads_and_serves(tiny_model_path, tmp_path):
-    """What README's "A real model" serves: a folder as mlx_lm.convert writes it (and as
+    """What docs/models.md's "A real model" serves: a folder as mlx_lm.convert writes it (and as
     mlx-community publishes them): 4-bit weights with bf16 scales, config.json with its
     quantization, the tokenizer files."""
     folder = tmp_path / "tiny-4bit"

@@ -28,3 +28,13 @@ def test_a_spec_without_a_logit_bias_gives_none_so_the_request_keeps_the_fast_pa
     request = spec_to_request(JobSpec(job_id="j", prompt_token_ids=(1,), max_tokens=2))
 
     assert request.sampling_params.logit_bias is None and request.sampling_params.frequency_penalty == 0.0
+
+
+def test_a_constraint_survives_the_wire_and_reaches_the_request():
+    spec = JobSpec(job_id="j", prompt_token_ids=(1,), max_tokens=2, constraint_kind="json_schema",
+                   constraint='{"type": "integer"}')
+    request = spec_to_request(from_dict(JobSpec, json.loads(json.dumps(to_dict(spec)))))
+
+    constraint = request.sampling_params.constraint
+    assert (constraint.kind, constraint.text) == ("json_schema", '{"type": "integer"}')
+    assert spec_to_request(JobSpec(job_id="k", prompt_token_ids=(1,), max_tokens=2)).sampling_params.constraint is None

@@ -11,6 +11,7 @@ import pytest
 
 from engine_worker.common.errors import EngineClosed, InvalidRequest
 from engine_worker.protocol import (
+    Admit,
     Evict,
     FinalResult,
     FirstToken,
@@ -18,10 +19,10 @@ from engine_worker.protocol import (
     OutputChunk,
     Refused,
     StepBatch,
-    Submit,
 )
-from engine_worker.runtime import ChildSpec, EngineProcess, JobHost, MemorySink
-from engine_worker.runtime.engine_process import _obey, _refusals
+from engine_worker.runtime import ChildSpec, EngineProcess, MemorySink
+from engine_worker.runtime.engine_process import _obey
+from engine_worker.runtime.engine_side import EngineSide
 
 PROMPT = (1, 40, 41, 42, 43)
 
@@ -89,7 +90,7 @@ def test_a_job_that_cannot_run_fails_alone_with_an_error_final(started):
 
 
 class RefusingEngine:
-    """The part of EngineCore a JobHost drives, refusing every request with ``error``."""
+    """The part of EngineCore an EngineSide drives, refusing every request with ``error``."""
 
     def __init__(self, error: Exception) -> None:
         self.error = error
@@ -97,16 +98,15 @@ class RefusingEngine:
     def add_output_listener(self, fn) -> None:
         pass
 
-    def submit(self, request) -> None:
-        raise self.error
+    def submit_many(self, requests) -> list:
+        return [self.error for _ in requests]
 
 
 @pytest.mark.parametrize(("error", "job_fault"), [(InvalidRequest("bad"), True), (ValueError("bad"), True),
                                                    (EngineClosed("down"), False)])
 def test_a_submit_the_engine_refuses_is_sent_back_as_the_jobs_fault_or_the_engines(error, job_fault):
     sent: list[object] = []
-    out = type("Out", (), {"publish": lambda self, message: sent.append(message)})()
-    _obey(JobHost(RefusingEngine(error), MemorySink(), on_refused=_refusals(out)), Submit(spec("x")))
+    _obey(EngineSide(RefusingEngine(error), MemorySink(), on_refused=sent.append), Admit((spec("x"),)))
     assert sent == [Refused("x", str(error), job_fault=job_fault)]
 
 

@@ -12,6 +12,7 @@ from engine_worker.common.request import SamplingParams
 from engine_worker.engine_core import EngineCore
 from engine_worker.protocol import JobSpec, StepBatch
 from engine_worker.runtime import JobHost, MemorySink
+from engine_worker.runtime.convert import spec_to_request
 
 PROMPTS = ["The quick brown fox", "Once upon a time", "def main():", "In the beginning"]
 
@@ -321,3 +322,25 @@ def test_prefix_cache_entries_and_hit_rate_reach_the_heartbeat_and_an_evicted_en
         host.stop()
         core.stop()
         core.close()
+
+
+def test_a_hand_over_of_many_jobs_admits_them_in_one_step_and_refuses_a_bad_one_alone(engine, tiny_model):
+    _, tokenizer = tiny_model
+    sink = MemorySink()
+    refused: list[tuple[str, bool]] = []
+    host = JobHost(engine, sink, on_refused=lambda job_id, error, job_fault: refused.append((job_id, job_fault)))
+    host.start()
+    steps: list[set[str]] = []
+    engine.add_output_listener(lambda outputs: steps.append({out.request_id for out in outputs}))
+    specs = [spec(tokenizer, f"m-{i}", PROMPTS[i], max_tokens=4) for i in range(4)]
+    bad = spec(tokenizer, "bad", PROMPTS[0], max_tokens=4)
+    engine.submit(spec_to_request(bad))  # live in the engine already: the hand-over's copy is refused
+
+    assert host.submit_many([*specs[:2], bad, *specs[2:]]) == [s.job_id for s in specs]
+
+    assert all(sink.wait_final(s.job_id, 60) is not None for s in specs)
+    assert refused == [("bad", True)] and "bad" not in host.held_jobs()
+    # One hand-over: the engine's first step that ran any of the four prefilled all four.
+    ids = {s.job_id for s in specs}
+    assert ids <= next(step for step in steps if step & ids)
+    host.stop()
