@@ -26,7 +26,8 @@ trap 'rm -rf "$work"' EXIT
 mkdir -p "$work/wheels" "$work/site"
 download() {  # pip download for the GPU machine's CPython 3.12 on x86-64
     python3 -m pip download -q --only-binary=:all: --python-version 3.12 --implementation cp \
-        --platform manylinux_2_35_x86_64 --platform manylinux_2_34_x86_64 --platform manylinux_2_28_x86_64 \
+        --platform manylinux_2_35_x86_64 --platform manylinux_2_34_x86_64 --platform manylinux_2_31_x86_64 \
+        --platform manylinux_2_28_x86_64 \
         --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 "$@" 2>&1 | grep -v 'is ignored' || true
 }
 
@@ -41,7 +42,7 @@ pg=()
 [ "${PG:-0}" = 1 ] && pg=('psycopg[binary]==3.3.9' psycopg-pool==3.3.3)
 download -d "$work/wheels" django==5.2.19 djangorestframework==3.18.3 drf-spectacular==0.30.0 channels==4.3.2 \
     channels-redis==4.3.0 daphne==4.2.3 celery==5.7.0 redis==8.1.0 dj-database-url==3.1.2 \
-    prometheus-client==0.26.0 standardwebhooks==1.1.0 httpx==0.29.0 websockets==17.4 "${pg[@]}"
+    prometheus-client==0.26.0 standardwebhooks==1.1.0 httpx==0.29.0 websockets==17.4 llguidance==1.9.1 "${pg[@]}"
 # vllm-mlx for peer_bench.py's vllm server. Pinned: with --no-deps no resolver checks them against
 # each other, so the set stays one that ran.
 download --no-deps -d "$work/wheels" vllm-mlx==0.6.0 fastapi==0.165.0 starlette==1.10.0 uvicorn==0.55.0 \

@@ -415,6 +415,8 @@ def ratios(rows: list[dict]) -> dict[str, float]:
         if ours and max_tokens == 1 and ours["req_s"] and row["req_s"]:
             out[f"ours_over_{name}_one_token_req_s_b{batch}_c{c}"] = round(ours["req_s"] / row["req_s"], 3)
             continue
+        if ours and ours.get("ready_s") and row.get("ready_s"):
+            out[f"ours_over_{name}_ready_s_b{batch}"] = round(ours["ready_s"] / row["ready_s"], 3)
         if ours and row["peak_memory_gb"] and ours["peak_memory_gb"]:
             out[f"ours_over_{name}_peak_memory_b{batch}_c{c}"] = round(ours["peak_memory_gb"] / row["peak_memory_gb"], 3)
         if ours and row["device_peak_gb"] and ours["device_peak_gb"]:

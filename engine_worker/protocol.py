@@ -172,8 +172,9 @@ class StepBatch:
 
 @dataclass(frozen=True)
 class Submit(Generic[J]):
-    """Start a job: a :class:`JobSpec` to the engine process and on its I/O queue, the engine's
-    ``Request`` (whose id is the job id) on the engine's own command queue."""
+    """Start a job inside the engine process: its :class:`JobSpec` on the I/O thread's queue, the
+    engine's ``Request`` (whose id is the job id) on the engine's own command queue. (Across the
+    pipe, jobs travel in an :class:`Admit`.)"""
 
     job: J
 

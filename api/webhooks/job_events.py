@@ -1,7 +1,7 @@
 """A job's webhook: one delivery when the job ends (completed, failed, cancelled or expired).
 
 Every service that moves a job to a terminal status calls :func:`job_webhooks_enqueue` in the
-transaction of that change: the engine worker's finals (job_lifecycle.jobs_complete), a failure
+transaction of that change: the engine worker's finals (api/jobs/services/outputs.py), a failure
 (job_fail), the cancel of a queued job (jobs.job_cancel), the cancel of a job whose worker died
 (job_lifecycle.job_hand_back) and expiry (jobs_expire_queued). The delivery commits with the status.
 A cancel sends its Celery message on commit; the transitions of api/jobs/services/lifecycle.py, made by the

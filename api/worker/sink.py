@@ -14,7 +14,7 @@ For each :class:`StepBatch` (one or more engine steps, at most one chunk per job
 A final is published only once its row is stored, so a client that sees ``final`` and then reads
 the job finds it finished, and a final the database did not take (the job was handed on, or the
 write failed) is never announced. The webhook of a job that named one is recorded in the
-transaction of its final (job_outputs.jobs_complete), and sent by the light worker: nothing here
+transaction of its final (job_outputs.jobs_store_finals), and sent by the light worker: nothing here
 waits on the broker or on a receiver. Bookkeeping that no client waits for comes last.
 
 One job's bad write never costs the others theirs: when a batch's write fails, each job is written
