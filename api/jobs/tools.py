@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from typing import Any, cast
 
 from rest_framework import serializers
 
@@ -111,7 +111,7 @@ def _calls_lark(functions: list[dict[str, Any]], fmt: str, several: bool) -> str
     lines, alternatives = [], []
     args_key = "parameters" if fmt == LLAMA3_JSON else "arguments"
     for i, fn in enumerate(functions):
-        schema = bounded(fn.get("parameters") or _EMPTY_PARAMETERS)
+        schema = cast(dict[str, Any], bounded(fn.get("parameters") or _EMPTY_PARAMETERS))  # a copy of the dict
         head = json.dumps(f'{{"name": "{fn["name"]}", "{args_key}": ')
         lines.append(f"call{i}: {head} args{i} \"}}\"")
         lines.append(f"args{i}: %json {json.dumps({**schema, 'x-guidance': {'whitespace_flexible': False}})}")

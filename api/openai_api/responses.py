@@ -141,7 +141,8 @@ class ChunkWriter:
 
     def closing(self, final: dict[str, Any]) -> list[dict[str, Any]]:
         """The chunk with the finish reason, then (``stream_options.include_usage``) the usage."""
-        chunks, calls = [], []
+        chunks: list[dict[str, Any]] = []
+        calls: list[dict[str, str]] = []
         if self._calls is not None:
             content, calls = self._calls.finish()
             if content:

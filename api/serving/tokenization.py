@@ -94,7 +94,8 @@ class PromptTokenizer:
             raise ChatTemplateMissing(self.info.name)
         try:
             rendered: Any = self._tokenizer.apply_chat_template(
-                messages, tools=tools, tokenize=True, add_generation_prompt=True, return_dict=False
+                messages, tools=tools,  # type: ignore[arg-type]  # transformers wants an invariant list[dict | Callable]
+                tokenize=True, add_generation_prompt=True, return_dict=False
             )
         except TemplateSyntaxError as exc:  # the model folder's template is broken: not the request's fault
             logger.error("The chat template of %s does not compile: %s", self.info.path, exc)

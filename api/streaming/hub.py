@@ -22,6 +22,7 @@ import logging
 import uuid
 import weakref
 from dataclasses import dataclass, field
+from typing import Any
 
 import redis.asyncio as aioredis
 
@@ -129,10 +130,12 @@ class StreamHub:
                 self._deliver(key, entries)
 
     async def _read(self) -> list[tuple[str, list[Entry]]]:
-        streams = {**self._read_from, self._wake_key: self._wake_id}
+        # Any: redis-py takes an invariant dict of its key and id unions.
+        streams: dict[Any, Any] = {**self._read_from, self._wake_key: self._wake_id}
         self._reading = True
         try:
-            return await self._redis.xread(streams, count=READ_COUNT, block=BLOCK_MS)
+            reply: Any = await self._redis.xread(streams, count=READ_COUNT, block=BLOCK_MS)
+            return reply  # RESP2, decoded: [[key, [(id, fields), ...]], ...] (redis-py types every protocol's shape)
         finally:
             self._reading = False
 

@@ -15,15 +15,19 @@ from __future__ import annotations
 
 import json
 from functools import lru_cache
+from typing import TYPE_CHECKING, Any, cast
 
 import llguidance
 
 from engine_worker.common.request import Constraint
 
+if TYPE_CHECKING:
+    from llguidance._lib import JsonCompileOptions
+
 KINDS = ("json_schema", "lark")
 # Distinct constraints kept compiled; a schema is a few kB of grammar text.
 _CACHE_SIZE = 256
-_JSON_DEFAULTS = {"whitespace_flexible": False}
+_JSON_DEFAULTS: JsonCompileOptions = {"whitespace_flexible": False}
 # Default bounds for what a schema leaves open (OpenAI's strict mode asks a schema to close its
 # objects the same way). A model with no bound can write digits or characters forever.
 MAX_STRING = 256
@@ -75,7 +79,8 @@ def _compiled(kind: str, text: str) -> str:
         if not isinstance(schema, dict | bool):
             raise ConstraintError("the schema must be a JSON object")
         try:
-            grammar = llguidance.LLMatcher.grammar_from_json_schema(bounded(schema), defaults=_JSON_DEFAULTS)
+            grammar = llguidance.LLMatcher.grammar_from_json_schema(
+                cast(dict[str, Any], bounded(schema)), defaults=_JSON_DEFAULTS)  # bounded copies its shape; a bool schema passes as JSON too
         except ValueError as exc:
             raise ConstraintError(str(exc)) from None
     elif kind == "lark":

@@ -18,7 +18,7 @@ import logging
 import time
 import weakref
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 from engine_worker.runner.mlx_core import mx
 
@@ -53,6 +53,7 @@ class RowSampler:
             # (it needs last step's tokens, which the masks wait for too, and nothing else).
             mx.async_eval(logprobs)
             self._rows.refresh()
+        assert self.mask is not None  # refresh() set every row's mask
         masked = mx.where(self.mask, logprobs, -mx.inf)
         self.mask = None
         if self._base is None:  # greedy: the argmax needs no renormalized distribution
@@ -117,8 +118,9 @@ class ConstrainedRows:
             return
         # One wait, for these arrays only: an op built on them now would queue behind the forward
         # pass already started, and wait for it too.
-        mx.eval([r.pending for r in sampled])
-        tokens = [r.pending.item() for r in sampled]
+        arrays = [r.pending for r in sampled if r.pending is not None]
+        mx.eval(arrays)
+        tokens = [cast(int, a.item()) for a in arrays]  # int32 token ids
         for row, token in zip(sampled, tokens, strict=True):
             row.pending = None
             if not row.matcher.consume_token(int(token)) and not row.matcher.is_stopped():

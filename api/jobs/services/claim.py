@@ -12,6 +12,7 @@ from django.conf import settings
 from django.db import connection
 from django.utils import timezone
 
+from api.jobs.services.columns import job_column, job_field
 from api.models import SAMPLING_DEFAULTS, Job, JobStatus
 from engine_worker.protocol import JobSpec
 
@@ -66,11 +67,10 @@ def jobs_claim(*, job_id: str, worker_id: str, lease_s: float, model: str, limit
 
 def _batch_claim_statement(values: dict) -> tuple[str, list]:
     q = connection.ops.quote_name
-    field = Job._meta.get_field
-    column = {name: q(field(name).column) for name in (
+    column = {name: job_column(name) for name in (
         "status", "cancel_requested", "model", "dispatch_count", "routed_worker", "priority", "queued_at", "attempts")}
-    table, pk = q(Job._meta.db_table), q(Job._meta.pk.column)
-    sets = [f"{q(field(name).column)} = %s" for name in values]
+    table, pk = q(Job._meta.db_table), job_column(Job._meta.pk.name)
+    sets = [f"{job_column(name)} = %s" for name in values]
     # The chosen ids in a CTE evaluated once: as ``IN (subquery)`` PostgreSQL may run the subquery
     # again per row it updates, and LIMIT would no longer bound the claim.
     pg = connection.vendor == "postgresql"
@@ -83,7 +83,7 @@ def _batch_claim_statement(values: dict) -> tuple[str, list]:
            f"UPDATE {table} SET {', '.join(sets)}, {column['attempts']} = {column['attempts']} + 1 "
            f"WHERE {pk} IN (SELECT {pk} FROM picked) AND {column['status']} = %s "
            f"AND {column['cancel_requested']} = %s RETURNING *")
-    return sql, [field(name).get_db_prep_save(value, connection) for name, value in values.items()]
+    return sql, [job_field(name).get_db_prep_save(value, connection) for name, value in values.items()]
 
 
 def job_queued_for_other_model(*, job_id: str, model: str) -> bool:
@@ -94,16 +94,15 @@ def job_queued_for_other_model(*, job_id: str, model: str) -> bool:
 
 def _claim_statement(values: dict, *, with_model: bool) -> tuple[str, list]:
     q = connection.ops.quote_name
-    field = Job._meta.get_field
-    sets = [f"{q(field(name).column)} = %s" for name in values]
-    attempts = q(field("attempts").column)
+    sets = [f"{job_column(name)} = %s" for name in values]
+    attempts = job_column("attempts")
     sql = (f"UPDATE {q(Job._meta.db_table)} SET {', '.join(sets)}, {attempts} = {attempts} + 1 "
-           f"WHERE {q(Job._meta.pk.column)} = %s AND {q(field('status').column)} = %s "
-           f"AND {q(field('cancel_requested').column)} = %s")
+           f"WHERE {job_column(Job._meta.pk.name)} = %s AND {job_column('status')} = %s "
+           f"AND {job_column('cancel_requested')} = %s")
     if with_model:
-        sql += f" AND {q(field('model').column)} = %s"
+        sql += f" AND {job_column('model')} = %s"
     sql += " RETURNING *"
-    return sql, [field(name).get_db_prep_save(value, connection) for name, value in values.items()]
+    return sql, [job_field(name).get_db_prep_save(value, connection) for name, value in values.items()]
 
 
 def job_spec(job: Job, *, first_seq: int = 1) -> JobSpec:

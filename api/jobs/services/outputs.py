@@ -15,6 +15,7 @@ from functools import cache
 from django.db import connection, transaction
 from django.utils import timezone
 
+from api.jobs.services.columns import job_column
 from api.models import Job, JobStatus
 from api.webhooks.job_events import job_webhooks_enqueue
 from engine_worker.protocol import FinalResult
@@ -62,8 +63,7 @@ _PROGRESS_ROW_PG = "(%s::uuid, %s::text, %s::integer, %s::integer, %s::timestamp
 
 def _job_columns(*names: str) -> dict[str, str]:
     """The job table's quoted column of each field name (default connection)."""
-    q = connection.ops.quote_name
-    return {name: q(Job._meta.get_field(name).column) for name in names}
+    return {name: job_column(name) for name in names}
 
 
 @cache
