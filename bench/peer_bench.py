@@ -276,6 +276,22 @@ class OurService(Server):
         return base, self.wait_ready(base, key), key
 
 
+    def engine_memory(self) -> dict:
+        """Where the worker's device memory is, from its last heartbeat: mlx's live arrays, its
+        allocator cache and its limit, and the prefix cache's bytes and entries."""
+        import redis
+
+        client = redis.Redis.from_url(self.env["REDIS_URL"])
+        for name in client.scan_iter("engine:workers:*"):
+            beat = json.loads(client.get(name) or b"{}")
+            memory, cache = beat.get("memory") or {}, beat.get("cache") or {}
+            return {"active_gb": round(memory.get("active_bytes", 0) / 1e9, 2),
+                    "peak_gb": round(memory.get("peak_bytes", 0) / 1e9, 2),
+                    "allocator_cache_gb": round(memory.get("cache_bytes", 0) / 1e9, 2),
+                    "prefix_cache_gb": round(float(cache.get("bytes_used") or 0) / 1e9, 2),
+                    "prefix_cache_entries": cache.get("entries")}
+        return {}
+
     def phases(self, since: dt.datetime, until: dt.datetime) -> dict:
         """Medians over the jobs submitted in [since, until): queued -> claimed by the worker, and
         claimed -> first token (the rest of the TTFT is the web side: request, insert, stream)."""
@@ -359,6 +375,8 @@ def measure(server: Server, levels: list[int], args: argparse.Namespace) -> list
             row.update(server.phases(since, dt.datetime.now(dt.UTC)))
             row["peak_memory_bytes"], row["device_peak_bytes"] = sampler.level()
             row["memory_kind"], row["ready_s"] = sampler.kind, ready_s
+            if isinstance(server, OurService):
+                row["engine_memory"] = server.engine_memory()
             rows.append(row)
             print(_line(server.label, row), flush=True)
     finally:
@@ -376,6 +394,8 @@ def _line(label: str, row: dict) -> str:
     if "claim_p50_ms" in row:
         line += (f" (claim p50={row['claim_p50_ms']}, claim to token p50={row['claim_to_token_p50_ms']}, "
                  f"token to final p50={row['token_to_final_p50_ms']})")
+    if row.get("engine_memory"):
+        line += f" engine memory {row['engine_memory']}"
     return line
 
 
