@@ -141,8 +141,9 @@ def test_celery_routes_jobs_to_the_engine_queue_and_schedules_reconciliation():
         "api.tasks.send_due_webhooks": 2.0,
         "api.tasks.tick_batches": 5.0,
     }
-    # Webhooks go to the light worker's default queue, never to an engine worker.
-    assert "api.tasks.deliver_webhook" not in app.conf.task_routes
+    # Webhook attempts go to the webhooks worker's queue, never to an engine worker or the light
+    # worker (where one key's hanging receivers held every batch and every other key's webhooks).
+    assert app.conf.task_routes["api.tasks.deliver_webhook"] == {"queue": "webhooks"}
     assert app.conf.task_default_queue == "celery"
 
 
