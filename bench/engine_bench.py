@@ -21,6 +21,12 @@ prefill_step_size 2048). The engine's prefix cache is OFF by default (``--prefix
 on): every repeat re-sends the same prompts, so a cache would let the engine skip prefill work that
 the raw generator must do.
 
+One-token requests (``--max-tokens 1``) as a chat service sees them: ``--chat-prefix N`` puts one
+shared N-token prefix (a chat template, a system prompt) in front of every prompt and gives each
+run (warm-up, each repeat) prompts of its own, so with ``--prefix-cache`` the engine's cache hits
+only that prefix; ``--cache-fill M`` first sends the engine M one-token requests of other prompts
+behind the same prefix, so its cache holds what a service's holds after a while (M entries).
+
 Raw and engine share the process, its mlx allocator and the GPU, so one side's runs can shape the
 other's (docs/benchmarks.md, "Engine"). ``--skip-engine`` and ``--skip-raw`` run one side
 alone; alternate such processes to compare the two without that.
@@ -267,6 +273,10 @@ def main(argv=None):
     ap.add_argument("--prefill-batch-size", type=int, default=8)
     ap.add_argument("--prefill-step-size", type=int, default=2048)
     ap.add_argument("--prefix-cache", action="store_true", help="leave the engine's prefix cache on")
+    ap.add_argument("--chat-prefix", type=int, default=0,
+                    help="tokens of one prefix shared by every prompt; each run then has prompts of its own")
+    ap.add_argument("--cache-fill", type=int, default=0,
+                    help="one-token requests sent to the engine before the runs (with --chat-prefix)")
     ap.add_argument("--skip-engine", action="store_true", help="raw and sequential only")
     ap.add_argument("--skip-raw", action="store_true",
                     help="engine only: for raw and engine in separate processes (the raw side then runs "
@@ -284,6 +294,11 @@ def main(argv=None):
     n_params = count_params(model)
     dtype = model_dtype(model)
     prompts_all = make_prompts(tokenizer, max(levels + [args.seq_requests]), args.prompt_min, args.prompt_max)
+    if args.chat_prefix:
+        bodies = make_prompts(tokenizer, max(levels) * (args.repeats + 1) + args.cache_fill + 1, args.prompt_min,
+                              args.prompt_max)
+        prefix, bodies = bodies[0][: args.chat_prefix], bodies[1:]
+        prompts_all = [prefix + b for b in bodies]  # [fill..., then one set of max(levels) per run]
 
     result = {
         "bench": "engine_bench",
@@ -305,7 +320,11 @@ def main(argv=None):
     classes = None if args.skip_engine else import_engine()
 
     async def bench_level(c):
-        prompts = prompts_all[:c]
+        fill = args.cache_fill if args.chat_prefix else 0
+        # The prompts of each run (warm-up, then each repeat): the same ones, or with --chat-prefix
+        # a set of their own behind the shared prefix.
+        runs_prompts = [prompts_all[fill + k * c * bool(args.chat_prefix):][:c] for k in range(args.repeats + 1)]
+        prompts = runs_prompts[0]
         cbs = max(32, c)
         pbs, pss = args.prefill_batch_size, args.prefill_step_size
         expected = c * args.max_tokens
@@ -324,6 +343,9 @@ def main(argv=None):
                     pacer.hold = lambda **_: False
                     level["admission_hold"] = False
                 await engine.start()
+            for start in range(0, fill if engine is not None else 0, c):  # the cache's entries
+                await run_engine(engine, classes, prompts_all[start:min(start + c, fill)], 1, f"f{c}-{start}")
+            level["cache_fill"] = fill
             # warm-up (not counted)
             if not args.skip_raw:
                 run_raw(model, prompts, args.warmup_tokens, cbs, pbs, pss)
@@ -334,13 +356,14 @@ def main(argv=None):
                 pauses.reset()
                 msg = f"# c={c} rep={rep}"
                 if not args.skip_raw:
-                    r = pauses.into(run_raw(model, prompts, args.max_tokens, cbs, pbs, pss))
+                    r = pauses.into(run_raw(model, runs_prompts[rep + 1], args.max_tokens, cbs, pbs, pss))
                     raw_runs.append(r)
                     msg += f" raw {r['tok_s']:.1f} tok/s"
                 if engine is not None:
                     gc.collect()
                     pauses.reset()
-                    e = pauses.into(await run_engine(engine, classes, prompts, args.max_tokens, f"c{c}r{rep}"))
+                    e = pauses.into(await run_engine(engine, classes, runs_prompts[rep + 1], args.max_tokens,
+                                                     f"c{c}r{rep}"))
                     eng_runs.append(e)
                     if raw_runs:
                         msg += (f" | engine {e['tok_s']:.1f} tok/s ({e['tok_s'] / r['tok_s']:.3f})"

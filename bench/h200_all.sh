@@ -6,6 +6,9 @@
 #
 # In order, each bounded so that the whole ends by BUDGET seconds (default 570):
 #   1. engine.json: bench/engine_bench.py at 128 requests x 128 tokens, engine and raw BatchGenerator;
+#      then (a second JSON line in engine.json) 128 one-token requests, the prefix cache on (as the
+#      service runs it), every prompt behind one shared 32-token prefix, after 1,024 such requests
+#      filled the cache (at most 60 s; about 25 s);
 #   2. step_memory.json: bench/step_memory.py, one step's working memory at 128 rows;
 #   3. startup.json: bench/startup_bench.py, scripts/run.sh from start to web ready, model loaded,
 #      worker ready and first job served (STARTUP_RUNS, default 1);
@@ -32,6 +35,9 @@ fi
 echo "== $(( SECONDS - start )) s: engine_bench at 128"
 timeout 120 python3 bench/engine_bench.py --model "$MODEL" --concurrency 128 --repeats 2 --seq-requests 0 \
     --out "$OUT/engine.json"
+echo "== $(( SECONDS - start )) s: engine_bench, 128 one-token requests, prefix cache on and filled"
+timeout 60 python3 bench/engine_bench.py --model "$MODEL" --concurrency 128 --max-tokens 1 --warmup-tokens 1 \
+    --repeats 3 --seq-requests 0 --prefix-cache --chat-prefix 32 --cache-fill 1024 --out "$OUT/engine.json"
 echo "== $(( SECONDS - start )) s: step_memory at 128 rows"
 timeout 60 python3 bench/step_memory.py --model "$MODEL" --rows 128 | tail -1 > "$OUT/step_memory.json"
 cat "$OUT/step_memory.json"

@@ -7,7 +7,8 @@ and feed them to the C incremental UTF-8 decoder: an incomplete multi-byte chara
 the decoder until its last byte arrives, so no broken character is ever released. Most tokens are
 whole characters: their text is precomputed too, and taken as is while no partial character is
 pending (one list lookup a token instead of a decoder call). Output matches mlx-lm's
-detokenizer, including trimming one leading space of the text. Other tokenizers keep mlx-lm's
+detokenizer, including trimming one leading space of the text, except where that space is the
+whole text: a one-space answer stays " " (mlx-lm's gives "", an empty completion). Other tokenizers keep mlx-lm's
 streaming detokenizer (:class:`MlxDetokenizer`).
 """
 
@@ -23,6 +24,9 @@ from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer
 
 from engine_worker.runner.token_bytes import token_byte_table, token_texts
 
+# ``_trim`` once the first text was a lone space, dropped: the text if nothing follows.
+_HELD_SPACE = 2
+
 
 class ByteLevelDetokenizer:
     """One request's text: ``add(token) -> new text``, ``finish() -> remaining text``.
@@ -37,7 +41,7 @@ class ByteLevelDetokenizer:
         self._table = table
         self._texts = token_texts(table) if texts is None else texts
         self._pending = b""  # the bytes of a character not yet complete
-        self._trim = True  # the first text's leading space is dropped (mlx-lm's convention)
+        self._trim: bool | int = True  # the first text's leading space is dropped (mlx-lm's convention)
 
     def add(self, token: int) -> str:
         texts = self._texts
@@ -47,19 +51,29 @@ class ByteLevelDetokenizer:
             text, used = utf_8_decode(data, "replace", False)
             self._pending = data[used:]
         if self._trim and text:
-            self._trim = False
-            if text[0] == " ":
-                return text[1:]
+            return self._trimmed(text)
         return text
 
     def finish(self) -> str:
         text, _ = utf_8_decode(self._pending, "replace", True)
         self._pending = b""
         if self._trim and text:
+            text = self._trimmed(text)
+        if self._trim == _HELD_SPACE:  # nothing followed the first space: it is the answer
             self._trim = False
-            if text[0] == " ":
-                return text[1:]
+            return " "
         return text
+
+    def _trimmed(self, text: str) -> str:
+        """The first text, less one leading space (held while the space is all there is)."""
+        if self._trim == _HELD_SPACE:  # the held space was the one trimmed
+            self._trim = False
+            return text
+        if text == " ":
+            self._trim = _HELD_SPACE
+            return ""
+        self._trim = False
+        return text[1:] if text[0] == " " else text
 
 
 class MlxDetokenizer:

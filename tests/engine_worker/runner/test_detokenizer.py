@@ -29,6 +29,21 @@ def test_fast_detokenizer_text_equals_mlx_lm_streaming_detokenizer(tiny_model):
         assert text == reference.text, tokens
 
 
+def test_leading_space_is_trimmed_unless_it_is_the_whole_text(tiny_model):
+    _, tokenizer = tiny_model
+    make = detokenizer_factory(tokenizer)
+    space, x = tokenizer.convert_tokens_to_ids(["Ġ", "x"])
+
+    def text(tokens):
+        detok = make()
+        return "".join(detok.add(t) for t in tokens) + detok.finish()
+
+    assert text([space]) == " "  # mlx-lm's detokenizer gives "": an empty answer
+    assert text([space, x]) == "x"
+    assert text([space, space, x]) == " x"
+    assert text([x, space]) == "x "
+
+
 def test_split_multibyte_characters_are_held_until_complete(tiny_model):
     _, tokenizer = tiny_model
     detok = detokenizer_factory(tokenizer)()
