@@ -2,8 +2,10 @@
 
 Among the live workers of the job's model, a job whose prompt continues a prompt that a worker
 ran recently (a conversation's next turn: the previous turn's prompt, its answer and one more
-message) goes to that worker, whose prefix cache holds it, unless that worker is much busier
-than the others; any other job goes to the least-loaded worker.
+message) goes to that worker, whose prefix cache holds it, while its batch has room; any other
+job goes to the least-loaded worker while its batch has room. A job no worker can start at once
+goes to the model's shared queue, which the first worker with room claims from: routing never
+makes a job wait for one worker while another is free.
 
 * **Prefixes.** The prompt's tokens are cut into blocks of ``BLOCK_TOKENS``; block *i* is named
   by a hash of blocks 0..*i* (a chain, as the engine's prefix index names them), for the first
@@ -11,20 +13,19 @@ than the others; any other job goes to the least-loaded worker.
   prompt has that prefix (``engine:affinity:<model>:<hash>``), and the set of those whose job's
   prompt ended there (``...:end``: its last whole block), each for ``AFFINITY_TTL_S`` after the
   last job. The deepest block held by a live worker decides.
-* **A continuation** (that block ends an earlier job's prompt on a live worker): that worker,
-  unless more of its jobs wait for a place in its batch than the least-loaded worker's, by more
-  than ``MAX_EXTRA_JOBS`` or half of those; then the least-loaded worker, which recomputes the
-  prefix. A job's wait is what affinity can cost it: a worker whose batch has room starts it at
-  once, with its prefix cached, however many jobs it runs.
+* **A continuation** (that block ends an earlier job's prompt on a live worker): that worker, if
+  its batch has room; else the least-loaded worker with room, which recomputes the prefix.
 * **Anything else** (a new prompt, or a new branch of a prefix other jobs share, such as a system
-  prompt): the least-loaded worker, where holding the shared part counts as one job less (ties:
-  rendezvous hashing of the prompt's last block). A shared system prompt is then computed once
-  per worker and new conversations spread by load, instead of piling onto the worker that saw it
-  first.
-* **Load.** A worker's load is its model's active jobs it runs or was routed (the database,
-  counted per submission, so a burst of submissions sees itself; heartbeats lag by seconds); those
-  beyond its batch's capacity (its heartbeat's ``capacity``, which changes rarely) wait. A worker
-  whose heartbeat has no capacity counts every active job as waiting.
+  prompt): the least-loaded worker with room, where holding the shared part counts as one job
+  less (ties: rendezvous hashing of the prompt's last block). A shared system prompt is then
+  computed once per worker and new conversations spread by load, instead of piling onto the
+  worker that saw it first.
+* **Room.** A worker's load is its model's active jobs it runs or was routed (the database,
+  counted per submission, so a burst of submissions sees itself; heartbeats lag by seconds). It
+  has room while its load is below its batch's capacity (its heartbeat's ``capacity``, which
+  changes rarely; a heartbeat without one never has room) and no job of the model waits in the
+  shared queue (a routed job would overtake it). No worker with room: the shared queue, and no
+  prefix is recorded (the job's worker is not known yet).
 * **Queues.** The chosen worker's own queue (``engine.<model>.<worker>``). With fewer than two
   live workers, with a prompt shorter than a block, with affinity off (``ROUTING_AFFINITY``) or
   Redis out of reach, the model's shared queue, which every worker of the model consumes.
@@ -54,7 +55,6 @@ logger = logging.getLogger(__name__)
 BLOCK_TOKENS = 32
 MAX_BLOCKS = 256  # 8,192 tokens: deeper prefixes route as their first 8,192 tokens do
 AFFINITY_TTL_S = 600
-MAX_EXTRA_JOBS = 4
 
 AFFINITY_PREFIX = "engine:affinity:"
 END_SUFFIX = ":end"  # the workers whose job's prompt's last whole block this is
@@ -84,6 +84,8 @@ def job_route(*, model: str, prompt_token_ids: list[int]) -> Route:
         client = get_redis()
         names = [_affinity_key(model, h) for h in hashes]
         target = _choose(model, hashes, capacities, *_holders(client, names, live))
+        if target is None:  # no worker can start it now: the first to have room claims it
+            return shared
         pipe = client.pipeline(transaction=False)
         for name in names:
             pipe.sadd(name, target)
@@ -112,28 +114,22 @@ def _holders(client: redis.Redis, names: list[str], live: frozenset[str]) -> tup
     return set(), set()
 
 
-def _choose(model: str, hashes: list[bytes], capacities: dict[str, int], holders: set[str], ends: set[str]) -> str:
-    live = frozenset(capacities)
-    loads = job_worker_loads(model=model, worker_ids=live)
-
-    def waiting(worker: str) -> int:
-        return max(0, loads[worker] - capacities[worker])
-
-    # Ties go by rendezvous hashing of the prompt's own last block: prompts that share only a
-    # system prompt split evenly, even in a burst that sees the same loads.
-    def busy(worker: str) -> tuple[int, int]:
-        return loads[worker], -_rendezvous(hashes[-1], worker)
-
-    if ends:  # the prompt continues one that a worker ran, whose KV it holds: stay unless it would wait much longer
-        def soonest(worker: str) -> tuple[int, int, int]:
-            return (waiting(worker), *busy(worker))
-
-        target, quickest = min(ends, key=soonest), min(live, key=soonest)
-        extra = waiting(target) - waiting(quickest)
-        return target if extra <= max(MAX_EXTRA_JOBS, waiting(quickest) // 2) else quickest
-    # A new prompt, or a new branch of a shared prefix (a system prompt): the least-loaded worker,
-    # where holding the shared part counts as one job less.
-    return min(live, key=lambda w: (loads[w] - (w in holders), -_rendezvous(hashes[-1], w)))
+def _choose(model: str, hashes: list[bytes], capacities: dict[str, int], holders: set[str],
+            ends: set[str]) -> str | None:
+    """The worker to send the job to, or None: none can start it at once (the shared queue)."""
+    loads = job_worker_loads(model=model, worker_ids=capacities)
+    if loads[None]:  # jobs wait in the shared queue: a routed job would overtake them
+        return None
+    free = [w for w in capacities if loads[w] < capacities[w]]
+    # The prompt continues one that a worker ran, whose KV it holds: that worker, if it has room.
+    kept = [w for w in free if w in ends]
+    if kept:
+        return min(kept, key=lambda w: (loads[w], -_rendezvous(hashes[-1], w)))
+    # A new prompt, a new branch of a shared prefix (a system prompt), or a continuation whose
+    # worker is full: the least-loaded worker with room, where holding the shared part counts as
+    # one job less. Ties go by rendezvous hashing of the prompt's own last block: prompts that
+    # share only a system prompt split evenly, even in a burst that sees the same loads.
+    return min(free, key=lambda w: (loads[w] - (w in holders), -_rendezvous(hashes[-1], w)), default=None)
 
 
 def prefix_hashes(token_ids: list[int]) -> list[bytes]:
