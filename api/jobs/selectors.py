@@ -72,15 +72,12 @@ def job_queue_position(*, job: Job) -> int | None:
     return Job.objects.filter(ahead, status=JobStatus.QUEUED, model=job.model).count()  # job_status_queue_order
 
 
-def job_worker_loads(*, model: str, worker_ids: Iterable[str]) -> dict[str | None, int]:
+def job_worker_loads(*, model: str, worker_ids: Iterable[str]) -> dict[str, int]:
     """Each of ``worker_ids``' active jobs of ``model``: those it runs, and those queued for it by
-    prefix-affinity routing (api/jobs/services/queue_routing.py); under ``None``, the jobs of
-    ``model`` queued for no worker (on the model's shared queue, not yet claimed)."""
-    loads: dict[str | None, int] = dict.fromkeys(worker_ids, 0)
-    loads[None] = 0
+    prefix-affinity routing (api/jobs/services/queue_routing.py)."""
+    loads = dict.fromkeys(worker_ids, 0)
     rows = (Job.objects.filter(model=model, status__in=(JobStatus.QUEUED, JobStatus.IN_PROGRESS))  # job_model_active
-            .annotate(worker=Coalesce("worker_id", "routed_worker"))
-            .filter(Q(worker__in=[w for w in loads if w is not None]) | Q(worker__isnull=True))
+            .annotate(worker=Coalesce("worker_id", "routed_worker")).filter(worker__in=list(loads))
             .values("worker").annotate(n=Count("id")).order_by())
     for row in rows:
         loads[row["worker"]] = row["n"]

@@ -2,10 +2,9 @@
 
 Among the live workers of the job's model, a job whose prompt continues a prompt that a worker
 ran recently (a conversation's next turn: the previous turn's prompt, its answer and one more
-message) goes to that worker, whose prefix cache holds it, while its batch has room; any other
-job goes to the least-loaded worker while its batch has room. A job no worker can start at once
-goes to the model's shared queue, which the first worker with room claims from: routing never
-makes a job wait for one worker while another is free.
+message) goes to that worker, whose prefix cache holds it, unless its batch is full while another
+worker's has room, or every batch is full and it is much busier than the others; any other job
+goes to the least-loaded worker.
 
 * **Prefixes.** The prompt's tokens are cut into blocks of ``BLOCK_TOKENS``; block *i* is named
   by a hash of blocks 0..*i* (a chain, as the engine's prefix index names them), for the first
@@ -14,18 +13,23 @@ makes a job wait for one worker while another is free.
   prompt ended there (``...:end``: its last whole block), each for ``AFFINITY_TTL_S`` after the
   last job. The deepest block held by a live worker decides.
 * **A continuation** (that block ends an earlier job's prompt on a live worker): that worker, if
-  its batch has room; else the least-loaded worker with room, which recomputes the prefix.
+  its batch has room (the job starts at once, its prefix cached). If not, the worker with the
+  fewest jobs waiting for a place in its batch, when that one has room (the job starts at once
+  there, recomputing the prefix, instead of waiting) or when every batch is full and more jobs
+  wait at the first worker than there by more than ``MAX_EXTRA_JOBS`` or half of those.
 * **Anything else** (a new prompt, or a new branch of a prefix other jobs share, such as a system
-  prompt): the least-loaded worker with room, where holding the shared part counts as one job
-  less (ties: rendezvous hashing of the prompt's last block). A shared system prompt is then
-  computed once per worker and new conversations spread by load, instead of piling onto the
-  worker that saw it first.
-* **Room.** A worker's load is its model's active jobs it runs or was routed (the database,
-  counted per submission, so a burst of submissions sees itself; heartbeats lag by seconds). It
-  has room while its load is below its batch's capacity (its heartbeat's ``capacity``, which
-  changes rarely; a heartbeat without one never has room) and no job of the model waits in the
-  shared queue (a routed job would overtake it). No worker with room: the shared queue, and no
-  prefix is recorded (the job's worker is not known yet).
+  prompt): the least-loaded worker, where holding the shared part counts as one job less (ties:
+  rendezvous hashing of the prompt's last block). A shared system prompt is then computed once
+  per worker and new conversations spread by load, instead of piling onto the worker that saw it
+  first.
+* **Load.** A worker's load is its model's active jobs it runs or was routed (the database,
+  counted per submission, so a burst of submissions sees itself; heartbeats lag by seconds); a new
+  job waits there while that load is at least its batch's capacity (its heartbeat's ``capacity``,
+  which changes rarely). A worker whose heartbeat has no capacity counts every job as waiting.
+  With every batch full a continuation still goes to a worker's own queue, not the shared one: a
+  worker claims every message it takes, room or not (the job then waits in its engine), so the
+  shared queue spreads jobs by which worker takes the message first, not by room, and loses the
+  prefix.
 * **Queues.** The chosen worker's own queue (``engine.<model>.<worker>``). With fewer than two
   live workers, with a prompt shorter than a block, with affinity off (``ROUTING_AFFINITY``) or
   Redis out of reach, the model's shared queue, which every worker of the model consumes.
@@ -55,6 +59,7 @@ logger = logging.getLogger(__name__)
 BLOCK_TOKENS = 32
 MAX_BLOCKS = 256  # 8,192 tokens: deeper prefixes route as their first 8,192 tokens do
 AFFINITY_TTL_S = 600
+MAX_EXTRA_JOBS = 4
 
 AFFINITY_PREFIX = "engine:affinity:"
 END_SUFFIX = ":end"  # the workers whose job's prompt's last whole block this is
@@ -84,8 +89,6 @@ def job_route(*, model: str, prompt_token_ids: list[int]) -> Route:
         client = get_redis()
         names = [_affinity_key(model, h) for h in hashes]
         target = _choose(model, hashes, capacities, *_holders(client, names, live))
-        if target is None:  # no worker can start it now: the first to have room claims it
-            return shared
         pipe = client.pipeline(transaction=False)
         for name in names:
             pipe.sadd(name, target)
@@ -114,22 +117,27 @@ def _holders(client: redis.Redis, names: list[str], live: frozenset[str]) -> tup
     return set(), set()
 
 
-def _choose(model: str, hashes: list[bytes], capacities: dict[str, int], holders: set[str],
-            ends: set[str]) -> str | None:
-    """The worker to send the job to, or None: none can start it at once (the shared queue)."""
-    loads = job_worker_loads(model=model, worker_ids=capacities)
-    if loads[None]:  # jobs wait in the shared queue: a routed job would overtake them
-        return None
-    free = [w for w in capacities if loads[w] < capacities[w]]
-    # The prompt continues one that a worker ran, whose KV it holds: that worker, if it has room.
-    kept = [w for w in free if w in ends]
-    if kept:
-        return min(kept, key=lambda w: (loads[w], -_rendezvous(hashes[-1], w)))
-    # A new prompt, a new branch of a shared prefix (a system prompt), or a continuation whose
-    # worker is full: the least-loaded worker with room, where holding the shared part counts as
-    # one job less. Ties go by rendezvous hashing of the prompt's own last block: prompts that
-    # share only a system prompt split evenly, even in a burst that sees the same loads.
-    return min(free, key=lambda w: (loads[w] - (w in holders), -_rendezvous(hashes[-1], w)), default=None)
+def _choose(model: str, hashes: list[bytes], capacities: dict[str, int], holders: set[str], ends: set[str]) -> str:
+    live = frozenset(capacities)
+    loads = job_worker_loads(model=model, worker_ids=live)
+
+    def waiting(worker: str) -> int:  # the jobs the new one would wait behind there (0: it starts at once)
+        return max(0, loads[worker] + 1 - capacities[worker])
+
+    # Ties go by rendezvous hashing of the prompt's own last block: prompts that share only a
+    # system prompt split evenly, even in a burst that sees the same loads.
+    def soonest(worker: str) -> tuple[int, int, int]:
+        return waiting(worker), loads[worker], -_rendezvous(hashes[-1], worker)
+
+    if ends:  # the prompt continues one that a worker ran, whose KV it holds
+        target, quickest = min(ends, key=soonest), min(live, key=soonest)
+        if waiting(target) == 0 or waiting(quickest) > 0 and (
+                waiting(target) - waiting(quickest) <= max(MAX_EXTRA_JOBS, waiting(quickest) // 2)):
+            return target  # it starts at once there; or every worker is full and it is not much busier
+        return quickest
+    # A new prompt, or a new branch of a shared prefix (a system prompt): the least-loaded worker,
+    # where holding the shared part counts as one job less.
+    return min(live, key=lambda w: (loads[w] - (w in holders), -_rendezvous(hashes[-1], w)))
 
 
 def prefix_hashes(token_ids: list[int]) -> list[bytes]:

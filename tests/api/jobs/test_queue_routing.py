@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from api.jobs.services.queue_routing import BLOCK_TOKENS, Route, job_route
+from api.jobs.services.queue_routing import BLOCK_TOKENS, MAX_EXTRA_JOBS, Route, job_route
 from api.models import Job, JobStatus
 from api.serving.workers import worker_ids_forget
 from tests.api.factories import heartbeat, make_job, publish_heartbeat
@@ -83,26 +83,24 @@ def test_a_continuation_whose_worker_is_full_goes_to_a_worker_with_room(live):
     assert _route(_turn(1, 2)).worker_id == other  # its prefix is the other worker's now
 
 
-def test_a_job_no_worker_can_start_goes_to_the_shared_queue(live):
-    """With every batch full, a turn pinned to its worker would wait for that worker alone; on the
-    shared queue the first worker with room runs it."""
+def test_with_every_batch_full_a_continuation_stays_unless_its_worker_is_much_busier(live):
+    """With no room anywhere the turn waits wherever it goes: on its worker it waits with its
+    prefix cached (not on the shared queue, which any worker takes, room or not), unless more
+    than MAX_EXTRA_JOBS more jobs wait there."""
     live("w-a", "w-b", capacity=2)
     owner = _route(_turn(4, 0)).worker_id
+    other = ({"w-a", "w-b"} - {owner}).pop()
     Job.objects.update(status=JobStatus.COMPLETED)
     for worker in ("w-a", "w-b"):
         for _ in range(2):
             make_job(model="tiny", status=JobStatus.IN_PROGRESS, worker_id=worker)
 
-    assert _route(_turn(4, 1)) == Route("engine.tiny", None)
-    assert _route(_turn(9, 0)) == Route("engine.tiny", None)  # a new conversation too
+    assert _route(_turn(4, 1)) == Route(f"engine.tiny.{owner}", owner)
 
-    Job.objects.filter(worker_id=owner).update(status=JobStatus.COMPLETED)  # its batch has room again
-    make_job(model="tiny")  # ...but a job waits in the shared queue: it goes first
-    assert _route(_turn(4, 1)) == Route("engine.tiny", None)
-
-    Job.objects.filter(status=JobStatus.QUEUED, routed_worker__isnull=True).update(status=JobStatus.IN_PROGRESS,
-                                                                                   worker_id=owner)
-    assert _route(_turn(4, 1)).worker_id == owner  # claimed: the owner has room for the turn
+    Job.objects.filter(routed_worker=owner).update(status=JobStatus.COMPLETED)
+    for _ in range(MAX_EXTRA_JOBS + 1):
+        make_job(model="tiny", status=JobStatus.IN_PROGRESS, worker_id=owner)
+    assert _route(_turn(4, 2)).worker_id == other
 
 
 def test_a_worker_that_died_loses_its_affinity(live, redis_client):
