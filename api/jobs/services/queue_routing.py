@@ -2,8 +2,9 @@
 
 Among the live workers of the job's model, a job whose prompt continues a prompt that a worker
 ran recently (a conversation's next turn: the previous turn's prompt, its answer and one more
-message) goes to that worker, whose prefix cache holds it, unless that worker is much busier
-than the others; any other job goes to the least-loaded worker.
+message) goes to that worker, whose prefix cache holds it, unless its batch is full while another
+worker's has room, or every batch is full and it is much busier than the others; any other job
+goes to the least-loaded worker.
 
 * **Prefixes.** The prompt's tokens are cut into blocks of ``BLOCK_TOKENS``; block *i* is named
   by a hash of blocks 0..*i* (a chain, as the engine's prefix index names them), for the first
@@ -11,20 +12,24 @@ than the others; any other job goes to the least-loaded worker.
   prompt has that prefix (``engine:affinity:<model>:<hash>``), and the set of those whose job's
   prompt ended there (``...:end``: its last whole block), each for ``AFFINITY_TTL_S`` after the
   last job. The deepest block held by a live worker decides.
-* **A continuation** (that block ends an earlier job's prompt on a live worker): that worker,
-  unless more of its jobs wait for a place in its batch than the least-loaded worker's, by more
-  than ``MAX_EXTRA_JOBS`` or half of those; then the least-loaded worker, which recomputes the
-  prefix. A job's wait is what affinity can cost it: a worker whose batch has room starts it at
-  once, with its prefix cached, however many jobs it runs.
+* **A continuation** (that block ends an earlier job's prompt on a live worker): that worker, if
+  its batch has room (the job starts at once, its prefix cached). If not, the worker with the
+  fewest jobs waiting for a place in its batch, when that one has room (the job starts at once
+  there, recomputing the prefix, instead of waiting) or when every batch is full and more jobs
+  wait at the first worker than there by more than ``MAX_EXTRA_JOBS`` or half of those.
 * **Anything else** (a new prompt, or a new branch of a prefix other jobs share, such as a system
   prompt): the least-loaded worker, where holding the shared part counts as one job less (ties:
   rendezvous hashing of the prompt's last block). A shared system prompt is then computed once
   per worker and new conversations spread by load, instead of piling onto the worker that saw it
   first.
 * **Load.** A worker's load is its model's active jobs it runs or was routed (the database,
-  counted per submission, so a burst of submissions sees itself; heartbeats lag by seconds); those
-  beyond its batch's capacity (its heartbeat's ``capacity``, which changes rarely) wait. A worker
-  whose heartbeat has no capacity counts every active job as waiting.
+  counted per submission, so a burst of submissions sees itself; heartbeats lag by seconds); a new
+  job waits there while that load is at least its batch's capacity (its heartbeat's ``capacity``,
+  which changes rarely). A worker whose heartbeat has no capacity counts every job as waiting.
+  With every batch full a continuation still goes to a worker's own queue, not the shared one: a
+  worker claims every message it takes, room or not (the job then waits in its engine), so the
+  shared queue spreads jobs by which worker takes the message first, not by room, and loses the
+  prefix.
 * **Queues.** The chosen worker's own queue (``engine.<model>.<worker>``). With fewer than two
   live workers, with a prompt shorter than a block, with affinity off (``ROUTING_AFFINITY``) or
   Redis out of reach, the model's shared queue, which every worker of the model consumes.
@@ -116,21 +121,20 @@ def _choose(model: str, hashes: list[bytes], capacities: dict[str, int], holders
     live = frozenset(capacities)
     loads = job_worker_loads(model=model, worker_ids=live)
 
-    def waiting(worker: str) -> int:
-        return max(0, loads[worker] - capacities[worker])
+    def waiting(worker: str) -> int:  # the jobs the new one would wait behind there (0: it starts at once)
+        return max(0, loads[worker] + 1 - capacities[worker])
 
     # Ties go by rendezvous hashing of the prompt's own last block: prompts that share only a
     # system prompt split evenly, even in a burst that sees the same loads.
-    def busy(worker: str) -> tuple[int, int]:
-        return loads[worker], -_rendezvous(hashes[-1], worker)
+    def soonest(worker: str) -> tuple[int, int, int]:
+        return waiting(worker), loads[worker], -_rendezvous(hashes[-1], worker)
 
-    if ends:  # the prompt continues one that a worker ran, whose KV it holds: stay unless it would wait much longer
-        def soonest(worker: str) -> tuple[int, int, int]:
-            return (waiting(worker), *busy(worker))
-
+    if ends:  # the prompt continues one that a worker ran, whose KV it holds
         target, quickest = min(ends, key=soonest), min(live, key=soonest)
-        extra = waiting(target) - waiting(quickest)
-        return target if extra <= max(MAX_EXTRA_JOBS, waiting(quickest) // 2) else quickest
+        if waiting(target) == 0 or waiting(quickest) > 0 and (
+                waiting(target) - waiting(quickest) <= max(MAX_EXTRA_JOBS, waiting(quickest) // 2)):
+            return target  # it starts at once there; or every worker is full and it is not much busier
+        return quickest
     # A new prompt, or a new branch of a shared prefix (a system prompt): the least-loaded worker,
     # where holding the shared part counts as one job less.
     return min(live, key=lambda w: (loads[w] - (w in holders), -_rendezvous(hashes[-1], w)))

@@ -13,14 +13,16 @@ from tests.api.factories import heartbeat, make_job, publish_heartbeat
 pytestmark = pytest.mark.django_db
 
 SYSTEM = list(range(10, 10 + 10 * BLOCK_TOKENS))  # a shared system prompt of ten blocks
+CAPACITY = 32  # the requests a test worker's batch runs at once (its heartbeat's capacity)
 
 
 @pytest.fixture
 def live(redis_client):
-    """Publish heartbeats of workers of the tiny model; returns a function doing it."""
-    def start(*worker_ids: str) -> None:
+    """Publish heartbeats of workers of the tiny model, each with a batch of CAPACITY; returns a
+    function doing it."""
+    def start(*worker_ids: str, capacity: int = CAPACITY) -> None:
         for worker_id in worker_ids:
-            publish_heartbeat(redis_client, heartbeat(worker_id=worker_id, model="tiny"))
+            publish_heartbeat(redis_client, heartbeat(worker_id=worker_id, model="tiny", capacity=capacity))
         worker_ids_forget()
 
     return start
@@ -63,19 +65,42 @@ def test_new_conversations_over_one_system_prompt_spread_over_the_workers_and_ke
     later = [_route(_turn(c, 1)).worker_id for c in range(24)]
 
     counts = {w: first.count(w) for w in ("w-a", "w-b")}
-    assert abs(counts["w-a"] - counts["w-b"]) <= MAX_EXTRA_JOBS + 1, counts
+    assert abs(counts["w-a"] - counts["w-b"]) <= 1, counts
     assert later == first  # each conversation's second turn where its first ran
 
 
-def test_a_much_busier_worker_loses_the_job_to_the_least_loaded(live):
+def test_a_continuation_whose_worker_is_full_goes_to_a_worker_with_room(live):
+    """A turn sent to a worker whose batch is full would wait there while the other runs
+    nothing; the other starts it at once (recomputing the prefix), and keeps the conversation."""
     live("w-a", "w-b")
     owner = _route(_turn(1, 0)).worker_id
     other = ({"w-a", "w-b"} - {owner}).pop()
-    for _ in range(MAX_EXTRA_JOBS + 1):
+    Job.objects.update(status=JobStatus.COMPLETED)
+    for _ in range(CAPACITY):  # its batch full: one more job would wait
         make_job(model="tiny", status=JobStatus.IN_PROGRESS, worker_id=owner)
 
     assert _route(_turn(1, 1)).worker_id == other
     assert _route(_turn(1, 2)).worker_id == other  # its prefix is the other worker's now
+
+
+def test_with_every_batch_full_a_continuation_stays_unless_its_worker_is_much_busier(live):
+    """With no room anywhere the turn waits wherever it goes: on its worker it waits with its
+    prefix cached (not on the shared queue, which any worker takes, room or not), unless more
+    than MAX_EXTRA_JOBS more jobs wait there."""
+    live("w-a", "w-b", capacity=2)
+    owner = _route(_turn(4, 0)).worker_id
+    other = ({"w-a", "w-b"} - {owner}).pop()
+    Job.objects.update(status=JobStatus.COMPLETED)
+    for worker in ("w-a", "w-b"):
+        for _ in range(2):
+            make_job(model="tiny", status=JobStatus.IN_PROGRESS, worker_id=worker)
+
+    assert _route(_turn(4, 1)) == Route(f"engine.tiny.{owner}", owner)
+
+    Job.objects.filter(routed_worker=owner).update(status=JobStatus.COMPLETED)
+    for _ in range(MAX_EXTRA_JOBS + 1):
+        make_job(model="tiny", status=JobStatus.IN_PROGRESS, worker_id=owner)
+    assert _route(_turn(4, 2)).worker_id == other
 
 
 def test_a_worker_that_died_loses_its_affinity(live, redis_client):
@@ -119,21 +144,21 @@ def test_a_submitted_conversation_is_routed_to_one_worker_and_sent_to_its_queue(
 
 
 def test_a_continuation_stays_with_a_busier_worker_whose_batch_has_room(redis_client):
-    """Only the jobs a worker's batch cannot hold make it "much busier": one that runs more jobs
-    than the other but still has room starts the turn at once, with its prefix cached."""
+    """Only a full batch makes a worker too busy: one that runs more jobs than the other but
+    still has room starts the turn at once, with its prefix cached."""
     for worker_id in ("w-a", "w-b"):
         publish_heartbeat(redis_client, heartbeat(worker_id=worker_id, model="tiny", capacity=8))
     worker_ids_forget()
     owner = _route(_turn(2, 0)).worker_id
     other = ({"w-a", "w-b"} - {owner}).pop()
     Job.objects.update(status=JobStatus.COMPLETED)
-    for _ in range(MAX_EXTRA_JOBS + 2):  # busier than the other by more than MAX_EXTRA_JOBS, within its batch
+    for _ in range(7):  # much busier than the other (which runs nothing), one place left in its batch
         make_job(model="tiny", status=JobStatus.IN_PROGRESS, worker_id=owner)
 
     assert _route(_turn(2, 1)).worker_id == owner
 
     Job.objects.update(status=JobStatus.COMPLETED)
-    for _ in range(8 + MAX_EXTRA_JOBS + 1):  # its batch full, and more than MAX_EXTRA_JOBS waiting
+    for _ in range(8):  # its batch full
         make_job(model="tiny", status=JobStatus.IN_PROGRESS, worker_id=owner)
 
     assert _route(_turn(2, 2)).worker_id == other
