@@ -21,7 +21,7 @@ less than the copy costs. Hash collisions are harmless: candidates are verified 
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 
 import numpy as np
 
@@ -110,7 +110,7 @@ class PrefixIndex:
         found = []
         block = self.block_size
         for i, h in enumerate(chain_hashes(tokens, block)):
-            keys = self._by_last.get(h, ())
+            keys: Collection[str] = self._by_last.get(h, ())
             if len(keys) > MAX_CANDIDATES:
                 # Many entries end in this block: look the few possible prefix lengths up whole.
                 end = min((i + 2) * block, len(tokens))
