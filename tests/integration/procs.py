@@ -8,7 +8,8 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -126,3 +127,26 @@ def celery_ready(proc: Proc) -> bool:
     """Whether a Celery worker started (its log says ``ready.``); fails if it exited."""
     assert proc.alive(), f"{proc.name} exited:\n{proc.log_tail()}"
     return b"ready." in proc.log_path.read_bytes()
+
+
+@contextmanager
+def webhook_stack(env: dict[str, str], log_dir: Path) -> Iterator[int]:
+    """daphne, the light and webhooks Celery workers and celery beat, as scripts/run.sh starts
+    them; yields daphne's port once all are up, and stops them after."""
+    port = free_port()
+    daphne = start_daphne(env, port, log_dir)
+    light, hooks = start_celery_workers(env, log_dir)
+    beat = Proc("beat", [sys.executable, "-m", "celery", "-A", "inference_service", "beat", "--loglevel", "INFO",
+                         "-s", str(log_dir / "beat-schedule")], env, log_dir)
+
+    def up() -> bool:
+        for proc in (daphne, beat):
+            assert proc.alive(), proc.log_tail()
+        return port_open(port) and celery_ready(light) and celery_ready(hooks)
+
+    try:
+        wait_for(up, START_TIMEOUT_S, "daphne, the Celery workers and beat")
+        yield port
+    finally:
+        for proc in (beat, hooks, light, daphne):
+            proc.stop()

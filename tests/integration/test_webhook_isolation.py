@@ -13,7 +13,6 @@ import asyncio
 import ipaddress
 import json
 import statistics
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack
@@ -25,16 +24,7 @@ from api.webhooks.models import WebhookDelivery, WebhookDeliveryStatus
 from tests.api.factories import make_api_key
 from tests.api.webhooks.receiver import HangingReceiver, WebhookReceiver
 from tests.integration.client import ServiceClient
-from tests.integration.procs import (
-    START_TIMEOUT_S,
-    Proc,
-    celery_ready,
-    free_port,
-    port_open,
-    start_celery_workers,
-    start_daphne,
-    wait_for,
-)
+from tests.integration.procs import wait_for, webhook_stack
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -48,22 +38,9 @@ def stack(workers, service_env, tmp_path, settings) -> Iterator[int]:
     files = {"location": str(tmp_path / "files")}
     service_env.update(FILES_STORAGE_OPTIONS=json.dumps(files), WEBHOOK_ALLOWED_NETWORKS="127.0.0.0/8")
     settings.WEBHOOK_ALLOWED_NETWORKS = (ipaddress.ip_network("127.0.0.0/8"),)
-    port = free_port()
-    daphne = start_daphne(service_env, port, tmp_path)
-    light, hooks = start_celery_workers(service_env, tmp_path)
-    beat = Proc("beat", [sys.executable, "-m", "celery", "-A", "inference_service", "beat", "--loglevel", "INFO",
-                         "-s", str(tmp_path / "beat-schedule")], service_env, tmp_path)
     workers.start("w-isolation")
-
-    def up() -> bool:
-        for proc in (daphne, beat):
-            assert proc.alive(), proc.log_tail()
-        return port_open(port) and celery_ready(light) and celery_ready(hooks)
-
-    wait_for(up, START_TIMEOUT_S, "daphne and the Celery workers")
-    yield port
-    for proc in (beat, hooks, light, daphne):
-        proc.stop()
+    with webhook_stack(service_env, tmp_path) as port:
+        yield port
 
 
 def _webhook_latency(client: ServiceClient, receiver: WebhookReceiver) -> float:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
 
 import pytest
 from standardwebhooks.webhooks import Webhook
@@ -16,16 +15,7 @@ from api.webhooks.models import WebhookDelivery, WebhookDeliveryStatus
 from tests.api.factories import make_api_key
 from tests.api.webhooks.receiver import WebhookReceiver
 from tests.integration.client import ServiceClient
-from tests.integration.procs import (
-    START_TIMEOUT_S,
-    Proc,
-    celery_ready,
-    free_port,
-    port_open,
-    start_celery_workers,
-    start_daphne,
-    wait_for,
-)
+from tests.integration.procs import wait_for, webhook_stack
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -36,22 +26,9 @@ def hooks_stack(workers, service_env, tmp_path):
     allowed."""
     env = {**service_env, "WEBHOOK_ALLOWED_NETWORKS": "127.0.0.0/8"}
     workers.env = env
-    port = free_port()
-    daphne = start_daphne(env, port, tmp_path)
-    light, hooks = start_celery_workers(env, tmp_path)
-    beat = Proc("beat", [sys.executable, "-m", "celery", "-A", "inference_service", "beat", "--loglevel", "INFO",
-                         "-s", str(tmp_path / "beat-schedule")], env, tmp_path)
     workers.start("w-hooks")
-
-    def up() -> bool:
-        for proc in (daphne, beat):
-            assert proc.alive(), proc.log_tail()
-        return port_open(port) and celery_ready(light) and celery_ready(hooks)
-
-    wait_for(up, START_TIMEOUT_S, "daphne and the light worker to start")
-    yield port
-    for proc in (beat, hooks, light, daphne):
-        proc.stop()
+    with webhook_stack(env, tmp_path) as port:
+        yield port
 
 
 def test_a_rest_job_calls_its_webhook_signed_and_the_light_worker_retries_a_500(hooks_stack):
