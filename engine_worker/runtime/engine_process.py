@@ -43,7 +43,7 @@ from engine_worker.protocol import (
     Stopped,
     WorkerHeartbeat,
 )
-from engine_worker.runtime.host import OnRefused
+from engine_worker.runtime.host import OnRefused, hold_fresh
 from engine_worker.runtime.sink import OutputSink
 
 logger = logging.getLogger(__name__)
@@ -139,10 +139,7 @@ class EngineProcess:
         with self._lock:
             if self._closed:
                 return []
-            fresh = list({spec.job_id: spec for spec in specs if spec.job_id not in self._held}.values())
-            now = time.time()
-            for spec in fresh:
-                self._held[spec.job_id] = now
+            fresh = hold_fresh(self._held, specs)
         if fresh:
             self._send(Admit(tuple(fresh)))
         return [spec.job_id for spec in fresh]

@@ -38,6 +38,16 @@ logger = logging.getLogger(__name__)
 OnRefused = Callable[[str, str, bool], None]
 
 
+
+def hold_fresh(held: dict[str, float], specs: list[JobSpec]) -> list[JobSpec]:
+    """The specs not in ``held`` (one per job id), entered into it with the time now: a host's
+    admission under its own lock."""
+    fresh = list({spec.job_id: spec for spec in specs if spec.job_id not in held}.values())
+    now = time.time()
+    for spec in fresh:
+        held[spec.job_id] = now
+    return fresh
+
 class HostedEngine(Protocol):
     """The part of EngineCore's sync host API the runtime uses."""
 
@@ -146,10 +156,7 @@ class JobHost:
         with self._lock:
             if self._closed:
                 return []
-            fresh = list({spec.job_id: spec for spec in specs if spec.job_id not in self._held}.values())
-            now = time.time()
-            for spec in fresh:
-                self._held[spec.job_id] = now
+            fresh = hold_fresh(self._held, specs)
         return self._side.admit(fresh) if fresh else []
 
     def _refused(self, answer: Refused) -> None:
