@@ -30,6 +30,11 @@ def get_redis() -> redis.Redis:
     )
 
 
+def channel_db(client: redis.Redis) -> int:
+    """The database ``client`` selected: the scope of the pub/sub channels it uses (redis_keys)."""
+    return int(client.connection_pool.connection_kwargs.get("db") or 0)
+
+
 # The process's followed streams are read by one XREAD BLOCK (api/streaming/hub.py), but every new
 # follower takes a connection for its first look at its stream, and a burst of them takes many at
 # once: redis-py's default of 100 per pool would refuse the 101st with MaxConnectionsError. Redis

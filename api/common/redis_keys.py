@@ -10,11 +10,15 @@ from __future__ import annotations
 WORKER_HEARTBEAT_PREFIX = "engine:workers:"
 WORKER_HEARTBEAT_TTL_S = 15
 
-# Pub/sub channel on which the web side asks workers to stop a running job:
+# Pub/sub channels are one namespace per Redis server, whichever database a client selected: each
+# channel's name carries the database number (``channel_db``), so services (or test runs) sharing a
+# server on different databases never hear each other.
+#
+# The channel on which the web side asks workers to stop a running job:
 # message = JSON ``{"job_id": "<uuid>"}``. Workers that do not hold the job ignore it.
-CANCEL_CHANNEL = "engine:cancel"
+CANCEL_CHANNEL_PREFIX = "engine:cancel:"
 
-# Pub/sub channel of one worker on which the admin asks it to drop a prefix-cache entry:
+# The channel of one worker on which the admin asks it to drop a prefix-cache entry:
 # message = JSON ``{"key": "<key_hash>"}``. Per worker: an entry's key means nothing to another.
 EVICT_CHANNEL_PREFIX = "engine:evict:"
 
@@ -40,8 +44,12 @@ def worker_heartbeat_key(worker_id: str) -> str:
     return f"{WORKER_HEARTBEAT_PREFIX}{worker_id}"
 
 
-def worker_evict_channel(worker_id: str) -> str:
-    return f"{EVICT_CHANNEL_PREFIX}{worker_id}"
+def cancel_channel(db: int) -> str:
+    return f"{CANCEL_CHANNEL_PREFIX}{db}"
+
+
+def worker_evict_channel(db: int, worker_id: str) -> str:
+    return f"{EVICT_CHANNEL_PREFIX}{db}:{worker_id}"
 
 
 def worker_history_key(worker_id: str) -> str:

@@ -8,7 +8,7 @@ import logging
 import redis
 
 from api.common.errors import ServiceUnavailable, WorkerNotFound
-from api.common.redis_client import get_redis
+from api.common.redis_client import channel_db, get_redis
 from api.common.redis_keys import worker_evict_channel
 from api.serving.workers import worker_is_live
 
@@ -25,7 +25,8 @@ def cache_entry_evict(*, worker_id: str, key: str) -> None:
     try:
         if not worker_is_live(worker_id):
             raise WorkerNotFound(worker_id)
-        listeners = get_redis().publish(worker_evict_channel(worker_id), json.dumps({"key": key}))
+        client = get_redis()
+        listeners = client.publish(worker_evict_channel(channel_db(client), worker_id), json.dumps({"key": key}))
     except redis.RedisError:
         raise ServiceUnavailable("Cannot reach the engine workers (Redis is unreachable).") from None
     if not listeners:

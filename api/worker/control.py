@@ -23,9 +23,10 @@ from typing import Any
 import redis
 from django.db import DatabaseError, close_old_connections
 
+from api.common.redis_client import channel_db
 from api.common.redis_keys import (
-    CANCEL_CHANNEL,
     WORKER_HEARTBEAT_TTL_S,
+    cancel_channel,
     worker_evict_channel,
     worker_heartbeat_key,
 )
@@ -48,7 +49,8 @@ class WorkerControl:
         self._lease_s = lease_s
         self._next_beat = 0.0
         self._pubsub: Any = None
-        self._evict_channel = worker_evict_channel(worker_id)
+        self._cancel_channel = cancel_channel(channel_db(redis_client))
+        self._evict_channel = worker_evict_channel(channel_db(redis_client), worker_id)
         self.stopping = False
 
     def tick(self) -> None:
@@ -98,7 +100,7 @@ class WorkerControl:
         try:
             if self._pubsub is None:
                 self._pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
-                self._pubsub.subscribe(CANCEL_CHANNEL, self._evict_channel)
+                self._pubsub.subscribe(self._cancel_channel, self._evict_channel)
             while (message := self._pubsub.get_message(timeout=0)) is not None:
                 if message.get("channel") == self._evict_channel:
                     self._on_evict_message(message.get("data"))

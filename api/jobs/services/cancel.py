@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from api.common import redis_keys
 from api.common.errors import JobNotCancellable, JobNotFound
-from api.common.redis_client import get_redis
+from api.common.redis_client import channel_db, get_redis
 from api.models import Job, JobStatus
 from api.streaming.job_end import stream_job_end
 from api.webhooks.job_events import job_webhooks_enqueue
@@ -64,7 +64,8 @@ def job_cancel(*, job_id: uuid.UUID | str, owner: User | None = None) -> Job:
 
 def _publish_cancel(job_id: str) -> None:
     try:
-        get_redis().publish(redis_keys.CANCEL_CHANNEL, json.dumps({"job_id": job_id}))
+        client = get_redis()
+        client.publish(redis_keys.cancel_channel(channel_db(client)), json.dumps({"job_id": job_id}))
     except redis.RedisError:
         # The worker also sees cancel_requested on the row when it next checks its jobs.
         logger.warning("Could not publish the cancel of job %s", job_id, exc_info=True)

@@ -11,7 +11,7 @@ import uuid
 import pytest
 from django.test import Client
 
-from api.common.redis_client import get_redis
+from api.common.redis_client import channel_db, get_redis
 from api.common.redis_keys import worker_evict_channel
 from api.serving.workers import worker_list
 from tests.api.factories import heartbeat, make_user, publish_heartbeat
@@ -33,7 +33,7 @@ def listening(redis_client):
     """A live heartbeat for worker w-1 and a subscriber on its command channel (as its I/O thread)."""
     publish_heartbeat(redis_client, heartbeat(worker_id="w-1"))
     pubsub = redis_client.pubsub(ignore_subscribe_messages=True)
-    pubsub.subscribe(worker_evict_channel("w-1"))
+    pubsub.subscribe(worker_evict_channel(channel_db(redis_client), "w-1"))
     yield pubsub
     pubsub.close()
 

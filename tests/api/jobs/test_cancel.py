@@ -8,6 +8,7 @@ import pytest
 import redis
 
 from api.common import redis_keys
+from api.common.redis_client import channel_db
 from api.jobs.services.cancel import job_cancel
 from api.models import Job, JobStatus
 from tests.api.factories import make_api_key, make_job
@@ -75,7 +76,7 @@ def test_cancel_of_running_job_flags_it_and_tells_the_workers_on_the_cancel_chan
 ):
     job = make_job(api_key=api_key, status=JobStatus.IN_PROGRESS, worker_id="w-1")
     pubsub = redis_client.pubsub(ignore_subscribe_messages=True)
-    pubsub.subscribe(redis_keys.CANCEL_CHANNEL)
+    pubsub.subscribe(redis_keys.cancel_channel(channel_db(redis_client)))
     pubsub.get_message(timeout=1)
 
     with django_capture_on_commit_callbacks(execute=True):

@@ -10,6 +10,7 @@ import pytest
 from channels.testing import WebsocketCommunicator
 
 from api.common import redis_keys
+from api.common.redis_client import channel_db
 from api.models import Job, JobStatus
 from api.streaming import messages
 from engine_worker.protocol import FinalResult, OutputChunk
@@ -52,7 +53,7 @@ def test_cancel_on_a_running_jobs_socket_asks_its_worker_and_the_workers_final_e
     job = make_job(api_key=api_key, status=JobStatus.IN_PROGRESS, worker_id="w-1")
     job_id = str(job.id)
     pubsub = redis_client.pubsub(ignore_subscribe_messages=True)
-    pubsub.subscribe(redis_keys.CANCEL_CHANNEL)
+    pubsub.subscribe(redis_keys.cancel_channel(channel_db(redis_client)))
     pubsub.get_message(timeout=1)
 
     async def scenario() -> dict:

@@ -8,7 +8,8 @@ import time
 
 import pytest
 
-from api.common.redis_keys import WORKER_HISTORY_S, worker_evict_channel, worker_history_key
+from api.common.redis_client import channel_db
+from api.common.redis_keys import WORKER_HISTORY_S, cancel_channel, worker_evict_channel, worker_history_key
 from api.serving.worker_history import recent_rate, worker_history
 from api.worker.control import WorkerControl
 from api.worker.history import HistorySample, history_record
@@ -100,10 +101,14 @@ def test_the_worker_obeys_evicts_on_its_own_channel_only_and_ignores_malformed_o
     host = FakeHost()
     worker = control(redis_client, host)
     worker.tick()  # subscribes
-    for channel, data in ((worker_evict_channel("w-1"), {"key": "abc123"}), (worker_evict_channel("w-2"), {"key": "f00"}),
-                          (worker_evict_channel("w-1"), {"key": 7}), (worker_evict_channel("w-1"), "not json")):
+    db = channel_db(redis_client)
+    # Another database's channels, on the same server, are another service's.
+    redis_client.publish(worker_evict_channel(db + 1, "w-1"), json.dumps({"key": "other"}))
+    redis_client.publish(cancel_channel(db + 1), json.dumps({"job_id": "job-other"}))
+    for channel, data in ((worker_evict_channel(db, "w-1"), {"key": "abc123"}), (worker_evict_channel(db, "w-2"), {"key": "f00"}),
+                          (worker_evict_channel(db, "w-1"), {"key": 7}), (worker_evict_channel(db, "w-1"), "not json")):
         redis_client.publish(channel, json.dumps(data) if isinstance(data, dict) else data)
-    redis_client.publish("engine:cancel", json.dumps({"job_id": "job-9"}))
+    redis_client.publish(cancel_channel(db), json.dumps({"job_id": "job-9"}))
 
     deadline = time.monotonic() + 5
     while (not host.evicted or not host.cancelled) and time.monotonic() < deadline:
