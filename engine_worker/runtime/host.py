@@ -38,7 +38,6 @@ logger = logging.getLogger(__name__)
 OnRefused = Callable[[str, str, bool], None]
 
 
-
 def hold_fresh(held: dict[str, float], specs: list[JobSpec]) -> list[JobSpec]:
     """The specs not in ``held`` (one per job id), entered into it with the time now: a host's
     admission under its own lock."""
@@ -47,6 +46,7 @@ def hold_fresh(held: dict[str, float], specs: list[JobSpec]) -> list[JobSpec]:
     for spec in fresh:
         held[spec.job_id] = now
     return fresh
+
 
 class HostedEngine(Protocol):
     """The part of EngineCore's sync host API the runtime uses."""
