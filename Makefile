@@ -8,6 +8,8 @@ BIN := $(VENV)/bin
 export MODEL_PATH ?=
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/test
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/15
+# Most of the suite's time is spent waiting on subprocesses, so it runs on more workers than cores.
+TEST_WORKERS ?= 3
 
 .PHONY: setup model run test lint bench
 
@@ -31,7 +33,7 @@ run: setup
 # at once, and two BLAS threads per process on a 2-core machine made runs 5-10x slower.
 test: setup
 	DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) OPENBLAS_NUM_THREADS=$${OPENBLAS_NUM_THREADS:-1} \
-		$(BIN)/python -m pytest $(PYTEST_ARGS)
+		$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder $(PYTEST_ARGS)
 
 lint: setup
 	$(BIN)/ruff check .

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 from pathlib import Path
 
@@ -19,7 +20,11 @@ def tiny_model_path() -> Path:
     so token-level expectations always refer to the same model)."""
     from demo_model.builder import ensure_model
 
-    return ensure_model(TINY_MODEL_DIR)
+    # One build per machine: xdist's workers (and other runs) wait on the lock for the first.
+    TINY_MODEL_DIR.parent.mkdir(parents=True, exist_ok=True)
+    with open(TINY_MODEL_DIR.parent / ".tiny.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return ensure_model(TINY_MODEL_DIR)
 
 
 @pytest.fixture(scope="session")
