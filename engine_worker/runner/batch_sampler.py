@@ -23,8 +23,9 @@ generator's private attributes:
   a longer one once a prompt response reports ``progress == (total - 1, total)``.
 
 Both are checked: a call's row count against the rows expected, and the rows whose prompt ended
-against the rows sampled as such. A mismatch raises :class:`RowOrderLost`, a bug in this module
-against the installed mlx-lm, and fatal to the worker rather than a wrong mask.
+against the rows sampled as such. A mismatch (this module out of step with the installed mlx-lm)
+raises :class:`RowOrderLost`: the step fails like any failed step (its requests fail and the
+generator is dropped) instead of masking the wrong rows.
 """
 
 from __future__ import annotations
@@ -103,9 +104,6 @@ class BatchSampler:
         self._order = order
         self._bases: dict[int, Sampler] = {}
         self._constrained: dict[int, ConstrainedRow] = {}
-        #: Sampler calls, and how many of them masked constrained rows.
-        self.calls = 0
-        self.masked_calls = 0
 
     def add(self, uid: int, sampler: Sampler | ConstrainedRow | None) -> None:
         """Register the row ``uid`` with its own sampler (``None``: greedy)."""
@@ -120,13 +118,11 @@ class BatchSampler:
             self._constrained.pop(uid, None)
 
     def __call__(self, logprobs: mx.array) -> mx.array:
-        self.calls += 1
         uids = self._order.rows(logprobs.shape[0])
         bases = [self._bases[u] for u in uids]
         rows = [self._constrained.get(u) for u in uids] if self._constrained else []
         if not any(rows):
             return _sample_grouped(logprobs, bases)
-        self.masked_calls += 1
         # Start this step's forward pass now: it runs while the mask is computed on the host (it
         # needs last step's tokens, which the mask waits for too, and nothing else).
         mx.async_eval(logprobs)
