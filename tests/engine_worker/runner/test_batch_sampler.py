@@ -53,6 +53,13 @@ def test_a_half_constrained_batch_samples_all_its_rows_in_one_call_a_step(tiny_m
     assert calls == [8] * 13
     for r in rows[1::2]:
         assert _ints_prefix(final(outputs[r.request_id]).output_text)
+    masks = scheduler._sampling.constrained.mask_steps
+    assert masks == 13
+    # The same generator with free rows only: one call a step still, and no mask work at all.
+    calls.clear()
+    run_scheduler(scheduler, {0: [Request(f"free{i}", prompt, greedy(12, ignore_eos=True)) for i in range(8)]})
+    assert calls == [8] * 13
+    assert scheduler._sampling.constrained.mask_steps == masks
 
 
 def test_free_rows_write_in_a_half_constrained_batch_what_they_write_in_a_free_one(tiny_model):
