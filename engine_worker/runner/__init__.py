@@ -4,7 +4,8 @@ loads OpenBLAS first), and what turns its tokens into text.
 * :mod:`.generator`: the :class:`~.generator.BatchRunner` the scheduler drives, over mlx-lm's
   ``BatchGenerator``; :mod:`.urgent_lane`: a second generator for urgent first tokens.
 * :mod:`.sampling`, :mod:`.logprobs`: per-request samplers, processors, stop sequences and log
-  probabilities.
+  probabilities; :mod:`.batch_sampler`: the one sampler of a generator's rows, which samples them
+  in one call a step; :mod:`.grammar`: the masks of constrained rows.
 * :mod:`.detokenizer`, :mod:`.token_bytes`, :mod:`.text_stream`: tokens to UTF-8-safe text with
   stop strings.
 * :mod:`.loader`: loading a model folder; :mod:`.device_memory`: the device's memory and a

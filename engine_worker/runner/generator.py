@@ -20,6 +20,7 @@ from mlx_lm.generate import BatchGenerator
 from mlx_lm.models.cache import KVCache, RotatingKVCache, make_prompt_cache
 
 from engine_worker.common.config import SchedulerConfig
+from engine_worker.runner.batch_sampler import BatchSampler, RowOrder
 
 logger = logging.getLogger(__name__)
 
@@ -96,12 +97,19 @@ class BatchRunner(Protocol):
 
 
 class MlxBatchRunner(BatchRunner):
-    """Owns one ``BatchGenerator``; create it on the thread that will step it."""
+    """Owns one ``BatchGenerator``; create it on the thread that will step it.
+
+    Every row is inserted with the generator's one :class:`BatchSampler` (so the generator samples
+    each step in one call), which gets the row's own sampler, and follows the generator's row
+    order through :class:`RowOrder` (:mod:`engine_worker.runner.batch_sampler`).
+    """
 
     def __init__(self, model: Any, config: SchedulerConfig) -> None:
         self._model = model
         self._max_kv_size = config.max_kv_size
         self._bounded_ok = True
+        self._order = RowOrder()
+        self.sampler = BatchSampler(self._order)
         # The generator's defaults (sampler, stop tokens, processors) are never used: every insert
         # passes per-request values, so settings cannot leak from one request to another.
         self.generator = BatchGenerator(
@@ -149,19 +157,26 @@ class MlxBatchRunner(BatchRunner):
             max_tokens=[max_tokens],
             caches=[cache] if cache is not None else None,
             all_tokens=[all_tokens] if all_tokens is not None else None,
-            samplers=[sampler],
+            samplers=[self.sampler],
             logits_processors=[logits_processors],
             stop_sequences=[stop_sequences],
         )
+        self.sampler.add(uid, sampler)
+        self._order.inserted(uid, len(tokens))
         return uid
 
     def step(self) -> StepResult:
         """One generator step: decode one token per decoding sequence, prefill one chunk."""
         prompts, generated = self.generator.next()
+        self._order.stepped(generated, prompts)
+        self.sampler.drop([r.uid for r in generated if r.finish_reason is not None])
         return StepResult(generated, [r.uid for r in prompts if r.end_of_prompt])
 
     def remove(self, uids: list[int], return_caches: bool = False) -> dict[int, tuple[list[Any], list[int]]]:
-        return self.generator.remove(uids, return_prompt_caches=return_caches)
+        removed = self.generator.remove(uids, return_prompt_caches=return_caches)
+        self._order.removed(uids)
+        self.sampler.drop(uids)
+        return removed
 
     def extract_cache(self, uids: list[int]) -> dict[int, tuple[list[Any], list[int]]]:
         """The caches of sequences still in the batch (queued, prefilling or decoding); the

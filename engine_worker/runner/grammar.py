@@ -1,12 +1,11 @@
 """Constrained rows in the batch: each one samples only tokens its grammar allows.
 
-A constrained row gets a :class:`RowSampler` as its per-row sampler in mlx-lm's
-``BatchGenerator``; free rows keep their shared samplers, and all rows still decode in one batched
-forward pass. The generator calls every row's sampler once per step, in row order. The first
-constrained row called in a step has :class:`ConstrainedRows` compute the masks of *all* its rows
-in one call: it evaluates the tokens those rows sampled last step (one sync; mlx already computed
-them asynchronously), advances each row's matcher by its token, and fills one bitmask for the
-lot. The other constrained rows of the step find their mask ready.
+A constrained request is inserted with a :class:`ConstrainedRow` (its grammar matcher and its base
+sampling settings). The batch's one sampler (:class:`~engine_worker.runner.batch_sampler.BatchSampler`)
+asks :meth:`ConstrainedRows.mask` for one ``(rows, vocab)`` mask per call: it evaluates the tokens
+the constrained rows sampled last step (one sync; mlx already computed them asynchronously),
+advances each row's matcher by its token, and fills one bitmask for the lot; free rows get
+all-true rows.
 
 A row's matcher starts from its grammar and the tokens the row already produced (``replay``), so a
 preempted request that runs again continues in the same grammar state.
@@ -16,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import time
-import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, cast
 
@@ -35,33 +33,18 @@ logger = logging.getLogger(__name__)
 Sampler = Callable[[mx.array], mx.array]
 
 
-class RowSampler:
-    """One constrained row's sampler: mask, renormalize, then the row's own sampling settings."""
+class ConstrainedRow:
+    """One constrained row: its grammar matcher, its base sampler (``None``: greedy), and the token
+    it sampled last step that the matcher has not consumed yet."""
 
-    __slots__ = ("_rows", "matcher", "_base", "pending", "mask", "__weakref__")
+    __slots__ = ("owner", "matcher", "base", "pending")
 
-    def __init__(self, rows: ConstrainedRows, matcher: llguidance.LLMatcher, base: Sampler | None) -> None:
-        self._rows = rows
+    def __init__(self, owner: ConstrainedRows, matcher: llguidance.LLMatcher, base: Sampler | None) -> None:
+        self.owner = owner
         self.matcher = matcher
-        self._base = base
-        self.pending: mx.array | None = None  # the token sampled last step, not yet consumed
-        self.mask: mx.array | None = None  # (1, vocab) bool, for this step
-
-    def __call__(self, logprobs: mx.array) -> mx.array:
-        if self.mask is None:
-            # Start this step's forward pass now: it runs while the masks are computed on the host
-            # (it needs last step's tokens, which the masks wait for too, and nothing else).
-            mx.async_eval(logprobs)
-            self._rows.refresh()
-        assert self.mask is not None  # refresh() set every row's mask
-        masked = mx.where(self.mask, logprobs, -mx.inf)
-        self.mask = None
-        if self._base is None:  # greedy: the argmax needs no renormalized distribution
-            token = mx.argmax(masked, axis=-1)
-        else:  # top-p, min-p and friends read probabilities: renormalize over the allowed tokens
-            token = self._base(masked - mx.logsumexp(masked, axis=-1, keepdims=True))
-        self.pending = token
-        return token
+        self.base = base
+        # (the array a sampler call returned, this row's index in it), until the next mask.
+        self.pending: tuple[mx.array, int] | None = None
 
 
 class ConstrainedRows:
@@ -71,7 +54,6 @@ class ConstrainedRows:
         self._hf = getattr(tokenizer, "_tokenizer", tokenizer)
         self._vocab = vocab_size or 0  # the model's logits width; the tokenizer's when unknown
         self._tokenizer: llguidance.LLTokenizer | None = None
-        self._rows: weakref.WeakSet[RowSampler] = weakref.WeakSet()
         # For the bench: seconds waiting for last step's tokens (the sync), and computing masks.
         self.sync_seconds = 0.0
         self.mask_seconds = 0.0
@@ -84,50 +66,55 @@ class ConstrainedRows:
             self._vocab = self._tokenizer.vocab_size
         return self._tokenizer
 
-    def sampler(self, constraint: Constraint, base: Sampler | None, replay: Sequence[int] = ()) -> RowSampler:
-        """A sampler for one row constrained by ``constraint``, its grammar already advanced by
-        ``replay`` (the row's output so far). Raises :class:`ConstraintError`."""
+    def row(self, constraint: Constraint, base: Sampler | None, replay: Sequence[int] = ()) -> ConstrainedRow:
+        """A row constrained by ``constraint``, its grammar already advanced by ``replay`` (the
+        row's output so far), sampling with ``base`` over the allowed tokens. Raises
+        :class:`ConstraintError`."""
         matcher = llguidance.LLMatcher(self._lltokenizer(), grammar_for(constraint))
         if matcher.is_error():
             raise ConstraintError(matcher.get_error())
         if replay and not matcher.consume_tokens(list(replay)):
             raise ConstraintError(f"the output so far does not match the grammar: {matcher.get_error()}")
-        row = RowSampler(self, matcher, base)
-        self._rows.add(row)
-        return row
+        return ConstrainedRow(self, matcher, base)
 
-    def refresh(self) -> None:
-        """Advance every row that sampled since its last mask, and compute their masks at once."""
+    def mask(self, rows: Sequence[ConstrainedRow | None]) -> mx.array:
+        """The ``(len(rows), vocab)`` bool mask of one sampler call: each constrained row's allowed
+        tokens, after its matcher consumed the token it sampled last; all true for a free row
+        (``None``)."""
         started = time.perf_counter()
-        rows = [r for r in self._rows if r.mask is None]
-        self._advance(rows)
+        constrained = [r for r in rows if r is not None]
+        self._advance(constrained)
         synced = time.perf_counter()
         self.sync_seconds += synced - started
-        bitmask = llg_numpy.allocate_token_bitmask(len(rows), self._vocab)
-        for i, row in enumerate(rows):
+        bitmask = llg_numpy.allocate_token_bitmask(len(constrained), self._vocab)
+        for i, row in enumerate(constrained):
             llg_numpy.fill_next_token_bitmask(row.matcher, bitmask, i)
-        for row, mask in zip(rows, self._unpack(bitmask), strict=True):
-            row.mask = mask
+        bits = np.unpackbits(bitmask.view(np.uint8), axis=1, bitorder="little")[:, : self._vocab].astype(bool)
+        # Only the constrained rows and one all-true row go up; one gather spreads them over the
+        # call's rows (a free row reads the all-true one).
+        table = np.concatenate([bits, np.ones((1, self._vocab), dtype=bool)])
+        which, k = [], 0
+        for r in rows:
+            which.append(k if r is not None else len(constrained))
+            k += r is not None
+        mask = mx.array(table)[mx.array(which)]
         self.mask_seconds += time.perf_counter() - synced
         self.mask_steps += 1
+        return mask
 
     @staticmethod
-    def _advance(rows: list[RowSampler]) -> None:
+    def _advance(rows: list[ConstrainedRow]) -> None:
         sampled = [r for r in rows if r.pending is not None]
         if not sampled:
             return
-        # One wait, for these arrays only: an op built on them now would queue behind the forward
-        # pass already started, and wait for it too.
-        arrays = [r.pending for r in sampled if r.pending is not None]
-        mx.eval(arrays)
-        tokens = [cast(int, a.item()) for a in arrays]  # int32 token ids
-        for row, token in zip(sampled, tokens, strict=True):
+        # One wait, for these arrays only (a sampler call's, last step; at most two): an op built
+        # on them now would queue behind the forward pass already started, and wait for it too.
+        arrays = {id(r.pending[0]): r.pending[0] for r in sampled if r.pending is not None}
+        mx.eval(list(arrays.values()))
+        tokens = {key: cast(list[int], a.tolist()) for key, a in arrays.items()}  # int token ids
+        for row in sampled:
+            assert row.pending is not None
+            array, index = row.pending
             row.pending = None
-            if not row.matcher.consume_token(int(token)) and not row.matcher.is_stopped():
+            if not row.matcher.consume_token(tokens[id(array)][index]) and not row.matcher.is_stopped():
                 logger.warning("a constrained row sampled a token its grammar refused: %s", row.matcher.get_error())
-
-    def _unpack(self, bitmask: np.ndarray) -> list[mx.array]:
-        """(rows, words) packed int32 bits → one (1, vocab) bool array a row, each made from host
-        memory: no graph op a row (a slice of one uploaded array would be one)."""
-        bits = np.unpackbits(bitmask.view(np.uint8), axis=1, bitorder="little")[:, : self._vocab].astype(bool)
-        return [mx.array(bits[i : i + 1]) for i in range(len(bits))]

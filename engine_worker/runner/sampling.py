@@ -1,9 +1,10 @@
 """Per-request samplers, logits processors and stop sequences for the batch generator.
 
-mlx-lm's generator samples a whole batch in one call only when every row holds the *same* sampler
-object, so :class:`SamplingFactory` hands out one shared object per distinct setting. Greedy rows
-get ``None`` (the generator's own greedy default). A seeded request gets a private sampler with
-its own PRNG key, so its draws depend on its seed alone, not on its neighbours or the global key.
+The batch's sampler (:mod:`engine_worker.runner.batch_sampler`) samples rows together when they
+hold the *same* sampler object, so :class:`SamplingFactory` hands out one shared object per
+distinct setting. Greedy rows get ``None``. A seeded request gets a private sampler with its own
+PRNG key, so its draws depend on its seed alone, not on its neighbours or the global key. A
+constrained request gets a :class:`~engine_worker.runner.grammar.ConstrainedRow` over one of those.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from mlx_lm.generate import StopSequences
 from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p, make_logits_processors, make_sampler
 
 from engine_worker.common.request import SamplingParams
-from engine_worker.runner.grammar import ConstrainedRows
+from engine_worker.runner.grammar import ConstrainedRow, ConstrainedRows
 
 Sampler = Callable[[mx.array], mx.array]
 
@@ -71,16 +72,16 @@ class SamplingFactory:
         self._samplers: dict[tuple[float, float, int, float], Sampler] = {}
         self._stops: dict[tuple[int, ...], StopSequences] = {}
 
-    def sampler(self, sp: SamplingParams, replay: Sequence[int] = ()) -> Sampler | None:
-        """``None`` for greedy (the generator's batched default); a shared or seeded sampler else.
-        A constrained request gets its own row sampler over that one, its grammar advanced by
-        ``replay`` (its output so far); raises ``ConstraintError`` (a ``ValueError``)."""
+    def sampler(self, sp: SamplingParams, replay: Sequence[int] = ()) -> Sampler | ConstrainedRow | None:
+        """``None`` for greedy; a shared or seeded sampler else. A constrained request gets its
+        own row over that one, its grammar advanced by ``replay`` (its output so far); raises
+        ``ConstraintError`` (a ``ValueError``)."""
         base = self._base_sampler(sp)
         if sp.constraint is None:
             return base
         if self.constrained is None:
             raise ValueError("this engine cannot constrain output: it was built without a tokenizer")
-        return self.constrained.sampler(sp.constraint, base, replay)
+        return self.constrained.row(sp.constraint, base, replay)
 
     def _base_sampler(self, sp: SamplingParams) -> Sampler | None:
         if sp.temperature <= 0.0:
