@@ -124,11 +124,13 @@ def _pct(xs: list[float], q: float) -> float:
 
 class MemorySampler:
     """Peak memory of a process and its descendants: GPU memory (nvidia-smi) where there is a
-    GPU, else resident memory. Sampled every half second on a thread."""
+    GPU, else resident memory. Sampled every half second on a thread. ``level_processes``: each
+    process's share at the level's peak (its command line, shortened: which process holds what)."""
 
     def __init__(self, pid: int, device_idle: int = 0) -> None:
         self.pid = pid
         self.peak_bytes = self.level_bytes = self.device_bytes = 0
+        self.level_processes: dict[str, int] = {}
         self.device_idle = device_idle  # the device's use before the server started
         self.kind = "gpu" if shutil.which("nvidia-smi") else "rss"
         self._stop = threading.Event()
@@ -140,18 +142,23 @@ class MemorySampler:
         self._thread.join(5)
         return self.peak_bytes
 
-    def level(self) -> tuple[int, int]:
-        """``(processes, device above idle)`` peak bytes since the last call; starts the next level."""
-        found = self.level_bytes, self.device_bytes
+    def level(self) -> tuple[int, int, dict[str, int]]:
+        """``(processes, device above idle, per process)`` peak bytes since the last call; starts the
+        next level."""
+        found = self.level_bytes, self.device_bytes, self.level_processes
         self.level_bytes = self.device_bytes = 0
+        self.level_processes = {}
         return found
 
     def _run(self) -> None:
         while not self._stop.wait(0.5):
             pids = _tree(self.pid)
-            used = _gpu_bytes(pids) if self.kind == "gpu" else sum(_rss_bytes(p) for p in pids)
+            each = _gpu_bytes(pids) if self.kind == "gpu" else {p: _rss_bytes(p) for p in pids}
+            used = sum(each.values())
             self.peak_bytes = max(self.peak_bytes, used)
-            self.level_bytes = max(self.level_bytes, used)
+            if used > self.level_bytes:
+                self.level_bytes = used
+                self.level_processes = {f"{pid} {_command(pid)}": n for pid, n in each.items() if n}
             if self.kind == "gpu":  # nvidia-smi in a container may not see the processes' pids
                 self.device_bytes = max(self.device_bytes, device_used_bytes() - self.device_idle)
 
@@ -171,15 +178,24 @@ def _tree(pid: int) -> set[int]:
     return found
 
 
-def _gpu_bytes(pids: set[int]) -> int:
+def _gpu_bytes(pids: set[int]) -> dict[int, int]:
+    """GPU bytes of each of ``pids`` that nvidia-smi lists."""
     out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
                          capture_output=True, text=True).stdout
-    total = 0
+    found: dict[int, int] = {}
     for line in out.splitlines():
         pid, _, mib = line.partition(",")
         if pid.strip().isdigit() and int(pid) in pids:
-            total += int(mib.strip() or 0) * 1024 * 1024
-    return total
+            found[int(pid)] = found.get(int(pid), 0) + int(mib.strip() or 0) * 1024 * 1024
+    return found
+
+
+def _command(pid: int) -> str:
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return "?"
+    return " ".join(a.decode(errors="replace") for a in argv if a)[:120]
 
 
 def device_used_bytes() -> int:
@@ -373,7 +389,7 @@ def measure(server: Server, levels: list[int], args: argparse.Namespace) -> list
             row = {"concurrency": c, "max_tokens": max_tokens,
                    **asyncio.run(load(base, model, key, c, max_tokens, requests))}
             row.update(server.phases(since, dt.datetime.now(dt.UTC)))
-            row["peak_memory_bytes"], row["device_peak_bytes"] = sampler.level()
+            row["peak_memory_bytes"], row["device_peak_bytes"], row["peak_processes"] = sampler.level()
             row["memory_kind"], row["ready_s"] = sampler.kind, ready_s
             if isinstance(server, OurService):
                 row["engine_memory"] = server.engine_memory()
@@ -396,6 +412,8 @@ def _line(label: str, row: dict) -> str:
                  f"token to final p50={row['token_to_final_p50_ms']})")
     if row.get("engine_memory"):
         line += f" engine memory {row['engine_memory']}"
+    for process, n in sorted(row.get("peak_processes", {}).items(), key=lambda kv: -kv[1])[:6]:
+        line += f"\n{'':>14}{n / 1e9:6.2f} GB  {process}"
     return line
 
 
