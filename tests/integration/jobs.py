@@ -7,11 +7,12 @@ from typing import Any
 
 from django.utils import timezone
 
+from api.common.redis_keys import job_stream_key
 from api.jobs.services.dispatch import job_dispatch_counted
 from api.models import ApiKey, Job, JobStatus
 from api.serving.tokenization import get_tokenizer
 from tests.api.factories import make_api_key
-from tests.integration.procs import wait_for
+from tests.integration.procs import Proc, wait_for
 
 JOB_TIMEOUT_S = 240.0
 
@@ -35,6 +36,17 @@ def queue_job(prompt: str, *, max_tokens: int, ignore_eos: bool = True, dispatch
     if dispatch and not held_by:
         assert job_dispatch_counted(job_id=str(job.id))
     return str(job.id)
+
+
+def wait_streaming(redis_db, job_id: str, worker: Proc, entries: int = 3, timeout: float = 120.0) -> None:
+    """Wait until ``job_id``'s stream holds ``entries`` entries; on timeout the failure shows the
+    job's row and ``worker``'s log."""
+    try:
+        wait_for(lambda: redis_db.xlen(job_stream_key(job_id)) >= entries, timeout, f"job {job_id} to stream")
+    except AssertionError as exc:
+        row = Job.objects.filter(id=job_id).values("status", "model", "worker_id", "attempts", "dispatch_count",
+                                                   "routed_worker", "error").first()
+        raise AssertionError(f"{exc}\njob row: {row}\n{worker.name} log:\n{worker.log_tail()}") from None
 
 
 def job(job_id: str) -> Job:

@@ -16,7 +16,7 @@ import pytest
 from api.common.redis_keys import job_stream_key, worker_heartbeat_key
 from api.jobs.tasks import reconcile_jobs
 from api.models import JobStatus
-from tests.integration.jobs import job, queue_job, wait_status
+from tests.integration.jobs import job, queue_job, wait_status, wait_streaming
 from tests.integration.procs import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 def test_job_of_a_worker_killed_with_sigkill_completes_on_a_new_worker(workers, redis_db):
     first = workers.start("w-killed")
     job_id = queue_job("Once upon a time", max_tokens=1200)
-    wait_for(lambda: redis_db.xlen(job_stream_key(job_id)) >= 3, 120, "the job to stream")
+    wait_streaming(redis_db, job_id, first)
     assert job(job_id).worker_id == "w-killed"
     # The live worker's heartbeat names it, its model and device, and what it runs; its lease on
     # the job keeps moving forward.
@@ -85,7 +85,7 @@ def test_sigterm_drains_briefly_hands_back_the_rest_and_exits_cleanly(workers, r
     # Long enough to outlast the shutdown on an idle machine (the tiny model makes ~500 tokens/s
     # alone, and Celery's warm shutdown alone takes ~1.5 s).
     long_id = queue_job("Once upon a time", max_tokens=3000)
-    wait_for(lambda: redis_db.xlen(job_stream_key(long_id)) >= 3, 120, "the long job to stream")
+    wait_streaming(redis_db, long_id, leaving)
     started = time.monotonic()
     assert leaving.stop(timeout=60) == 0, leaving.log_tail()
     assert time.monotonic() - started < 30
