@@ -3,7 +3,8 @@
 For each response: the token joins its request's output and text stream (a stop token is neither,
 a stop string ends the request and is cut from its text), the request finishes on ``stop`` or
 ``length``, and one :class:`RequestOutput` comes out, with the token's log probabilities when the
-request asks for them (all of the step's in one evaluation).
+request asks for them (all of the step's in one evaluation). The caches of the requests that
+finished are stored after the loop, together (one evaluation too).
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ def step_outputs(responses: Sequence[Any], batch: Batch, exits: Exits) -> list[R
             if new_ids:
                 asking.append((out, (r.logprobs, new_ids[0], k)))
         append(out)
+    exits.store_finished()
     if asking:
         for (out, _), logprob in zip(asking, token_logprobs([row for _, row in asking]), strict=True):
             out.new_logprobs = [logprob]
