@@ -149,7 +149,7 @@ def snapshot(cache_layers: Sequence[Any], num_tokens: int, *, evaluate: bool = T
 
 def evaluate_all(snaps: Sequence[KVSnapshot]) -> None:
     """Evaluate the arrays of ``snaps`` in one ``mx.eval``: one device sync however many
-    snapshots (a step that finishes a hundred requests stores a hundred)."""
+    snapshots (a step's finished requests each store one)."""
     arrays = [a for snap in snaps for layer in snap.layers for a in (*layer.keys, *layer.values)]
     if arrays:
         mx.eval(arrays)

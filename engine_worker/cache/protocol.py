@@ -18,8 +18,8 @@ Contract of :meth:`PrefixCacheBackend.fetch`:
 :meth:`store` receives ``tokens`` (prompt plus generated tokens, as the cache holds them) and the
 per-layer cache; it must not block on I/O (it runs inside an engine step). :meth:`store_many`
 stores the caches of all the requests that finished in one step: a back end that copies device
-arrays makes all their copies in one evaluation, so a step that finishes a hundred one-token
-requests syncs with the device once, not a hundred times.
+arrays makes all their copies in one evaluation, so a step that finishes a prefill batch of
+one-token requests syncs with the device once, not once per request.
 
 The Protocol lists every method the scheduler calls. Those past ``clear`` are capabilities some
 back ends lack (pinning, a byte limit, the operator view, persistence, a disk tier): a back end

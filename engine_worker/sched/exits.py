@@ -7,7 +7,7 @@ error, an abort) has its final output kept in an outbox, which the next step han
 
 The caches of the requests that finish in a step are stored together, once the step's responses
 are handled (:meth:`Exits.store_finished`): one device sync for all their copies, not one per
-request (a step of one-token requests finishes a hundred).
+request (a step of one-token requests finishes a whole prefill batch).
 """
 
 from __future__ import annotations
