@@ -123,11 +123,13 @@ def cache_offset(cache_layers: Sequence[Any]) -> int:
     return int(getattr(cache_layers[0], "offset", 0)) if cache_layers else 0
 
 
-def snapshot(cache_layers: Sequence[Any], num_tokens: int) -> KVSnapshot:
+def snapshot(cache_layers: Sequence[Any], num_tokens: int, *, evaluate: bool = True) -> KVSnapshot:
     """Copy the first ``num_tokens`` positions of a live per-layer cache into a snapshot.
 
     Evaluates the copies (once, all layers together) so that the byte count is real memory and
-    the live cache's larger step-allocated buffers are not kept alive by a lazy graph.
+    the live cache's larger step-allocated buffers are not kept alive by a lazy graph. With
+    ``evaluate=False`` the copies stay lazy: the caller evaluates them, with other snapshots',
+    through :func:`evaluate` before it keeps the snapshot.
     """
     if num_tokens <= 0 or not cache_layers:
         raise UnsupportedCache("empty cache")
@@ -138,9 +140,19 @@ def snapshot(cache_layers: Sequence[Any], num_tokens: int) -> KVSnapshot:
         keys = mx.contiguous(layer.keys[..., :num_tokens, :])
         values = mx.contiguous(layer.values[..., :num_tokens, :])
         layers.append(LayerKV((keys,), (values,), rotating))
-    mx.eval([a for layer in layers for a in (*layer.keys, *layer.values)])
     dtype = str(layers[0].keys[0].dtype).removeprefix("mlx.core.")
-    return KVSnapshot(tuple(layers), num_tokens, dtype)
+    snap = KVSnapshot(tuple(layers), num_tokens, dtype)
+    if evaluate:
+        evaluate_all([snap])
+    return snap
+
+
+def evaluate_all(snaps: Sequence[KVSnapshot]) -> None:
+    """Evaluate the arrays of ``snaps`` in one ``mx.eval``: one device sync however many
+    snapshots (a step's finished requests each store one)."""
+    arrays = [a for snap in snaps for layer in snap.layers for a in (*layer.keys, *layer.values)]
+    if arrays:
+        mx.eval(arrays)
 
 
 def can_quantize(snap: KVSnapshot, group_size: int) -> bool:
@@ -150,16 +162,19 @@ def can_quantize(snap: KVSnapshot, group_size: int) -> bool:
     return not snap.quantized and head_dim % group_size == 0 and value_dim % group_size == 0
 
 
-def quantize(snap: KVSnapshot, bits: int, group_size: int) -> KVSnapshot:
+def quantize(snap: KVSnapshot, bits: int, group_size: int, *, evaluate: bool = True) -> KVSnapshot:
     """A quantized copy: ``bits`` per element plus one scale and one bias per group (in the
-    original dtype), so fp32 → 8-bit/group 64 stores 9 bits per element instead of 32."""
+    original dtype), so fp32 → 8-bit/group 64 stores 9 bits per element instead of 32.
+    ``evaluate=False`` leaves it lazy, as :func:`snapshot` does."""
     layers = []
     for layer in snap.layers:
         keys = tuple(mx.quantize(layer.keys[0], group_size=group_size, bits=bits))
         values = tuple(mx.quantize(layer.values[0], group_size=group_size, bits=bits))
         layers.append(LayerKV(keys, values, layer.rotating))
-    mx.eval([a for layer in layers for a in (*layer.keys, *layer.values)])
-    return KVSnapshot(tuple(layers), snap.num_tokens, snap.dtype, bits, group_size)
+    quantized = KVSnapshot(tuple(layers), snap.num_tokens, snap.dtype, bits, group_size)
+    if evaluate:
+        evaluate_all([quantized])
+    return quantized
 
 
 def _plain(parts: tuple[mx.array, ...], snap: KVSnapshot, num_tokens: int) -> mx.array:

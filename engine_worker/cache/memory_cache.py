@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -30,7 +30,7 @@ from engine_worker.cache import entry_io, kv
 from engine_worker.cache.budget import MB, resolve_budget_bytes
 from engine_worker.cache.index import as_token_array
 from engine_worker.cache.persistence import load_entries, save_entries
-from engine_worker.cache.protocol import PrefixCacheBackend
+from engine_worker.cache.protocol import PrefixCacheBackend, StoreItem
 from engine_worker.cache.ssd_tier import SSDCacheTier
 from engine_worker.cache.store import Entry, EntryStore
 from engine_worker.cache.types import (
@@ -64,6 +64,13 @@ class MemoryCacheConfig:
             raise ValueError("kv_bits must be 4 or 8")
         if self.kv_group_size not in (32, 64, 128):
             raise ValueError("kv_group_size must be 32, 64 or 128")
+
+
+class _Stored(NamedTuple):
+    """A key found in the store when a cache was staged: committing it is an LRU touch."""
+
+    key: str
+    tokens: np.ndarray
 
 
 class MemoryAwarePrefixCache(PrefixCacheBackend):
@@ -139,26 +146,61 @@ class MemoryAwarePrefixCache(PrefixCacheBackend):
         partial cache (mid-prefill saves). Dominated prefix entries are dropped
         (``evict_prefixes``). Runs on the engine thread; no disk I/O (spills are queued).
         """
+        staged = self._stage(tokens, cache_layers)
+        if isinstance(staged, Entry):
+            kv.evaluate_all([staged.snap])
+        return self._commit(staged, cache_layers, evict_prefixes)
+
+    def store_many(self, items: Sequence[StoreItem]) -> None:
+        """:meth:`store` each item, then drop the entry it replaces, in order, with the copies of
+        all the items evaluated in one ``mx.eval`` (a step's finished requests: one device sync)."""
+        staged = [self._stage(item.tokens, item.cache_layers) for item in items]
+        kv.evaluate_all([s.snap for s in staged if isinstance(s, Entry)])
+        for item, one in zip(items, staged, strict=True):
+            self._commit(one, item.cache_layers, evict_prefixes=True)
+            if item.replaces is not None:
+                self.replace_turn(item.replaces)
+
+    def _stage(self, tokens: Sequence[int], cache_layers: list[Any]) -> Entry | _Stored | None:
+        """What storing ``cache_layers`` under ``tokens`` takes: an entry whose snapshot is not
+        evaluated yet, the key of an entry already stored (an LRU touch), or None (refused)."""
         if not cache_layers or not kv.is_storable(cache_layers):
             self._reject("not storable")
-            return False
+            return None
         n = min(len(tokens), kv.cache_offset(cache_layers))
         if n < self._store.min_tokens:
-            return False
+            return None
         key_tokens = as_token_array(tokens[:n])
         key = key_hash(key_tokens.tolist())
-        with self._store.lock:
-            entry = self._store.get(key)
-            if entry is not None:
-                self._store.insert(entry, evict_prefixes=False)  # LRU touch
-                return True
+        if key in self._store:
+            return _Stored(key, key_tokens)
+        return self._lazy_entry(key, key_tokens, cache_layers)
+
+    def _lazy_entry(self, key: str, key_tokens: np.ndarray, cache_layers: list[Any]) -> Entry | None:
+        """An entry of ``key_tokens`` whose snapshot is not evaluated yet; None when refused."""
         try:
-            snap = kv.snapshot(cache_layers, n)
+            snap = kv.snapshot(cache_layers, len(key_tokens), evaluate=False)
         except UnsupportedCache as exc:
             self._reject(str(exc))
+            return None
+        return Entry(key, key_tokens, self._maybe_quantize(snap))
+
+    def _commit(self, staged: Entry | _Stored | None, cache_layers: list[Any], evict_prefixes: bool) -> bool:
+        """Keep what :meth:`_stage` prepared (its snapshot evaluated); whether an entry now exists."""
+        if staged is None:
             return False
-        snap = self._maybe_quantize(snap)
-        return self._insert(Entry(key, key_tokens, snap), evict_prefixes)
+        with self._store.lock:
+            existing = self._store.get(staged.key)
+            if existing is not None:  # stored already, or by an earlier item of the same batch
+                self._store.insert(existing, evict_prefixes=False)  # LRU touch
+                return True
+        if isinstance(staged, _Stored):  # the entry was evicted since it was staged: copy it now
+            entry = self._lazy_entry(staged.key, staged.tokens, cache_layers)
+            if entry is None:
+                return False
+            kv.evaluate_all([entry.snap])
+            return self._insert(entry, evict_prefixes)
+        return self._insert(staged, evict_prefixes)
 
     def remove(self, tokens: Sequence[int]) -> bool:
         return self.evict(key_hash(list(tokens)))
@@ -182,13 +224,14 @@ class MemoryAwarePrefixCache(PrefixCacheBackend):
 
     # ---- quantization --------------------------------------------------------------------------
     def _maybe_quantize(self, snap: kv.KVSnapshot) -> kv.KVSnapshot:
+        """The snapshot to keep, quantized when configured; lazy, like ``snap``."""
         cfg = self.config
         if not cfg.kv_quantize or snap.num_tokens < cfg.kv_min_quantize_tokens:
             return snap
         if not kv.can_quantize(snap, cfg.kv_group_size):
             logger.debug("head dim not a multiple of %d; storing unquantized", cfg.kv_group_size)
             return snap
-        return kv.quantize(snap, cfg.kv_bits, cfg.kv_group_size)
+        return kv.quantize(snap, cfg.kv_bits, cfg.kv_group_size, evaluate=False)
 
     # ---- budget and spills ---------------------------------------------------------------------
     def _reject(self, reason: str) -> None:

@@ -27,7 +27,7 @@ from mlx_lm.models.cache import KVCache
 from engine_worker.cache import kv
 from engine_worker.cache.index import as_token_array, chain_hashes
 from engine_worker.cache.paged_blocks import BlockTable, PagedCacheManager
-from engine_worker.cache.protocol import PrefixCacheBackend
+from engine_worker.cache.protocol import PrefixCacheBackend, StoreItem
 from engine_worker.cache.types import NO_SSD_STATS, CacheCounters, EntryInfo, MatchType, Tier
 
 logger = logging.getLogger(__name__)
@@ -84,13 +84,28 @@ class BlockAwarePrefixCache(PrefixCacheBackend):
     def store_cache(self, request_id: str | None, tokens: Sequence[int], cache_layers: list[Any]) -> int:
         """Store the whole blocks of ``cache_layers`` (blocks already present are shared, not
         copied), then release ``request_id``'s references. Returns the blocks added."""
+        pending: list[Any] = []
         try:
-            return self._store_blocks(tokens, cache_layers)
+            added = self._store_blocks(tokens, cache_layers, pending)
+            if pending:
+                mx.eval(pending)
+            return added
         finally:
             if request_id is not None:
                 self.release(request_id)
 
-    def _store_blocks(self, tokens: Sequence[int], cache_layers: list[Any]) -> int:
+    def store_many(self, items: Sequence[StoreItem]) -> None:
+        """Store each item's whole blocks, in order, the new blocks' copies evaluated in one
+        ``mx.eval``. A prompt's replies share its blocks: nothing is replaced."""
+        pending: list[Any] = []
+        for item in items:
+            self._store_blocks(item.tokens, item.cache_layers, pending)
+        if pending:
+            mx.eval(pending)
+
+    def _store_blocks(self, tokens: Sequence[int], cache_layers: list[Any], pending: list[Any]) -> int:
+        """Add the whole blocks of ``cache_layers`` (their copies lazy: appended to ``pending``,
+        for the caller to evaluate); returns the blocks added."""
         if not cache_layers or not kv.is_sliceable(cache_layers):
             self._counters.rejected += 1
             return 0
@@ -98,7 +113,6 @@ class BlockAwarePrefixCache(PrefixCacheBackend):
         arr = as_token_array(tokens[:n])
         bs = self.block_size
         added = 0
-        pending: list[Any] = []
         pinned: list[int] = []
         # The lock keeps contains_hash + add atomic against evictions; pinning the chain while
         # it is stored keeps a full pool from evicting this sequence's own parent blocks.
@@ -125,8 +139,6 @@ class BlockAwarePrefixCache(PrefixCacheBackend):
                 pending.extend(a for pair in layers for a in pair)
                 added += 1
             self.manager.release(pinned)
-        if pending:
-            mx.eval(pending)
         self._counters.stores += 1
         return added
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from engine_worker.cache import kv
 from engine_worker.cache.index import as_token_array
-from engine_worker.cache.protocol import PrefixCacheBackend
+from engine_worker.cache.protocol import PrefixCacheBackend, StoreItem
 from engine_worker.cache.store import Entry, EntryStore
 from engine_worker.cache.types import NO_SSD_STATS, CacheCounters, CacheHit, UnsupportedCache, key_hash
 
@@ -37,24 +37,36 @@ class PrefixCacheManager(PrefixCacheBackend):
 
     def store_cache(self, tokens: Sequence[int], cache_layers: list[Any]) -> bool:
         """Snapshot ``cache_layers`` under ``tokens`` (cut to the cache's offset)."""
+        entry = self._stage(tokens, cache_layers)
+        if entry is None:
+            return False
+        kv.evaluate_all([entry.snap])
+        self._insert(entry)
+        return True
+
+    def _stage(self, tokens: Sequence[int], cache_layers: list[Any]) -> Entry | None:
+        """The entry storing ``cache_layers`` makes, its snapshot not evaluated yet; None when
+        refused."""
         if not cache_layers or not kv.is_storable(cache_layers):
             self._counters.rejected += 1
-            return False
+            return None
         n = min(len(tokens), kv.cache_offset(cache_layers))
         if n < self._store.min_tokens:
-            return False
+            return None
         key_tokens = as_token_array(tokens[:n])
         try:
-            snap = kv.snapshot(cache_layers, n)
+            snap = kv.snapshot(cache_layers, n, evaluate=False)
         except UnsupportedCache as exc:
             logger.debug("legacy prefix cache refused an entry: %s", exc)
             self._counters.rejected += 1
-            return False
-        evicted = self._store.insert(Entry(key_hash(key_tokens.tolist()), key_tokens, snap))
+            return None
+        return Entry(key_hash(key_tokens.tolist()), key_tokens, snap)
+
+    def _insert(self, entry: Entry) -> None:
+        evicted = self._store.insert(entry)
         with self._store.lock:
             self._counters.stores += 1
             self._counters.evictions += len(evicted)
-        return True
 
     def __len__(self) -> int:
         return len(self._store)
@@ -72,6 +84,17 @@ class PrefixCacheManager(PrefixCacheBackend):
 
     def store(self, tokens: Sequence[int], cache_layers: list[Any]) -> None:
         self.store_cache(tokens, cache_layers)
+
+    def store_many(self, items: Sequence[StoreItem]) -> None:
+        """:meth:`store` each item, then drop the entry it replaces, in order, with the copies of
+        all the items evaluated in one ``mx.eval``."""
+        staged = [self._stage(item.tokens, item.cache_layers) for item in items]
+        kv.evaluate_all([entry.snap for entry in staged if entry is not None])
+        for item, entry in zip(items, staged, strict=True):
+            if entry is not None:
+                self._insert(entry)
+            if item.replaces is not None:
+                self.replace_turn(item.replaces)
 
     def evict(self, key: str) -> bool:
         return self._store.remove(key) is not None

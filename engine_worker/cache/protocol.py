@@ -16,7 +16,10 @@ Contract of :meth:`PrefixCacheBackend.fetch`:
   cache (when the cache is trimmable) and re-feeds the last prompt token, or drops the hit.
 
 :meth:`store` receives ``tokens`` (prompt plus generated tokens, as the cache holds them) and the
-per-layer cache; it must not block on I/O (it runs inside an engine step).
+per-layer cache; it must not block on I/O (it runs inside an engine step). :meth:`store_many`
+stores the caches of all the requests that finished in one step: a back end that copies device
+arrays makes all their copies in one evaluation, so a step that finishes a prefill batch of
+one-token requests syncs with the device once, not once per request.
 
 The Protocol lists every method the scheduler calls. Those past ``clear`` are capabilities some
 back ends lack (pinning, a byte limit, the operator view, persistence, a disk tier): a back end
@@ -28,9 +31,18 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 logger = logging.getLogger(__name__)
+
+
+class StoreItem(NamedTuple):
+    """One cache for :meth:`PrefixCacheBackend.store_many`: ``cache_layers`` stored under
+    ``tokens``, then the entry ``replaces`` (a ``key_hash``, or None) dropped as a replaced turn."""
+
+    tokens: Sequence[int]
+    cache_layers: list[Any]
+    replaces: str | None = None
 
 
 @runtime_checkable
@@ -56,6 +68,16 @@ class PrefixCacheBackend(Protocol):
     def clear(self) -> object: ...
 
     # ---- capabilities with a trivial default -------------------------------------------------
+
+    def store_many(self, items: Sequence[StoreItem]) -> None:
+        """For each item in order: :meth:`store`, then :meth:`replace_turn` of its ``replaces``.
+        A back end that copies device arrays overrides it to evaluate all the items' copies at
+        once (one sync); the entries and evictions must be those of the one-by-one calls.
+        Default: the one-by-one calls."""
+        for item in items:
+            self.store(item.tokens, item.cache_layers)
+            if item.replaces is not None:
+                self.replace_turn(item.replaces)
 
     def fetch_for(self, request_id: str, tokens: Sequence[int]) -> tuple[list[Any] | None, list[int], str]:
         """:meth:`fetch` on behalf of a request: what it is served stays pinned (never evicted)

@@ -74,13 +74,14 @@ class PrefixSeam:
         # "ssd_pending" is kept on a miss: the scheduler may hold the request for the disk read.
         request.cache_hit_type = hit_type if cache is not None or hit_type == "ssd_pending" else "miss"
 
-    def store_finished(self, request: Request, tokens: Sequence[int], cache: list[Any]) -> None:
-        """Offer a finished request's cache (``tokens``: its prompt and reply): stored as the
-        latest reply to its prompt (:mod:`engine_worker.cache.turns`)."""
+    def store_finished(self, finished: Sequence[tuple[Request, Sequence[int], list[Any]]]) -> None:
+        """Offer the caches of the requests that finished in one step, ``(request, tokens,
+        cache)`` with ``tokens`` its prompt and reply: each stored as the latest reply to its
+        prompt (:mod:`engine_worker.cache.turns`), all their copies in one evaluation."""
         try:
-            self._turns.store(request.prompt_token_ids or [], tokens, cache)
-        except Exception:  # a failed store only loses a future hit
-            logger.exception("prefix cache store failed for %s", request.request_id)
+            self._turns.store_many([(r.prompt_token_ids or [], tokens, cache) for r, tokens, cache in finished])
+        except Exception:  # a failed store only loses future hits
+            logger.exception("prefix cache store failed for %d finished requests", len(finished))
             self.errors += 1
 
     def release(self, request_id: str) -> None:

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from engine_worker.cache import kv
-from engine_worker.cache.protocol import PrefixCacheBackend
+from engine_worker.cache.protocol import PrefixCacheBackend, StoreItem
 from engine_worker.cache.types import key_hash
 
 # Prompts whose latest turn is remembered (a key hash each, about 100 bytes): beyond it the
@@ -39,15 +39,26 @@ class TurnStore:
     def store(self, prompt: Sequence[int], tokens: Sequence[int], cache: list[Any]) -> None:
         """Store ``cache`` (what the request's KV holds: ``tokens``, its prompt and reply, cut to
         the cache's offset) and drop the previous reply stored for ``prompt``."""
-        n = min(len(tokens), kv.cache_offset(cache))
-        key_tokens = list(tokens[:n])
-        self._backend.store(key_tokens, cache)
-        if n <= len(prompt):
-            return  # the prompt alone (or a part): nothing to replace
+        self.store_many([(prompt, tokens, cache)])
+
+    def store_many(self, finished: Sequence[tuple[Sequence[int], Sequence[int], list[Any]]]) -> None:
+        """:meth:`store` each ``(prompt, tokens, cache)`` in order, through one
+        :meth:`~engine_worker.cache.protocol.PrefixCacheBackend.store_many` (the requests that
+        finished in one step: one evaluation of their copies). Two replies to one prompt in the
+        same batch: the later one is kept, as when they are stored one after the other."""
+        items = []
+        for prompt, tokens, cache in finished:
+            key_tokens = list(tokens[: min(len(tokens), kv.cache_offset(cache))])
+            items.append(StoreItem(key_tokens, cache, self._replaced(prompt, key_tokens)))
+        self._backend.store_many(items)
+
+    def _replaced(self, prompt: Sequence[int], key_tokens: list[int]) -> str | None:
+        """Record ``key_tokens`` as the latest turn of ``prompt``; the key of the turn it replaces."""
+        if len(key_tokens) <= len(prompt):
+            return None  # the prompt alone (or a part): nothing to replace
         prompt_key, turn_key = key_hash(list(prompt)), key_hash(key_tokens)
         previous = self._turns.pop(prompt_key, None)
         self._turns[prompt_key] = turn_key
         if len(self._turns) > self._max_prompts:
             self._turns.popitem(last=False)
-        if previous is not None and previous != turn_key:
-            self._backend.replace_turn(previous)
+        return previous if previous != turn_key else None

@@ -4,6 +4,10 @@ Every way out releases the same things, once: the request's place in the batch (
 and bookkeeping), its text stream, the prefix-cache pins it was served from (after its own cache
 is stored) and its cache-lifecycle tracking. A request that ends outside a generator step (an
 error, an abort) has its final output kept in an outbox, which the next step hands out.
+
+The caches of the requests that finish in a step are stored together, once the step's responses
+are handled (:meth:`Exits.store_finished`): one device sync for all their copies, not one per
+request (a step of one-token requests finishes a whole prefill batch).
 """
 
 from __future__ import annotations
@@ -36,6 +40,8 @@ class Exits:
         self._lifecycle = lifecycle
         self._counters = counters
         self._outbox: list[RequestOutput] = []
+        # Requests finished in this step whose cache waits for store_finished (they stay pinned).
+        self._to_store: list[tuple[Request, Any, list[Any]]] = []
         self._processor_errors: dict[str, BaseException] = {}  # filled during a generator step
 
     # ---- the outbox --------------------------------------------------------------------------
@@ -52,15 +58,17 @@ class Exits:
 
     # ---- leaving -----------------------------------------------------------------------------
 
-    def unmap(self, request_id: str) -> None:
+    def unmap(self, request_id: str, *, unpin: bool = True) -> None:
         """Take a request out of the batch's books (not out of the generator) and give back what
-        the cache holds for it; its text stream stays (a preempted request goes on with it)."""
+        the cache holds for it (with ``unpin``); its text stream stays (a preempted request goes
+        on with it)."""
         self._batch.leave(request_id)
         self._lifecycle.forget(request_id)
-        self._cache.release(request_id)
+        if unpin:
+            self._cache.release(request_id)
 
-    def _release(self, request_id: str) -> None:
-        self.unmap(request_id)
+    def _release(self, request_id: str, *, unpin: bool = True) -> None:
+        self.unmap(request_id, unpin=unpin)
         self._batch.streams.pop(request_id, None)
 
     def remove_from_batch(self, request: Request, *, stop_string: bool = False) -> None:
@@ -74,17 +82,30 @@ class Exits:
             request.prompt_cache = (cache, list(tokens))
 
     def finish(self, request: Request, reason: str, cache: Any = None, all_tokens: Any = None) -> None:
-        """A request ended with ``stop`` or ``length``: its cache is offered to the prefix cache."""
+        """A request ended with ``stop`` or ``length``: its cache is offered to the prefix cache by
+        the next :meth:`store_finished` (call it once the step's responses are handled)."""
         rid = request.request_id
         request.set_finished(_FINISH_STATUS[reason], reason)
         if cache is None and isinstance(request.prompt_cache, tuple):
             cache, all_tokens = request.prompt_cache
         request.prompt_cache = None
-        if cache is not None and all_tokens is not None and self._cache.active:
-            self._cache.store_finished(request, all_tokens, cache)
-        self._release(rid)  # after the store: the blocks it was served from stay pinned till then
+        store = cache is not None and all_tokens is not None and self._cache.active
+        if store:
+            self._to_store.append((request, all_tokens, cache))
+        # The blocks it was served from stay pinned until its own cache is stored.
+        self._release(rid, unpin=not store)
         self._counters.num_requests_processed += 1
         self._counters.total_completion_tokens += request.num_output_tokens
+
+    def store_finished(self) -> None:
+        """Store the caches of the requests finished since the last call, all at once (one
+        evaluation of their copies), then unpin what those requests were served from."""
+        if not self._to_store:
+            return
+        finished, self._to_store = self._to_store, []
+        self._cache.store_finished(finished)
+        for request, _tokens, _cache in finished:
+            self._cache.release(request.request_id)
 
     def fail(self, request: Request, message: str) -> None:
         """Finish one request with an error; its output goes out with the next step."""

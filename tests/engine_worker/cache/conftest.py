@@ -55,3 +55,27 @@ def greedy(tiny_model) -> Callable[..., list[int]]:
                                                  prompt_cache=cache)]
 
     return run
+
+
+@pytest.fixture
+def store_evals(monkeypatch) -> list[int]:
+    """Count the ``mx.eval`` calls the cache back ends make (a device sync each): the list gets
+    one entry per call, the number of arrays it evaluated."""
+    import mlx.core as mx
+
+    from engine_worker.cache import kv, paged_cache
+
+    calls: list[int] = []
+
+    class CountingMx:
+        def __getattr__(self, name: str):
+            return getattr(mx, name)
+
+        @staticmethod
+        def eval(*arrays):
+            calls.append(sum(len(a) if isinstance(a, list) else 1 for a in arrays))
+            return mx.eval(*arrays)
+
+    for module in (kv, paged_cache):
+        monkeypatch.setattr(module, "mx", CountingMx())
+    return calls

@@ -63,3 +63,24 @@ def test_the_next_turn_of_a_conversation_still_hits_prompt_and_reply(tiny_model,
     assert turn2.cached_tokens >= len(history) - 1  # the whole first turn, its reply too
     # The second turn's entry extends the first's, which is dropped: one entry per conversation.
     assert len(scheduler.list_cache_entries()) == 1
+
+
+@pytest.mark.parametrize("backend", [{}, {"use_memory_aware_cache": False},
+                                     {"use_paged_cache": True, "paged_cache_block_size": 16}])
+def test_requests_finishing_in_one_step_store_their_caches_in_one_sync(tiny_model, prompts, store_evals, backend):
+    scheduler = _scheduler(tiny_model, prefill_batch_size=8, **backend)
+    for i in range(8):
+        scheduler.add_request(Request(f"r{i}", prompts(40, variant=i), greedy(1)))
+    steps: list[tuple[int, int]] = []  # (requests finished, store evals) per step
+
+    def count(_step, result):
+        steps.append((len(result.finished_request_ids), len(store_evals)))
+        store_evals.clear()
+
+    run_scheduler(scheduler, on_step=count)
+
+    assert max(finished for finished, _ in steps) == 8  # one prefill of 8 prompts ends in one step
+    # Before: one eval (a device sync) per finished request, 8 in that step.
+    assert all(evals <= 1 for _, evals in steps)
+    stored = len(scheduler.list_cache_entries())
+    assert stored == (8 * 2 if backend.get("use_paged_cache") else 8)  # paged: two 16-token blocks each
