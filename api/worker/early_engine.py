@@ -43,9 +43,11 @@ def spawn_engine(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(add_help=False)
     parser.add_argument("--worker-id", default=None)
     parser.add_argument("-h", "--help", action="store_true")
+    parser.add_argument("--settings", default=None)
+    parser.add_argument("--pythonpath", default=None)
     known, _ = parser.parse_known_args(argv)
-    if known.help:
-        return
+    if known.help or known.settings or known.pythonpath:
+        return  # no worker starts, or Django reads settings this process has not loaded yet
     config = worker_config(known.worker_id)
     _spawned = (config, EngineChild(child_spec(config)))
 

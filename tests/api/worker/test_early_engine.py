@@ -52,8 +52,9 @@ def test_without_an_early_engine_the_command_gets_fresh_settings_and_no_child(sp
     assert child is None and config.worker_id == "w-late"
 
 
-def test_help_spawns_no_engine(spawned):
-    early_engine.spawn_engine(["--help"])
+@pytest.mark.parametrize("argv", [["--help"], ["--settings", "other.settings"], ["--pythonpath=/elsewhere"]])
+def test_help_or_other_settings_spawn_no_engine_before_django_reads_them(spawned, argv):
+    early_engine.spawn_engine(argv)
 
     assert early_engine.take_engine(None)[1] is None
 
