@@ -7,6 +7,7 @@ switch to real deployments.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import dj_database_url
@@ -37,7 +38,10 @@ refuse_unsafe_settings(debug=DEBUG, secret_key=env_given("SECRET_KEY"), allowed_
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
 
 INSTALLED_APPS = [
-    "daphne",
+    # daphne's app only makes `manage.py runserver` serve ASGI. Loading it imports daphne's server
+    # and Twisted's reactor, which no other Django process uses (the engine worker, Celery, the
+    # migrations); the service's web (inference_service.serve_web) imports daphne itself.
+    *(["daphne"] if sys.argv[1:2] == ["runserver"] else []),
     "django.contrib.admin",
     "django.contrib.auth",
     "django.contrib.contenttypes",

@@ -177,10 +177,16 @@ FIRST_MODEL="${MODEL_ENTRIES[0]}"
 FIRST_MODEL="${FIRST_MODEL// /}"
 if [[ "$FIRST_MODEL" == *=* ]]; then FIRST_MODEL="${FIRST_MODEL%%=*}"; else FIRST_MODEL=$(basename "$FIRST_MODEL"); fi
 wait_until 120 "the web server" web_answers
-wait_until 300 "the engine worker" $PY -c "
-import os, redis
+# One Python polls every 0.1 s: a Python per poll of wait_until would pay its start (0.1-0.3 s of a
+# core) each time, and its half-second pauses would hold `ready.` back.
+$PY -c "
+import os, sys, time, redis
 r = redis.Redis.from_url(os.environ['REDIS_URL'])
-raise SystemExit(0 if any(True for _ in r.scan_iter('engine:workers:*')) else 1)"
+deadline = time.monotonic() + 300
+while not any(True for _ in r.scan_iter('engine:workers:*')):
+    if time.monotonic() > deadline:
+        sys.exit('error: the engine worker did not come up within 300s (see $LOG_DIR/)')
+    time.sleep(0.1)" || exit 1
 # Webhooks, batches and the periodic sweeps: started once the rest is up, so that on a small
 # machine they do not take the cores from the web and engine starts.
 start celery-beat $PY -m celery -A inference_service beat --loglevel INFO -s var/celerybeat-schedule

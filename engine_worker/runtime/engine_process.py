@@ -63,10 +63,30 @@ class ChildSpec:
     model_name: str = ""  # the name in heartbeats; default: the model folder's name
 
 
+class EngineChild:
+    """The spawned engine process and this side of its connection, before any message is read.
+
+    Spawned apart from :class:`EngineProcess` so that a worker can start it first, and set itself
+    up while the child imports mlx-lm and loads the model (api/worker/early_engine.py)."""
+
+    def __init__(self, spec: ChildSpec) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        self.spec = spec
+        self.conn, child_conn = ctx.Pipe()
+        self.proc = ctx.Process(target=serve, args=(child_conn, spec), name="engine", daemon=True)
+        self.proc.start()
+        child_conn.close()
+
+
 class EngineProcess:
     def __init__(self, spec: ChildSpec, sink: OutputSink, *, on_tick: Callable[[], None] | None = None,
-                 on_refused: OnRefused | None = None, tick_s: float = 0.5) -> None:
+                 on_refused: OnRefused | None = None, tick_s: float = 0.5, child: EngineChild | None = None) -> None:
+        """``child``: the engine process, already spawned with ``spec``; without it :meth:`start`
+        spawns one."""
+        if child is not None and child.spec != spec:
+            raise ValueError("the engine process was spawned with another spec")
         self.spec = spec
+        self._child = child
         self._sink = sink
         self._on_tick = on_tick
         self._on_refused = on_refused
@@ -85,13 +105,11 @@ class EngineProcess:
     # -- life cycle ---------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Spawn the child and wait for its first heartbeat (its engine runs); then start the I/O
-        thread. Raises RuntimeError if the child dies or does not become ready in time."""
-        ctx = multiprocessing.get_context("spawn")
-        self._conn, child_conn = ctx.Pipe()
-        self._proc = ctx.Process(target=serve, args=(child_conn, self.spec), name="engine", daemon=True)
-        self._proc.start()
-        child_conn.close()
+        """Spawn the child (unless it was given) and wait for its first heartbeat (its engine runs);
+        then start the I/O thread. Raises RuntimeError if the child dies or does not become ready
+        in time."""
+        child = self._child or EngineChild(self.spec)
+        self._conn, self._proc = child.conn, child.proc
         deadline = time.monotonic() + START_TIMEOUT_S
         while self._beat is None:
             if not self._conn.poll(min(1.0, max(0.0, deadline - time.monotonic()))):

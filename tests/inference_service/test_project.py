@@ -166,3 +166,18 @@ def test_models_and_migrations_are_in_sync():
     from django.core.management import call_command
 
     call_command("makemigrations", "--check", "--dry-run", stdout=StringIO())
+
+
+def test_only_runserver_loads_daphnes_app_and_its_twisted_reactor():
+    """daphne's app serves `manage.py runserver` over ASGI; every other Django process (workers,
+    Celery, management commands) sets up without importing daphne or Twisted."""
+    probe = ("import sys, django; django.setup(); from django.apps import apps; "
+             "print(apps.is_installed('daphne'), 'twisted.internet.reactor' in sys.modules)")
+    environment = {**os.environ, "DJANGO_SETTINGS_MODULE": "inference_service.settings"}
+    worker = subprocess.run([sys.executable, "-c", probe, "run_engine_worker"], cwd=ROOT, env=environment,
+                            capture_output=True, text=True)
+    runserver = subprocess.run([sys.executable, "-c", probe, "runserver"], cwd=ROOT, env=environment,
+                               capture_output=True, text=True)
+    assert worker.returncode == 0 and runserver.returncode == 0, worker.stderr + runserver.stderr
+    assert worker.stdout.split() == ["False", "False"]
+    assert runserver.stdout.split() == ["True", "True"]

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import replace
 from typing import Any
 
 from django.conf import settings
@@ -24,6 +23,8 @@ from django.core.management.base import BaseCommand
 from api.worker import service as worker
 from api.worker.config import WorkerConfig
 from api.worker.consumer import consume
+from api.worker.early_engine import child_spec, take_engine
+from engine_worker.runtime import EngineChild
 
 logger = logging.getLogger(__name__)
 
@@ -37,10 +38,9 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         _keep_database_connections()
-        config = WorkerConfig.from_settings()
-        if options["worker_id"]:
-            config = replace(config, worker_id=options["worker_id"])
-        service = _build(config)
+        # manage.py spawned the engine process before Django set up (api/worker/early_engine.py).
+        config, child = take_engine(options["worker_id"])
+        service = _build(config, child)
         service.start()  # the engine process has loaded the model and runs
         _wait_for_migrations(float(os.environ.get("WAIT_FOR_MIGRATIONS", "0")))
         worker.install(service)
@@ -85,22 +85,20 @@ def _keep_database_connections() -> None:
         connections[alias].settings_dict["CONN_MAX_AGE"] = None
 
 
-def _build(config: WorkerConfig) -> worker.EngineWorkerService:
-    """The service, its engine in a child process (which loads the model: this process never
-    evaluates an mlx array), its outputs written by this process's I/O thread."""
+def _build(config: WorkerConfig, child: EngineChild | None) -> worker.EngineWorkerService:
+    """The service, its engine in a child process (``child``, or one spawned now: it loads the
+    model, and this process never evaluates an mlx array), its outputs written by this process's
+    I/O thread."""
     from api.common.redis_client import get_redis
     from api.jobs.services.dispatch import job_dispatch
     from api.worker.sink import RedisJobSink
-    from engine_worker.runtime import ChildSpec, EngineProcess
+    from engine_worker.runtime import EngineProcess
 
     redis_client = get_redis()
-    # The engine process reads its settings from the environment it inherits (EngineConfig.from_env).
-    os.environ["ENGINE_POLICY"] = settings.ENGINE_POLICY
-    spec = ChildSpec(worker_id=config.worker_id, model_path=config.model_path, model_name=config.model_name,
-                     stream_interval_s=config.stream_interval_s, heartbeat_s=config.heartbeat_s)
+    spec = child.spec if child is not None else child_spec(config)
 
     def make_host(sink, on_tick, on_refused):  # noqa: ANN001, ANN202 - HostFactory
-        return EngineProcess(spec, sink, on_tick=on_tick, on_refused=on_refused)
+        return EngineProcess(spec, sink, on_tick=on_tick, on_refused=on_refused, child=child)
 
     return worker.EngineWorkerService(
         config=config, make_host=make_host, sink=RedisJobSink(worker_id=config.worker_id, redis_client=redis_client,

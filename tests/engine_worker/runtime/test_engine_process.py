@@ -20,7 +20,7 @@ from engine_worker.protocol import (
     Refused,
     StepBatch,
 )
-from engine_worker.runtime import ChildSpec, EngineProcess, MemorySink
+from engine_worker.runtime import ChildSpec, EngineChild, EngineProcess, MemorySink
 from engine_worker.runtime.engine_process import _obey
 from engine_worker.runtime.engine_side import EngineSide
 
@@ -41,6 +41,31 @@ def started(tiny_model_path):
     yield host, sink, ticks, refused
     if host.engine_running():
         host.stop()
+
+
+def test_a_child_spawned_beforehand_is_the_engine_the_host_starts_with(tiny_model_path):
+    """A worker spawns its engine process before its own set-up (api/worker/early_engine.py): the
+    host then waits for that child's heartbeat instead of spawning a second one."""
+    child_spec = ChildSpec(worker_id="w-early", model_path=str(tiny_model_path), stream_interval_s=0.0,
+                           heartbeat_s=0.2)
+    child = EngineChild(child_spec)
+    host = EngineProcess(child_spec, MemorySink(), child=child)
+    host.start()
+    try:
+        assert host._proc is child.proc and host.heartbeat("w-early").worker_id == "w-early"
+    finally:
+        host.stop()
+
+
+def test_a_child_spawned_with_another_spec_is_refused():
+    spawned = ChildSpec(worker_id="a", model_path="-", stream_interval_s=0, heartbeat_s=1)
+
+    class Spawned:  # EngineChild's fields, without a process
+        spec = spawned
+
+    with pytest.raises(ValueError, match="another spec"):
+        EngineProcess(ChildSpec(worker_id="b", model_path="-", stream_interval_s=0, heartbeat_s=1), MemorySink(),
+                      child=Spawned())  # type: ignore[arg-type]
 
 
 def spec(job_id: str, max_tokens: int = 12, **kw) -> JobSpec:
