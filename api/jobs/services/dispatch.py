@@ -40,18 +40,19 @@ def job_dispatch_counted(*, job_id: str, queue: str | None = None, precounted: b
     job whose queued row has just committed. Never raises: with the broker down the job stays
     queued and the reconciler sends it later. Returns whether the message was sent.
 
-    ``precounted``: the row's ``dispatch_count`` already includes this send (job_create and the
-    batch feeder write it with the row, which saves an UPDATE per submission); it is taken back if
-    the send fails."""
+    The count is written before the send (and taken back if the send fails): a worker claims the
+    job the moment the message lands, and an UPDATE of the row still running then would hold its
+    lock, which the claim (``FOR UPDATE SKIP LOCKED``) passes by: the job would wait for the
+    reconciler. ``precounted``: the row's ``dispatch_count`` already includes this send (job_create
+    and the batch feeder write it with the row, which saves an UPDATE per submission)."""
+    if not precounted:
+        Job.objects.filter(id=job_id).update(dispatch_count=F("dispatch_count") + 1)
     try:
         job_dispatch(job_id=job_id, queue=queue)
     except Exception:  # noqa: BLE001 - any broker failure; the DB row is the truth
         logger.warning("Dispatch of job %s failed; the reconciler will retry", job_id, exc_info=True)
-        if precounted:
-            Job.objects.filter(id=job_id, dispatch_count__gt=0).update(dispatch_count=F("dispatch_count") - 1)
+        Job.objects.filter(id=job_id, dispatch_count__gt=0).update(dispatch_count=F("dispatch_count") - 1)
         return False
-    if not precounted:
-        Job.objects.filter(id=job_id).update(dispatch_count=F("dispatch_count") + 1)
     return True
 
 
