@@ -25,7 +25,9 @@ generator's private attributes:
 Both are checked: a call's row count against the rows expected, and the rows whose prompt ended
 against the rows sampled as such. A mismatch (this module out of step with the installed mlx-lm)
 raises :class:`RowOrderLost`: the step fails like any failed step (its requests fail and the
-generator is dropped) instead of masking the wrong rows.
+generator is dropped) instead of masking the wrong rows. A call that needs no order (no
+constrained row, one sampler for every row: the usual batch) is sampled as a whole without asking
+for it, so it can never fail that way; the order is rebuilt from the step's responses all the same.
 """
 
 from __future__ import annotations
@@ -82,9 +84,10 @@ class RowOrder:
         return ready
 
     def stepped(self, generated: Sequence[Any], prompts: Sequence[Any]) -> None:
-        """Follow one ``next()``: its generated responses and its prompt responses."""
+        """Follow one ``next()``: its generated responses and its prompt responses. The rows whose
+        prompt ended are checked when the step's calls asked for their rows."""
         ended = [p.uid for p in prompts if p.end_of_prompt]
-        if ended != self._joined:
+        if self._calls and ended != self._joined:
             raise RowOrderLost(f"prompts {ended} ended, {self._joined} were sampled as such")
         self._decoding = [r.uid for r in generated if r.finish_reason is None] + ended
         for uid in ended:
@@ -118,6 +121,9 @@ class BatchSampler:
             self._constrained.pop(uid, None)
 
     def __call__(self, logprobs: mx.array) -> mx.array:
+        if not self._constrained and len({id(b) for b in self._bases.values()}) <= 1:
+            # Every row samples alike: one call, no row order needed.
+            return next(iter(self._bases.values()), greedy_sampler)(logprobs)
         uids = self._order.rows(logprobs.shape[0])
         bases = [self._bases[u] for u in uids]
         rows = [self._constrained.get(u) for u in uids] if self._constrained else []

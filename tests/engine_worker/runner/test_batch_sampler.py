@@ -11,7 +11,7 @@ from mlx_lm.generate import StopSequences
 
 from engine_worker.common.config import SchedulerConfig
 from engine_worker.common.request import Constraint, Request
-from engine_worker.runner.batch_sampler import BatchSampler, RowOrder, _sample_grouped
+from engine_worker.runner.batch_sampler import BatchSampler, RowOrder, RowOrderLost, _sample_grouped
 from engine_worker.runner.generator import MlxBatchRunner
 from engine_worker.runner.grammar import ConstrainedRows
 from engine_worker.runner.loader import vocab_size
@@ -140,6 +140,27 @@ def test_row_order_follows_the_generator_as_prompts_end_at_different_steps(tiny_
     for uid, is_constrained in uids.items():
         if is_constrained and uid != removed:
             assert _ints_prefix(tokenizer.decode(tokens[uid])), tokenizer.decode(tokens[uid])
+
+
+def test_a_batch_that_samples_alike_never_asks_for_its_row_order(tiny_model, monkeypatch):
+    """Free rows of one sampler (the usual batch) are sampled as a whole: a row order out of step
+    with the generator could not fail their steps."""
+    model, tokenizer = tiny_model
+    runner = MlxBatchRunner(model, SchedulerConfig(prefill_step_size=16, prefill_batch_size=3))
+
+    def lost(self, count):
+        raise RowOrderLost("asked")
+
+    monkeypatch.setattr(RowOrder, "rows", lost)
+    stops = StopSequences([])
+    uids = [runner.insert(prompt_ids(tokenizer, length), max_tokens=8, cache=None, all_tokens=None, sampler=None,
+                          logits_processors=[], stop_sequences=stops) for length in (1, 9, 33)]
+    written: dict[int, int] = dict.fromkeys(uids, 0)
+    for _ in range(40):
+        for r in runner.step().generated:
+            written[r.uid] += 1
+    runner.close()
+    assert written == dict.fromkeys(uids, 8)
 
 
 def test_a_call_of_unexpected_rows_is_refused_not_sampled():
