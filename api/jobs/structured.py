@@ -72,13 +72,16 @@ def job_constraint(request: Any, model: Any) -> Constraint | None:
     """The constraint of a job request (``JobRequest``) for ``model``: its forced tool call
     (api/jobs/tools.py), else its response_format's; None for free text."""
     if request.tools and request.tools["tool_choice"] != "none":
-        from api.jobs.tools import tool_format, tools_constraint, tools_grammar
+        from api.jobs.tools import CALL_TOKENS, tool_format, tools_constraint, tools_grammar
         from api.serving.tokenization import get_tokenizer
 
-        fmt = tool_format(get_tokenizer(model.path).chat_template)
-        forced = tools_constraint(request.tools, fmt)  # raises for a template without tools
+        tokenizer = get_tokenizer(model.path)
+        fmt = tool_format(tokenizer.chat_template)
+        tokens = {text: token for text in CALL_TOKENS.get(fmt or "", ())
+                  if (token := tokenizer.added_token_id(text)) is not None}
+        forced = tools_constraint(request.tools, fmt, tokens)  # raises for a template without tools
         # Compiled even when the model may answer freely: a function's bad parameters are a 400.
-        constraint_check(forced or tools_grammar(request.tools, fmt or ""), param="tools")
+        constraint_check(forced or tools_grammar(request.tools, fmt or "", tokens), param="tools")
         if forced is not None:
             return forced
     return response_format_constraint(request.response_format)

@@ -95,7 +95,7 @@ def completion_body(*, kind: Kind, job_id: str, created: int, model: str, text: 
         content, calls = parse_tool_calls(text, tool_format) if tool_format else (text, [])
         message: dict[str, Any] = {"role": "assistant", "content": content}
         if calls:
-            message["tool_calls"] = openai_calls(job_id, calls)
+            message["tool_calls"] = openai_calls(job_id, calls, tool_format)
         choice: dict[str, Any] = {"index": 0, "message": message, "logprobs": logprobs,
                                   "finish_reason": _finish_reason(final, calls)}
     else:
@@ -112,6 +112,7 @@ class ChunkWriter:
         self.kind = kind
         self._job_id = job_id
         self._calls = ToolCallStream(tool_format, tools_forced) if tool_format and kind is Kind.CHAT else None
+        self._tool_format = tool_format
         self._head = {"id": completion_id(kind, job_id),
                       "object": "chat.completion.chunk" if kind is Kind.CHAT else "text_completion",
                       "created": created, "model": model, "system_fingerprint": None}
@@ -147,7 +148,7 @@ class ChunkWriter:
             content, calls = self._calls.finish()
             if content:
                 chunks.append(self._chunk({"content": content}, None))
-            for i, call in enumerate(openai_calls(self._job_id, calls)):
+            for i, call in enumerate(openai_calls(self._job_id, calls, self._tool_format)):
                 chunks.append(self._chunk({"tool_calls": [{"index": i, **call}]}, None))
         chunks.append(self._chunk({} if self.kind is Kind.CHAT else "", _finish_reason(final, calls)))
         if self._include_usage:

@@ -4,7 +4,8 @@ One small parser per format (api/jobs/tools.py names them by the chat template):
 
 * ``hermes`` (Qwen, Hermes, the demo model): ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``,
   any number, possibly after some text;
-* ``mistral``: ``[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]``;
+* ``mistral`` (Mistral 7B v0.3, Nemo): ``[TOOL_CALLS] [{"name": ..., "arguments": {...}}, ...]``;
+* ``mistral_args`` (Mistral Small 3.2, Magistral): ``[TOOL_CALLS]name[ARGS]{...}`` a call;
 * ``llama3_json``: the whole answer is ``{"name": ..., "parameters": {...}}`` (after an optional
   ``<|python_tag|>``), calls separated by ``;``.
 
@@ -19,15 +20,21 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from api.jobs.tools import HERMES, LLAMA3_JSON, MISTRAL
+from api.jobs.tools import HERMES, LLAMA3_JSON, MISTRAL, MISTRAL_ARGS, MISTRAL_FORMATS, mistral_call_id
 
 _HERMES_CALL = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
-_MARKERS = {HERMES: "<tool_call>", MISTRAL: "[TOOL_CALLS]"}
+_MARKERS = {HERMES: "<tool_call>", MISTRAL: "[TOOL_CALLS]", MISTRAL_ARGS: "[TOOL_CALLS]"}
+# One call of ``mistral_args``: its name (a [CALL_ID] and id after it, as the template writes
+# history, allowed), then its arguments.
+_ARGS_CALL = re.compile(r"^\s*([A-Za-z0-9_-]{1,64})(?:\[CALL_ID\][A-Za-z0-9]+)?\[ARGS\](.*)$", re.DOTALL)
 _PYTHON_TAG = "<|python_tag|>"
 
 
-def call_id(job_id: str, index: int) -> str:
-    """A stable id for the job's ``index``-th call (the same streamed or not)."""
+def call_id(job_id: str, index: int, fmt: str | None = None) -> str:
+    """A stable id for the job's ``index``-th call (the same streamed or not). Mistral's templates
+    refuse a history whose ids are not 9 letters or digits, so a Mistral model's calls get such ids."""
+    if fmt in MISTRAL_FORMATS:
+        return mistral_call_id(f"{job_id}/{index}")
     return f"call_{job_id.replace('-', '')[:24]}_{index}"
 
 
@@ -64,6 +71,14 @@ def parse_tool_calls(text: str, fmt: str) -> tuple[str | None, list[dict[str, st
         if len(calls) != len(items) or not calls:
             return (text or None), []
         content = head.strip()
+    elif fmt == MISTRAL_ARGS:
+        head, *segments = text.split(_MARKERS[MISTRAL_ARGS])
+        matches = [_ARGS_CALL.match(segment) for segment in segments]
+        calls = [{"name": m.group(1), "arguments": json.dumps(args)} for m in matches
+                 if m is not None and isinstance(args := _loads(m.group(2)), dict)]
+        if not calls or len(calls) != len(segments):
+            return (text or None), []
+        content = head.strip()
     elif fmt == LLAMA3_JSON:
         body = text.strip().removeprefix(_PYTHON_TAG).strip()
         parts = [_call(_loads(part), "parameters") for part in body.split(";")] if body.startswith("{") else []
@@ -75,8 +90,8 @@ def parse_tool_calls(text: str, fmt: str) -> tuple[str | None, list[dict[str, st
     return (content or None), calls
 
 
-def openai_calls(job_id: str, calls: list[dict[str, str]]) -> list[dict[str, Any]]:
-    return [{"id": call_id(job_id, i), "type": "function", "function": dict(c)} for i, c in enumerate(calls)]
+def openai_calls(job_id: str, calls: list[dict[str, str]], fmt: str | None = None) -> list[dict[str, Any]]:
+    return [{"id": call_id(job_id, i, fmt), "type": "function", "function": dict(c)} for i, c in enumerate(calls)]
 
 
 @dataclass

@@ -76,6 +76,11 @@ class PromptTokenizer:
             return bytes([int(byte[1], 16)])
         return piece.replace("\u2581", " ").encode()
 
+    def added_token_id(self, text: str) -> int | None:
+        """The id of ``text`` where the tokenizer has it as one added token (a control token such
+        as Mistral's ``[TOOL_CALLS]``), else None."""
+        return self._tokenizer.get_added_vocab().get(text)
+
     def encode_prompt(self, text: str) -> list[int]:
         """Token ids of a plain prompt, with the tokenizer's special tokens (BOS) once."""
         return list(self._tokenizer.encode(text))

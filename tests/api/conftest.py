@@ -20,6 +20,7 @@ from api.common.redis_client import get_redis
 from api.jobs.services.dispatch import RUN_JOB_TASK
 from inference_service.celery import app as celery_app
 from tests.api.factories import make_api_key, make_user
+from tests.api.mistral_model import NEMO, V03, V11, build_mistral_model, chat_template
 
 
 @pytest.fixture(scope="session")
@@ -139,3 +140,10 @@ def api_client(key_and_secret, redis_client, dispatched) -> APIClient:
 @pytest.fixture
 def anon_client() -> APIClient:
     return APIClient()
+
+
+@pytest.fixture(scope="session", params=[V03, NEMO, V11])
+def mistral_model_path(request, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A model folder named ``tiny`` with Mistral's tokenizer layout and one of Mistral's own chat
+    templates (tests/api/mistral_model.py), once per template."""
+    return build_mistral_model(tmp_path_factory.mktemp(request.param) / "tiny", chat_template(request.param))

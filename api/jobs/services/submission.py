@@ -28,6 +28,7 @@ from api.jobs.selectors import job_queue_position
 from api.jobs.services.dispatch import job_dispatch_counted
 from api.jobs.services.queue_routing import job_route
 from api.jobs.structured import job_constraint
+from api.jobs.tools import template_messages, tool_format
 from api.keys.quotas import RateLimitState, quota_admission, quota_consume_request
 from api.models import SAMPLING_DEFAULTS, ApiKey, Job
 from api.serving.catalog import ConfiguredModel, model_resolve
@@ -231,5 +232,6 @@ def _tokenize(request: JobRequest, model: ConfiguredModel) -> tuple[list[int], s
     tokenizer = get_tokenizer(model.path)
     if request.messages is not None:
         tools = request.tools["tools"] if request.tools and request.tools["tool_choice"] != "none" else None
-        return tokenizer.encode_messages(request.messages, tools=tools), "messages"
+        messages = template_messages(request.messages, tool_format(tokenizer.chat_template))
+        return tokenizer.encode_messages(messages, tools=tools), "messages"
     return tokenizer.encode_prompt(request.prompt or ""), "prompt"

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from api.jobs.tools import HERMES, LLAMA3_JSON, MISTRAL, tool_format
+from api.jobs.tools import HERMES, LLAMA3_JSON, MISTRAL, MISTRAL_ARGS, tool_format
 from api.openai_api.tool_calls import ToolCallStream, parse_tool_calls
 
 HERMES_TWO = ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
@@ -23,6 +23,9 @@ def test_hermes_calls_are_parsed_with_arguments_as_json_strings():
 
 @pytest.mark.parametrize("fmt, text, names", [
     (MISTRAL, '[TOOL_CALLS][{"name": "a", "arguments": {"x": 1}}, {"name": "b", "arguments": {}}]', ["a", "b"]),
+    (MISTRAL, '[TOOL_CALLS] [{"name": "a", "arguments": {"x": 1}}]', ["a"]),
+    (MISTRAL_ARGS, '[TOOL_CALLS]a[ARGS]{"x": 1}[TOOL_CALLS]b[ARGS]{}', ["a", "b"]),
+    (MISTRAL_ARGS, '[TOOL_CALLS]a[CALL_ID]abc123XYZ[ARGS]{"x": 1}', ["a"]),
     (LLAMA3_JSON, '<|python_tag|>{"name": "a", "parameters": {"x": 1}}', ["a"]),
     (LLAMA3_JSON, '{"name": "a", "parameters": {"x": 1}}; {"name": "b", "parameters": {}}', ["a", "b"]),
 ])
@@ -37,6 +40,8 @@ def test_mistral_and_llama3_calls_are_parsed(fmt, text, names):
     (HERMES, "def f(x): return x"),
     (HERMES, "<tool_call>\n{not json\n</tool_call>"),
     (MISTRAL, "[TOOL_CALLS] nope"),
+    (MISTRAL_ARGS, '[TOOL_CALLS]a[ARGS]{"x": 1}[TOOL_CALLS]b[ARGS]{nope'),
+    (MISTRAL_ARGS, "[TOOL_CALLS]a b[ARGS]{}"),
     (LLAMA3_JSON, "The answer is {1}"),
 ])
 def test_text_that_is_not_a_call_stays_text(fmt, text):
