@@ -8,17 +8,24 @@ import json
 import time
 
 
+async def send_post(port: int, key: str, path: str, payload: bytes) -> tuple[
+        asyncio.StreamReader, asyncio.StreamWriter, float]:
+    """Open a new connection to the service on ``port`` and write one POST of ``payload`` (JSON) to
+    ``path`` with ``key``: (reader, writer, perf_counter when it was written). The caller reads the
+    answer and closes the writer."""
+    head = (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAuthorization: Bearer {key}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\nConnection: close\r\n\r\n")
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(head.encode() + payload)
+    return reader, writer, time.perf_counter()
+
+
 async def post_job(port: int, key: str, body: dict) -> tuple[str, float]:
     """POST a job on a new connection, on the event loop: (its id, perf_counter when the request
     was written). On the event loop, not on threads, so a burst's requests are written at once
     instead of taking turns at this process's GIL."""
-    payload = json.dumps(body).encode()
-    head = (f"POST /api/v1/jobs HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAuthorization: Bearer {key}\r\n"
-            f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\nConnection: close\r\n\r\n")
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    reader, writer, sent = await send_post(port, key, "/api/v1/jobs", json.dumps(body).encode())
     try:
-        writer.write(head.encode() + payload)
-        sent = time.perf_counter()
         await writer.drain()
         status = (await reader.readline()).split(maxsplit=2)
         length = None
@@ -37,13 +44,9 @@ async def post_job(port: int, key: str, body: dict) -> tuple[str, float]:
 async def openai_stream(port: int, key: str, body: dict, t0: float) -> tuple[str, float, int]:
     """POST a streamed completion on a new connection and read its events until ``[DONE]``:
     (its job's id, seconds from ``t0`` to the first text, completion tokens of the usage chunk)."""
-    payload = json.dumps(body).encode()
-    head = (f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAuthorization: Bearer {key}\r\n"
-            f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\nConnection: close\r\n\r\n")
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    reader, writer, _ = await send_post(port, key, "/v1/completions", json.dumps(body).encode())
     first, completion, buffer, job_id = None, None, b"", ""
     try:
-        writer.write(head.encode() + payload)
         await writer.drain()
         status = (await reader.readline()).split(maxsplit=2)
         chunked = False
@@ -86,12 +89,8 @@ async def openai_stream(port: int, key: str, body: dict, t0: float) -> tuple[str
 async def openai_complete(port: int, key: str, body: dict) -> int:
     """POST a completion without ``stream`` on a new connection and wait for its answer (plain or
     chunked); returns its usage's completion tokens. Raises on any status but 200."""
-    payload = json.dumps(body).encode()
-    head = (f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAuthorization: Bearer {key}\r\n"
-            f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\nConnection: close\r\n\r\n")
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    reader, writer, _ = await send_post(port, key, "/v1/completions", json.dumps(body).encode())
     try:
-        writer.write(head.encode() + payload)
         await writer.drain()
         status = (await reader.readline()).split(maxsplit=2)
         length, chunked = None, False

@@ -42,6 +42,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from bench.common import median, percentile  # noqa: E402
+from bench.http_clients import send_post  # noqa: E402
 
 SETUP = """
 import json
@@ -204,12 +205,8 @@ def ensure_redis(port: int, log_dir: Path) -> subprocess.Popen | None:
 
 
 async def _post(port: int, key: str) -> int:
-    payload = b'{"prompt": "def f(x):", "max_tokens": 1}'
-    head = (f"POST /api/v1/jobs HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAuthorization: Bearer {key}\r\n"
-            f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\nConnection: close\r\n\r\n")
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    reader, writer, _ = await send_post(port, key, "/api/v1/jobs", b'{"prompt": "def f(x):", "max_tokens": 1}')
     try:
-        writer.write(head.encode() + payload)
         await writer.drain()
         status = (await reader.readline()).split(maxsplit=2)
         await reader.read()
