@@ -232,13 +232,23 @@ class Server:
                                      start_new_session=True)
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
+        """SIGTERM to the whole process group, SIGKILL after 60 s; returns once no process of the
+        group is left, so that the next server finds its port and the GPU free."""
+        if self.proc is None:
+            return
+        for sig, seconds in ((signal.SIGTERM, 60), (signal.SIGKILL, 10)):
             try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(10)
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                return
+            deadline = time.monotonic() + seconds
+            while time.monotonic() < deadline:
+                self.proc.poll()  # reap the leader, or the group stays alive as a zombie
+                try:
+                    os.killpg(self.proc.pid, 0)
+                except ProcessLookupError:
+                    return
+                time.sleep(0.2)
 
     def phases(self, since: dt.datetime, until: dt.datetime) -> dict:
         """Where the time to first token went, for servers that record it (ours)."""
@@ -279,10 +289,11 @@ class OurService(Server):
 
         redis.Redis.from_url(self.env["REDIS_URL"]).flushdb()
         # As scripts/run.sh does: the web and the worker load while the database is migrated (the
-        # worker takes no job before the migrations are in: WAIT_FOR_MIGRATIONS).
+        # worker takes no job before the migrations are in: WAIT_FOR_MIGRATIONS). `wait -n`: the shell
+        # exits when either does, so wait_ready sees a failed start at once.
         web = os.environ.get("PEER_WEB_PROCESSES", "4")
         script = (f"{sys.executable} -m inference_service.serve_web -b 127.0.0.1 -p {self.port} --processes {web} & "
-                  f"WAIT_FOR_MIGRATIONS=300 {sys.executable} manage.py run_engine_worker --loglevel WARNING & wait")
+                  f"WAIT_FOR_MIGRATIONS=300 {sys.executable} manage.py run_engine_worker --loglevel WARNING & wait -n")
         self._spawn(["bash", "-c", script], self.tree, self.env)
         manage = [sys.executable, "manage.py"]
         subprocess.run([*manage, "migrate", "--noinput"], cwd=self.tree, env=self.env, check=True, capture_output=True)
@@ -373,7 +384,11 @@ def _available(name: str) -> bool:
 def measure(server: Server, levels: list[int], args: argparse.Namespace) -> list[dict]:
     idle = device_used_bytes()
     started = time.perf_counter()
-    base, model, key = server.start()
+    try:
+        base, model, key = server.start()
+    except BaseException:
+        server.stop()
+        raise
     ready_s = round(time.perf_counter() - started, 2)
     print(f"  {server.label:>10} ready in {ready_s} s", flush=True)
     sampler = MemorySampler(server.proc.pid, idle)
