@@ -6,7 +6,12 @@ Servers (one at a time, loopback only, the same model folder and the same stream
   ``--old [NAME=]DIR`` (repeatable) the same service from another checkout, server NAME (default
   ``old``): an A/B of a change;
 * ``vllm``: ``vllm-mlx serve --continuous-batching`` (the seed's own server);
-* ``mlxlm``: ``mlx_lm.server``.
+* ``mlxlm``: ``mlx_lm.server``;
+* ``engine``: no server: this tree's engine in a process of its own (bench/engine_loop.py), built
+  as the engine worker builds it (the same completion batch, policy and prefix cache), given the
+  same chat messages through the same chat template and the same closed loop; TTFT is submit to
+  the first token out of the engine. ``ours / engine`` is then the cost of the service's job path
+  (HTTP, database, broker, worker, streaming) under the same load.
 
 For each completion batch size, servers are started in turn and each runs every concurrency level
 (a closed loop of C clients, each sending its next streamed chat completion when the previous one
@@ -17,9 +22,10 @@ a GPU: the server's processes, and the whole device's use above what it was befo
 started; else RSS), and per server start its time to ready. With ``--one-token C`` (default 128)
 each server also answers ``--one-token-requests`` (4) x C requests of one token at C clients: the
 cost of the job path itself (row ``max_tokens`` 1).
-The last line is one JSON object with every row and the ratios ``ours / peer`` (and ``new / old``).
+Then one line per level of ``ours / peer``: tok/s and TTFT p50 (requests/s for one token). The last
+line is one JSON object with every row and the ratios ``ours / peer`` (and ``new / old``).
 
-    python bench/peer_bench.py --model var/models/tiny --servers ours,mlxlm --concurrency 1,8 --batch 32
+    python bench/peer_bench.py --model var/models/tiny --servers ours,engine,mlxlm --concurrency 1,8 --batch 32
     # GPU host: bash bench/h200_peer.sh (installs the carried wheels, builds the 316M model, runs this)
 """
 
