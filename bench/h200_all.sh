@@ -12,9 +12,10 @@
 #   2. step_memory.json: bench/step_memory.py, one step's working memory at 128 rows;
 #   3. startup.json: bench/startup_bench.py, scripts/run.sh from start to web ready, model loaded,
 #      worker ready and first job served (STARTUP_RUNS, default 1);
-#   4. peer/peer_bench.json: bench/peer_bench.py, this service against vllm-mlx serve, completion
-#      batch 128, 1/32/128 clients and one-token requests at 128, PEER_ROUNDS (3) rounds with the
-#      servers interleaved; per level tok/s, requests/s, TTFT p50/p95, peak GPU memory, and each
+#   4. peer/peer_bench.json: bench/peer_bench.py, this service against its own engine in process
+#      (the same load: issue 43's service / engine) and vllm-mlx serve, completion batch 128,
+#      1/32/128 clients and one-token requests at 128, PEER_ROUNDS (3) rounds with the servers
+#      interleaved; per level tok/s, requests/s, TTFT p50/p95, peak GPU memory, and each
 #      server's start-to-ready. Written after every server run, so a cut run keeps what it measured.
 # Everything printed also goes to all.log. All of it lands in $OUT (at most 8 files come back).
 # MODEL: the model folder (default /tmp/m300, the ~316M bf16 Llama of issue 43's figures, built here).
@@ -46,7 +47,7 @@ PYTHON=$(command -v python3) timeout 150 python3 bench/startup_bench.py --model 
     --redis-url redis://127.0.0.1:6379/5 --out "$OUT/startup.json"
 echo "== $(( SECONDS - start )) s: peer bench, $(left) s left"
 PEER_REDIS_URL=redis://127.0.0.1:6379/11 timeout "$(left)" python3 bench/peer_bench.py --model "$MODEL" \
-    --out "$OUT/peer" --servers ours,vllm --batch 128 --concurrency 1,32,128 --one-token 128 \
+    --out "$OUT/peer" --servers ours,engine,vllm --batch 128 --concurrency 1,32,128 --one-token 128 \
     --rounds "${PEER_ROUNDS:-3}"
 rm -f "$OUT"/peer/*.sqlite3*  # the service's databases: nothing to bring back
 echo "== $(( SECONDS - start )) s: done; files in $OUT:"

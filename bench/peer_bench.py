@@ -6,7 +6,12 @@ Servers (one at a time, loopback only, the same model folder and the same stream
   ``--old [NAME=]DIR`` (repeatable) the same service from another checkout, server NAME (default
   ``old``): an A/B of a change;
 * ``vllm``: ``vllm-mlx serve --continuous-batching`` (the seed's own server);
-* ``mlxlm``: ``mlx_lm.server``.
+* ``mlxlm``: ``mlx_lm.server``;
+* ``engine``: no server: this tree's engine in a process of its own (bench/engine_loop.py), built
+  as the engine worker builds it (the same completion batch, policy and prefix cache), given the
+  same chat messages through the same chat template and the same closed loop; TTFT is submit to
+  the first token out of the engine. ``ours / engine`` is then the cost of the service's job path
+  (HTTP, database, broker, worker, streaming) under the same load.
 
 For each completion batch size, servers are started in turn and each runs every concurrency level
 (a closed loop of C clients, each sending its next streamed chat completion when the previous one
@@ -17,9 +22,10 @@ a GPU: the server's processes, and the whole device's use above what it was befo
 started; else RSS), and per server start its time to ready. With ``--one-token C`` (default 128)
 each server also answers ``--one-token-requests`` (4) x C requests of one token at C clients: the
 cost of the job path itself (row ``max_tokens`` 1).
-The last line is one JSON object with every row and the ratios ``ours / peer`` (and ``new / old``).
+Then one line per level of ``ours / peer``: tok/s and TTFT p50 (requests/s for one token). The last
+line is one JSON object with every row and the ratios ``ours / peer`` (and ``new / old``).
 
-    python bench/peer_bench.py --model var/models/tiny --servers ours,mlxlm --concurrency 1,8 --batch 32
+    python bench/peer_bench.py --model var/models/tiny --servers ours,engine,mlxlm --concurrency 1,8 --batch 32
     # GPU host: bash bench/h200_peer.sh (installs the carried wheels, builds the 316M model, runs this)
 """
 
@@ -41,16 +47,15 @@ import time
 from pathlib import Path
 
 import httpx
+from closed_loop import chat_messages, closed_loop, load_row, new_record
 
 ROOT = Path(__file__).resolve().parents[1]
-PROMPTS = ["def fib(n):", "import os", "class Queue:", "Write a haiku about tests.", "What is 2+2?",
-           "for i in range(10):", "Explain the GIL.", "return None"]
 
 
 # -- the client ----------------------------------------------------------------------------------
 
 async def _one(client: httpx.AsyncClient, url: str, headers: dict, body: dict) -> dict:
-    rec = {"ok": False, "ttft": None, "stream": None, "tokens": 0, "error": None}
+    rec = new_record()
     start = time.perf_counter()
     try:
         async with client.stream("POST", url, json=body, headers=headers) as resp:
@@ -85,39 +90,15 @@ async def load(base: str, model: str, key: str, concurrency: int, max_tokens: in
     """``requests`` streamed chat completions, ``concurrency`` at a time (closed loop)."""
     url = f"{base}/v1/chat/completions"
     headers = {"Authorization": f"Bearer {key}"} if key else {}
-    pending = list(range(requests))
-    records: list[dict] = []
     limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)
     async with httpx.AsyncClient(limits=limits, timeout=600) as client:
-        async def worker() -> None:
-            while pending:
-                i = pending.pop()
-                body = {"model": model, "messages": [{"role": "user", "content": f"{PROMPTS[i % 8]} #{i}"}],
-                        "stream": True, "max_tokens": max_tokens, "temperature": 0.0,
-                        "stream_options": {"include_usage": True}}
-                records.append(await _one(client, url, headers, body))
+        async def one(i: int) -> dict:
+            body = {"model": model, "messages": chat_messages(i), "stream": True, "max_tokens": max_tokens,
+                    "temperature": 0.0, "stream_options": {"include_usage": True}}
+            return await _one(client, url, headers, body)
 
-        started = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
-        wall = time.perf_counter() - started
-    ok = [r for r in records if r["ok"]]
-    ttfts = sorted(r["ttft"] for r in ok)
-    return {
-        "tok_s": round(sum(r["tokens"] for r in ok) / wall, 1),
-        "req_s": round(len(ok) / wall, 1),
-        "ttft_p50_ms": round(1000 * _pct(ttfts, 0.5), 1) if ttfts else None,
-        "ttft_p95_ms": round(1000 * _pct(ttfts, 0.95), 1) if ttfts else None,
-        # first content to the end of the stream: the decode as the client sees it
-        "stream_p50_ms": round(1000 * statistics.median(r["stream"] for r in ok), 1) if ok else None,
-        "errors": len(records) - len(ok),
-        "error_samples": [r["error"] for r in records if not r["ok"]][:2],
-    }
-
-
-def _pct(xs: list[float], q: float) -> float:
-    k = (len(xs) - 1) * q
-    lo, hi = int(k), min(int(k) + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+        records, wall = await closed_loop(concurrency, requests, one)
+    return load_row(records, wall)
 
 
 # -- memory of a process tree --------------------------------------------------------------------
@@ -366,6 +347,50 @@ class MlxLmServer(Server):
         return base, "default_model", ""
 
 
+class EngineLoop(Server):
+    """Server ``engine``: the service's engine in process, under the same load (bench/engine_loop.py,
+    a process of its own). Not an HTTP server: :meth:`run` stands for :func:`load`."""
+
+    def __init__(self, label: str, work: Path, model: str, batch: int) -> None:
+        super().__init__(label, work)
+        self.model, self.batch = model, batch
+
+    def start(self) -> None:
+        # The worker's engine settings: the completion batch as OurService sets it, the policy
+        # inference_service/settings.py defaults to (the worker exports it to its engine).
+        env = {**os.environ, "ENGINE_COMPLETION_BATCH_SIZE": str(self.batch),
+               "ENGINE_POLICY": os.environ.get("ENGINE_POLICY", "priority")}
+        self.proc = subprocess.Popen([sys.executable, str(ROOT / "bench" / "engine_loop.py"), "--model", self.model],
+                                     cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=self.log, text=True, start_new_session=True)
+        if self._read() != {"ready": True}:
+            raise RuntimeError(f"{self.label} did not become ready")
+
+    def run(self, concurrency: int, max_tokens: int, requests: int) -> dict:
+        """``requests`` requests, ``concurrency`` at a time (closed loop): :func:`load`'s row."""
+        assert self.proc is not None and self.proc.stdin is not None
+        run = {"concurrency": concurrency, "max_tokens": max_tokens, "requests": requests}
+        self.proc.stdin.write(json.dumps(run) + "\n")
+        self.proc.stdin.flush()
+        return self._read()
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.stdin is not None and self.proc.poll() is None:
+            self.proc.stdin.close()  # the end of its input: it stops its engine and exits
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                pass
+        super().stop()
+
+    def _read(self) -> dict:
+        assert self.proc is not None and self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"{self.label} exited; see its log")
+        return json.loads(line)
+
+
 def _offline_env() -> dict[str, str]:
     cache = Path(tempfile.gettempdir()) / "peer-hf"
     (cache / "hub").mkdir(parents=True, exist_ok=True)  # mlx_lm.server's /v1/models needs it
@@ -416,6 +441,33 @@ def measure(server: Server, levels: list[int], args: argparse.Namespace) -> list
     return rows
 
 
+def measure_engine(server: EngineLoop, levels: list[int], args: argparse.Namespace) -> list[dict]:
+    """:func:`measure` for the in-process engine: the same warm-up, runs and memory sampling."""
+    idle = device_used_bytes()
+    started = time.perf_counter()
+    server.start()
+    ready_s = round(time.perf_counter() - started, 2)
+    print(f"  {server.label:>10} ready in {ready_s} s", flush=True)
+    sampler = MemorySampler(server.proc.pid, idle)
+    runs = [(c, args.max_tokens, c * args.requests_per_client) for c in levels]
+    if args.one_token:
+        runs.append((args.one_token, 1, args.one_token * args.one_token_requests))
+    rows = []
+    try:
+        server.run(max(4, min(levels)), args.max_tokens, 8)  # warm: kernels, caches
+        for c, max_tokens, requests in runs:
+            sampler.level()
+            row = {"concurrency": c, "max_tokens": max_tokens, **server.run(c, max_tokens, requests)}
+            row["peak_memory_bytes"], row["device_peak_bytes"], row["peak_processes"] = sampler.level()
+            row["memory_kind"], row["ready_s"] = sampler.kind, ready_s
+            rows.append(row)
+            print(_line(server.label, row), flush=True)
+    finally:
+        sampler.stop()
+        server.stop()
+    return rows
+
+
 def _line(label: str, row: dict) -> str:
     line = (f"  {label:>10} C={row['concurrency']:<4} max_tokens={row['max_tokens']:<4} tok/s={row['tok_s']:<8} "
             f"req/s={row['req_s']:<7} ttft p50={row['ttft_p50_ms']} p95={row['ttft_p95_ms']} "
@@ -437,6 +489,8 @@ def make_server(name: str, batch: int, args: argparse.Namespace, work: Path) -> 
         return OurService(f"ours_b{batch}", work, ROOT, args.model, batch, 8100)
     if name in args.trees:
         return OurService(f"{name}_b{batch}", work, args.trees[name], args.model, batch, 8103)
+    if name == "engine":
+        return EngineLoop(f"engine_b{batch}", work, args.model, batch)
     if name == "vllm":
         return VllmMlx(f"vllm_b{batch}", work, args.model, batch, 8101)
     return MlxLmServer(f"mlxlm_b{batch}", work, args.model, batch, 8102)
@@ -478,14 +532,31 @@ def ratios(rows: list[dict]) -> dict[str, float]:
             out[f"ours_over_{name}_tok_s_b{batch}_c{c}"] = round(ours["tok_s"] / row["tok_s"], 3)
             if ours["ttft_p50_ms"] is not None and row["ttft_p50_ms"] is not None:
                 out[f"ours_minus_{name}_ttft_p50_ms_b{batch}_c{c}"] = round(ours["ttft_p50_ms"] - row["ttft_p50_ms"], 1)
+                if row["ttft_p50_ms"]:
+                    out[f"ours_over_{name}_ttft_p50_b{batch}_c{c}"] = round(ours["ttft_p50_ms"] / row["ttft_p50_ms"], 3)
     return out
+
+
+def print_ratios(rows: list[dict]) -> None:
+    """Per level, ours / each other server: tok/s and TTFT p50 (one-token levels: requests/s)."""
+    found = ratios(rows)
+    for row in sorted(rows, key=lambda r: (r["batch"], -r["max_tokens"], r["concurrency"], r["server"])):
+        name, batch, c = row["server"], row["batch"], row["concurrency"]
+        if row["max_tokens"] == 1:
+            if (req_s := found.get(f"ours_over_{name}_one_token_req_s_b{batch}_c{c}")) is not None:
+                print(f"  ours / {name:<8} batch {batch} C={c:<4} one-token req/s {req_s}", flush=True)
+        elif (tok_s := found.get(f"ours_over_{name}_tok_s_b{batch}_c{c}")) is not None:
+            ttft = found.get(f"ours_over_{name}_ttft_p50_b{batch}_c{c}")
+            minus = found.get(f"ours_minus_{name}_ttft_p50_ms_b{batch}_c{c}")
+            print(f"  ours / {name:<8} batch {batch} C={c:<4} tok/s {tok_s:<6} TTFT p50 {ttft} ({minus:+} ms)"
+                  if minus is not None else f"  ours / {name:<8} batch {batch} C={c:<4} tok/s {tok_s}", flush=True)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True, help="an mlx-lm model folder")
     parser.add_argument("--servers", default="ours,vllm,mlxlm",
-                        help="ours, vllm, mlxlm, and the names of --old checkouts")
+                        help="ours, engine, vllm, mlxlm, and the names of --old checkouts")
     parser.add_argument("--old", action="append", default=[], metavar="[NAME=]DIR",
                         help="another checkout of this project, for an A/B (server NAME, default 'old'); repeatable")
     parser.add_argument("--concurrency", default="1,32,128")
@@ -515,7 +586,9 @@ def main() -> None:
             for name in servers if round_ % 2 == 0 else list(reversed(servers)):
                 print(f"round {round_ + 1}, batch {batch}: {name}", flush=True)
                 try:
-                    rows = measure(make_server(name, batch, args, work), levels, args)
+                    server = make_server(name, batch, args, work)
+                    rows = (measure_engine(server, levels, args) if isinstance(server, EngineLoop)
+                            else measure(server, levels, args))
                 except RuntimeError as exc:
                     print(f"  {name} failed: {exc}", flush=True)
                     continue
@@ -523,6 +596,7 @@ def main() -> None:
                     samples.setdefault((name, batch, row["concurrency"], row["max_tokens"]), []).append(row)
                 result = _result(samples, args, skipped)
                 (work / "peer_bench.json").write_text(json.dumps(result, indent=1))  # so far, if cut short
+    print_ratios(result["rows"])
     print(json.dumps(result))
 
 
