@@ -37,6 +37,7 @@ BENCH = Path(__file__).resolve().parent
 sys.path[:0] = [str(BENCH), str(BENCH.parent)]  # closed_loop, and the repository's packages
 
 from closed_loop import chat_messages, closed_loop, load_row, new_record  # noqa: E402
+from cuda_memory import cuda_memory  # noqa: E402
 
 
 async def engine_load(engine: Any, prompts: list[list[int]], concurrency: int, max_tokens: int) -> dict:
@@ -90,6 +91,13 @@ def main() -> None:
             run = json.loads(line)
             prompts = [chat.encode_messages(chat_messages(i)) for i in range(run["requests"])]
             row = asyncio.run(engine_load(engine, prompts, run["concurrency"], run["max_tokens"]))
+            memory = engine.get_stats().get("memory") or {}
+            row["engine_memory"] = {"active_gb": round(memory.get("active_bytes", 0) / 1e9, 2),
+                                    "peak_gb": round(memory.get("peak_bytes", 0) / 1e9, 2),
+                                    "allocator_cache_gb": round(memory.get("cache_bytes", 0) / 1e9, 2),
+                                    "prefix_cache_gb": round(memory.get("prefix_cache_bytes", 0) / 1e9, 2),
+                                    # the CUDA pools, beyond mlx's accounting, since start
+                                    **cuda_memory()}
             protocol.write(json.dumps(row) + "\n")
     finally:
         engine.stop()
