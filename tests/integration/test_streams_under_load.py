@@ -18,6 +18,7 @@ import json
 import os
 import socket
 import time
+from collections import Counter
 
 import pytest
 import websockets
@@ -89,11 +90,14 @@ def test_a_client_that_reads_nothing_for_seconds_after_its_job_ended_still_gets_
 
 
 async def _stream(client: ServiceClient, i: int) -> dict:
-    """One /ws/v1/generate stream: how it ended (``final``, ``close <code>`` or ``dropped``)."""
+    """One /ws/v1/generate stream: how it ended (``final``, ``close <code>``, ``dropped``, or
+    ``no connection`` when its opening handshake failed)."""
     text, job_id = "", None
+    opened = False
     try:
         async with asyncio.timeout(300), websockets.connect(
                 f"{client.ws}/ws/v1/generate?api_key={client.secret}", open_timeout=120) as ws:
+            opened = True
             await ws.send(json.dumps(body(i, 32)))
             async for raw in ws:
                 message = json.loads(raw)
@@ -107,6 +111,10 @@ async def _stream(client: ServiceClient, i: int) -> dict:
     except websockets.ConnectionClosed as exc:
         end = f"close {exc.rcvd.code}" if exc.rcvd is not None else "dropped"
         return {"end": end, "job_id": job_id, "detail": str(exc)}
+    except (OSError, TimeoutError, websockets.InvalidHandshake) as exc:
+        if opened:
+            raise
+        return {"end": "no connection", "job_id": None, "detail": repr(exc)}
 
 
 def named(end: str) -> bool:
@@ -124,7 +132,11 @@ def test_streams_and_rest_jobs_at_once_every_stream_ends_with_its_final_or_a_nam
         results = await asyncio.gather(asyncio.gather(*rest), *(_stream(client, i) for i in range(STREAMS)))
         return list(results[1:]), results[0]
 
+    started = time.monotonic()
     ends, rest_ids = asyncio.run(scenario())
+    tally = Counter(e["end"] for e in ends)
+    print(f"\n{STREAMS} streams and {len(rest_ids)} REST jobs at once in {time.monotonic() - started:.0f} s; "
+          f"the streams ended: {dict(tally)}")
     unnamed = [e for e in ends if not named(e["end"])]
     assert not unnamed, unnamed
     for e in ends:
