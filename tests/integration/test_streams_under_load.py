@@ -17,21 +17,30 @@ import asyncio
 import json
 import os
 import socket
+import subprocess
+import sys
 import time
+from collections import Counter
+from collections.abc import Iterator
 
+import httpx
 import pytest
 import websockets
 
 from tests.api.factories import make_api_key
 from tests.integration.client import FINISHED, ServiceClient
-from tests.integration.procs import START_TIMEOUT_S, free_port, port_open, start_daphne, wait_for
+from tests.integration.procs import ROOT, START_TIMEOUT_S, free_port, port_open, start_daphne, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 STREAMS = int(os.environ.get("STREAMS_UNDER_LOAD", "40"))
 # The close codes docs/streaming.md names for the WebSocket doors.
 NAMED_CLOSE_CODES = {1000, 1002, 1007, 1009, 1011, 4400, 4401, 4404, 4500, 4503}
+MAX_TOKENS = 48  # each load job's tokens
 EOS = 2  # the tiny model's end-of-sequence token, banned so a job runs to its max_tokens
+# The quotas of a key made by create_api_user on the SQLite stack.
+UNLIMITED_KEYS = {"DEFAULT_KEY_MAX_CONCURRENT_JOBS": "10000", "DEFAULT_KEY_REQUESTS_PER_MINUTE": "100000",
+                  "DEFAULT_KEY_TOKENS_PER_DAY": "100000000"}
 
 
 @pytest.fixture
@@ -43,6 +52,34 @@ def stack(workers, service_env, tmp_path):
     wait_for(lambda: daphne.alive() and port_open(port), START_TIMEOUT_S, "daphne to listen")
     yield port
     daphne.stop()
+
+
+@pytest.fixture(params=["postgresql", "sqlite"])
+def load_stack(request, workers, service_env, tmp_path) -> Iterator[tuple[int, str]]:
+    """Two daphne processes and one engine worker as scripts/run.sh serves them: on PostgreSQL,
+    the web borrowing connections from a pool; on a SQLite file (``make run``'s default). Returns
+    the port and a key whose quotas let every job in at once."""
+    if request.param == "postgresql":
+        _key, secret = make_api_key(max_concurrent_jobs=10_000, requests_per_minute=100_000)
+        web_env = {**service_env, "DB_POOL": "1"}
+    else:
+        env = {**service_env, **UNLIMITED_KEYS, "DATABASE_URL": f"sqlite:///{tmp_path / 'db.sqlite3'}"}
+        _manage(env, "migrate", "--verbosity", "0")
+        secret = _manage(env, "create_api_user", "load", "--quiet").strip()
+        workers.env = web_env = env
+    port = free_port()
+    daphne = start_daphne(web_env, port, tmp_path, processes=2)
+    workers.start("w-load")
+    wait_for(lambda: daphne.alive() and port_open(port), START_TIMEOUT_S, "daphne to listen")
+    yield port, secret
+    daphne.stop()
+
+
+def _manage(env: dict[str, str], *args: str) -> str:
+    out = subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-4000:]
+    return out.stdout
 
 
 def body(i: int, max_tokens: int) -> dict:
@@ -89,12 +126,15 @@ def test_a_client_that_reads_nothing_for_seconds_after_its_job_ended_still_gets_
 
 
 async def _stream(client: ServiceClient, i: int) -> dict:
-    """One /ws/v1/generate stream: how it ended (``final``, ``close <code>`` or ``dropped``)."""
+    """One /ws/v1/generate stream: how it ended (``final``, ``close <code>``, ``dropped``, or
+    ``no connection`` when its opening handshake failed)."""
     text, job_id = "", None
+    opened = False
     try:
         async with asyncio.timeout(300), websockets.connect(
                 f"{client.ws}/ws/v1/generate?api_key={client.secret}", open_timeout=120) as ws:
-            await ws.send(json.dumps(body(i, 32)))
+            opened = True
+            await ws.send(json.dumps(body(i, MAX_TOKENS)))
             async for raw in ws:
                 message = json.loads(raw)
                 if message["type"] == "job":
@@ -107,6 +147,10 @@ async def _stream(client: ServiceClient, i: int) -> dict:
     except websockets.ConnectionClosed as exc:
         end = f"close {exc.rcvd.code}" if exc.rcvd is not None else "dropped"
         return {"end": end, "job_id": job_id, "detail": str(exc)}
+    except (OSError, TimeoutError, websockets.InvalidHandshake) as exc:
+        if opened:
+            raise
+        return {"end": "no connection", "job_id": None, "detail": repr(exc)}
 
 
 def named(end: str) -> bool:
@@ -115,16 +159,29 @@ def named(end: str) -> bool:
     return kind == "final" or (kind == "close" and code.isdigit() and int(code) in NAMED_CLOSE_CODES)
 
 
-def test_streams_and_rest_jobs_at_once_every_stream_ends_with_its_final_or_a_named_close_code(stack):
-    _key, secret = make_api_key(max_concurrent_jobs=10_000, requests_per_minute=100_000)
-    client = ServiceClient(stack, secret)
+def test_streams_and_rest_jobs_at_once_every_stream_ends_with_its_final_or_a_named_close_code(load_stack):
+    port, secret = load_stack
+    client = ServiceClient(port, secret)
 
     async def scenario() -> tuple[list[dict], list[str]]:
-        rest = [client.submit(body(i, 32)) for i in range(STREAMS)]
-        results = await asyncio.gather(asyncio.gather(*rest), *(_stream(client, i) for i in range(STREAMS)))
+        # The REST jobs on the event loop, each on a connection of its own, so that all of them
+        # are sent at once (threads would take turns at this process's interpreter lock).
+        async with httpx.AsyncClient(base_url=client.http, timeout=120, limits=httpx.Limits(max_connections=None),
+                                     headers={"Authorization": f"Bearer {secret}"}) as http:
+            async def submit(i: int) -> str:
+                response = await http.post("/api/v1/jobs", json=body(i, MAX_TOKENS))
+                assert response.status_code == 202, response.text
+                return response.json()["id"]
+
+            rest = [submit(i) for i in range(STREAMS)]
+            results = await asyncio.gather(asyncio.gather(*rest), *(_stream(client, i) for i in range(STREAMS)))
         return list(results[1:]), results[0]
 
+    started = time.monotonic()
     ends, rest_ids = asyncio.run(scenario())
+    tally = Counter(e["end"] for e in ends)
+    print(f"\n{STREAMS} streams and {len(rest_ids)} REST jobs at once in {time.monotonic() - started:.0f} s; "
+          f"the streams ended: {dict(tally)}")
     unnamed = [e for e in ends if not named(e["end"])]
     assert not unnamed, unnamed
     for e in ends:
