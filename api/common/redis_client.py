@@ -20,14 +20,24 @@ _async_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, a
 )
 
 
+# The sync client's connections per process. Threads beyond it wait for a free connection (up to
+# SOCKET_TIMEOUT_S) instead of failing at once: under a burst of 300 WebSocket submissions each on a
+# thread of its own, redis-py's plain pool refused 25-38 of them ("Too many connections"), and their
+# rate limit went unenforced.
+SYNC_CONNECTIONS = 100
+
+
 @lru_cache(maxsize=1)
 def get_redis() -> redis.Redis:
-    return redis.Redis.from_url(
+    pool = redis.BlockingConnectionPool.from_url(
         settings.REDIS_URL,
         decode_responses=True,
         socket_timeout=SOCKET_TIMEOUT_S,
         socket_connect_timeout=SOCKET_TIMEOUT_S,
+        max_connections=SYNC_CONNECTIONS,
+        timeout=SOCKET_TIMEOUT_S,
     )
+    return redis.Redis(connection_pool=pool)
 
 
 def channel_db(client: redis.Redis) -> int:
