@@ -54,13 +54,16 @@ def test_a_matmul_runs_after_the_preload_on_this_machine():
     assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
 
 
-# A fresh process's answer: is mlx imported, and is an OpenBLAS (not numpy's own, which is named
-# libscipy_openblas) mapped into it?
+# A fresh process's answer: is mlx imported, and is the OpenBLAS the preload names mapped into it
+# (by its real path: Debian's libopenblas.so.0 is a link to openblas-pthread/libopenblasp-*.so)?
+# With no preload, is any OpenBLAS mapped (not numpy's own, which is named libscipy_openblas)?
 _LOADED = (
-    "import sys\n"
+    "import os, sys\n"
     "from engine_worker.runner.blas import blas_status\n"
     "maps = open('/proc/self/maps').read()\n"
-    "print('mlx.core' in sys.modules, 'libopenblas.so' in maps, blas_status()['reason'])\n"
+    "path = blas_status()['path']\n"
+    "mapped = os.path.realpath(path) in maps if path else ('libopenblas.so' in maps or 'libopenblasp' in maps)\n"
+    "print('mlx.core' in sys.modules, mapped, blas_status()['reason'])\n"
 )
 
 
