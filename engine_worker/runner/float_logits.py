@@ -6,8 +6,9 @@ reads those. In bfloat16 a log probability near -10 is stored in steps of 0.0625
 logits differ by less than that come out equal and greedy decoding takes the lowest id among them
 instead of the model's top token. With a flat distribution (the random-weight demo models: all
 32,000 logits of m300 lie within about 0.1) about 2,000 ids tie, and the lowest, often a special
-token such as ``<|eos|>``, wins. Normalizing in float32, as vLLM's sampler does, keeps greedy
-decoding the argmax of the model's logits and the reported log probabilities exact to the logits.
+token such as ``<|eos|>``, wins. Normalizing in float32, as vLLM does (vllm-project/vllm#19),
+keeps greedy decoding the argmax of the model's logits and the reported log probabilities exact to
+the logits. mlx-lm offers no option for it; wrapping the model uses only its public interface.
 
 The prefill steps discard the model's output (they keep only the caches), so the cast is never
 evaluated for them: it costs one (batch, vocabulary) cast per decode step.
