@@ -2,7 +2,8 @@
 loads OpenBLAS first), and what turns its tokens into text.
 
 * :mod:`.generator`: the :class:`~.generator.BatchRunner` the scheduler drives, over mlx-lm's
-  ``BatchGenerator``; :mod:`.urgent_lane`: a second generator for urgent first tokens.
+  ``BatchGenerator``, which sees the model through :mod:`.float_logits` (float32 logits);
+  :mod:`.urgent_lane`: a second generator for urgent first tokens.
 * :mod:`.sampling`, :mod:`.logprobs`: per-request samplers, processors, stop sequences and log
   probabilities; :mod:`.batch_sampler`: the one sampler of a generator's rows, which samples them
   in one call a step; :mod:`.grammar`: the masks of constrained rows.

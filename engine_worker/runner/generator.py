@@ -21,6 +21,7 @@ from mlx_lm.models.cache import KVCache, RotatingKVCache, make_prompt_cache
 
 from engine_worker.common.config import SchedulerConfig
 from engine_worker.runner.batch_sampler import BatchSampler, RowOrder
+from engine_worker.runner.float_logits import Float32Logits
 
 logger = logging.getLogger(__name__)
 
@@ -111,9 +112,10 @@ class MlxBatchRunner(BatchRunner):
         self._order = RowOrder()
         self.sampler = BatchSampler(self._order)
         # The generator's defaults (sampler, stop tokens, processors) are never used: every insert
-        # passes per-request values, so settings cannot leak from one request to another.
+        # passes per-request values, so settings cannot leak from one request to another. The model's
+        # logits reach it in float32: greedy decoding then takes the model's top token (float_logits.py).
         self.generator = BatchGenerator(
-            model,
+            Float32Logits(model),  # type: ignore[arg-type]  # BatchGenerator only calls it and reads its attributes
             completion_batch_size=config.completion_batch_size,
             prefill_batch_size=config.prefill_batch_size,
             prefill_step_size=config.effective_prefill_step_size,

@@ -105,6 +105,25 @@ def test_a_streamed_chat_completion_sends_the_role_each_chunk_the_finish_and_the
     assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks[:-1]) == job.output_text
 
 
+def test_a_model_that_stops_at_once_gives_the_same_empty_answer_streamed_waited_for_and_stored():
+    """Its first token is the stop token: no text and no completion token (the stop token is
+    neither), alike in the stream, the waited-for body and the job's row."""
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1, "temperature": 0}
+
+    job, waited = _exchange_with_worker(CHAT, body, [])
+    streamed_job, streamed = _exchange_with_worker(
+        CHAT, {**body, "stream": True, "stream_options": {"include_usage": True}}, [])
+
+    assert waited.json()["choices"][0]["message"]["content"] == ""
+    assert waited.json()["choices"][0]["finish_reason"] == "stop"
+    assert waited.json()["usage"]["completion_tokens"] == 0
+    chunks = streamed.data_events()[:-1]
+    assert [c["choices"][0]["delta"] for c in chunks[:-1]] == [{"role": "assistant", "content": ""}, {}]
+    assert chunks[-2]["choices"][0]["finish_reason"] == "stop" and chunks[-1]["usage"]["completion_tokens"] == 0
+    for row in (job, streamed_job):
+        assert (row.status, row.output_text, row.completion_tokens) == (JobStatus.COMPLETED, "", 0)
+
+
 def test_a_text_completion_with_echo_starts_with_the_prompt_and_defaults_to_16_tokens():
     body = {"model": "tiny", "prompt": ["Once upon a time"], "echo": True}
 
