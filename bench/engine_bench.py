@@ -16,6 +16,11 @@ one warm-up of each; the report gives the median aggregate tok/s (all generated 
 from the first submit to the last token, prefill included) and the TTFT p50 over all requests of
 all repeats. ``engine_over_raw_cN`` is median engine tok/s / median raw tok/s at level N.
 
+The engine hands the generator float32 logits (engine_worker/runner/float_logits.py); raw gets
+the model as mlx-lm loads it. On a bfloat16 model whose log probabilities tie in bfloat16 (the
+random-weight m300), raw's greedy takes the lowest id among the tied ones, so
+``engine_tokens_equal_raw`` then counts fewer than all requests.
+
 Both sides get the same batch sizes (completion_batch_size = max(32, N), prefill_batch_size 8,
 prefill_step_size 2048). The engine's prefix cache is OFF by default (``--prefix-cache`` turns it
 on): every repeat re-sends the same prompts, so a cache would let the engine skip prefill work that
