@@ -423,10 +423,17 @@ def measure(server: Server, levels: list[int], args: argparse.Namespace) -> list
     idle = device_used_bytes()
     started = time.perf_counter()
     try:
-        base, model, key = server.start()
+        connection = server.start()
     except BaseException:
         server.stop()
         raise
+    if isinstance(server, EngineLoop):
+        run = server.run
+    else:
+        base, model, key = connection
+
+        def run(c: int, max_tokens: int, requests: int) -> dict:
+            return asyncio.run(load(base, model, key, c, max_tokens, requests))
     ready_s = round(time.perf_counter() - started, 2)
     print(f"  {server.label:>10} ready in {ready_s} s", flush=True)
     sampler = MemorySampler(server.proc.pid, idle)
@@ -435,44 +442,16 @@ def measure(server: Server, levels: list[int], args: argparse.Namespace) -> list
         runs.append((args.one_token, 1, args.one_token * args.one_token_requests))
     rows = []
     try:
-        asyncio.run(load(base, model, key, max(4, min(levels)), args.max_tokens, 8))  # warm: kernels, caches
+        run(max(4, min(levels)), args.max_tokens, 8)  # warm: kernels, caches
         for c, max_tokens, requests in runs:
             sampler.level()
             since = dt.datetime.now(dt.UTC)
-            row = {"concurrency": c, "max_tokens": max_tokens,
-                   **asyncio.run(load(base, model, key, c, max_tokens, requests))}
+            row = {"concurrency": c, "max_tokens": max_tokens, **run(c, max_tokens, requests)}
             row.update(server.phases(since, dt.datetime.now(dt.UTC)))
             row["peak_memory_bytes"], row["device_peak_bytes"], row["peak_processes"] = sampler.level()
             row["memory_kind"], row["ready_s"] = sampler.kind, ready_s
             if isinstance(server, OurService):
                 row["engine_memory"] = server.engine_memory()
-            rows.append(row)
-            print(_line(server.label, row), flush=True)
-    finally:
-        sampler.stop()
-        server.stop()
-    return rows
-
-
-def measure_engine(server: EngineLoop, levels: list[int], args: argparse.Namespace) -> list[dict]:
-    """:func:`measure` for the in-process engine: the same warm-up, runs and memory sampling."""
-    idle = device_used_bytes()
-    started = time.perf_counter()
-    server.start()
-    ready_s = round(time.perf_counter() - started, 2)
-    print(f"  {server.label:>10} ready in {ready_s} s", flush=True)
-    sampler = MemorySampler(server.proc.pid, idle)
-    runs = [(c, args.max_tokens, c * args.requests_per_client) for c in levels]
-    if args.one_token:
-        runs.append((args.one_token, 1, args.one_token * args.one_token_requests))
-    rows = []
-    try:
-        server.run(max(4, min(levels)), args.max_tokens, 8)  # warm: kernels, caches
-        for c, max_tokens, requests in runs:
-            sampler.level()
-            row = {"concurrency": c, "max_tokens": max_tokens, **server.run(c, max_tokens, requests)}
-            row["peak_memory_bytes"], row["device_peak_bytes"], row["peak_processes"] = sampler.level()
-            row["memory_kind"], row["ready_s"] = sampler.kind, ready_s
             rows.append(row)
             print(_line(server.label, row), flush=True)
     finally:
@@ -600,8 +579,7 @@ def main() -> None:
                 print(f"round {round_ + 1}, batch {batch}: {name}", flush=True)
                 try:
                     server = make_server(name, batch, args, work)
-                    rows = (measure_engine(server, levels, args) if isinstance(server, EngineLoop)
-                            else measure(server, levels, args))
+                    rows = measure(server, levels, args)
                 except RuntimeError as exc:
                     print(f"  {name} failed: {exc}", flush=True)
                     continue
