@@ -56,7 +56,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 async def _one(client: httpx.AsyncClient, url: str, headers: dict, body: dict) -> dict:
     rec = new_record()
-    start = time.perf_counter()
+    start, started_at, job = time.perf_counter(), time.time(), None
     try:
         async with client.stream("POST", url, json=body, headers=headers) as resp:
             if resp.status_code != 200:
@@ -74,13 +74,17 @@ async def _one(client: httpx.AsyncClient, url: str, headers: dict, body: dict) -
                 for choice in event.get("choices") or []:
                     if (choice.get("delta") or {}).get("content"):
                         chunks += 1
-                        rec["ttft"] = rec["ttft"] or time.perf_counter() - start
+                        if rec["ttft"] is None:
+                            rec["ttft"], job = time.perf_counter() - start, (event.get("id"), time.time())
             rec["tokens"] = rec["tokens"] or chunks
             if rec["ttft"] is not None:
                 rec["stream"] = time.perf_counter() - start - rec["ttft"]
             rec["ok"] = rec["error"] is None and rec["ttft"] is not None
             if rec["ttft"] is None and rec["error"] is None:
                 rec["error"] = "no content"
+            if job is not None and os.environ.get("TTFT_PROBE"):  # bench/ttft_probe: the client's times
+                with open(f"{os.environ['TTFT_PROBE']}.client.jsonl", "a") as out:
+                    out.write(json.dumps({"id": job[0], "sent": started_at, "first_text": job[1]}) + "\n")
     except (httpx.HTTPError, OSError, TimeoutError) as exc:
         rec["error"] = f"{type(exc).__name__}: {exc}"[:200]
     return rec
