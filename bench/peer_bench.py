@@ -76,7 +76,7 @@ async def _one(client: httpx.AsyncClient, url: str, headers: dict, body: dict) -
             rec["ok"] = rec["error"] is None and rec["ttft"] is not None
             if rec["ttft"] is None and rec["error"] is None:
                 rec["error"] = "no content"
-            if job is not None and os.environ.get("TTFT_PROBE"):  # bench/ttft_probe: the client's times
+            if job is not None and os.environ.get("TTFT_PROBE"):  # bench/probes (TTFT_PROBE): the client's times
                 with open(f"{os.environ['TTFT_PROBE']}.client.jsonl", "a") as out:
                     out.write(json.dumps({"id": job[0], "sent": started_at, "first_text": job[1]}) + "\n")
     except (httpx.HTTPError, OSError, TimeoutError) as exc:

@@ -1,4 +1,4 @@
-"""The phases of the time to first token, from bench/ttft_probe's files: one table, p50 per phase.
+"""The phases of the time to first token, from bench/probes/probe_job_marks.py's files: one table, p50 per phase.
 
 Reads ``<prefix>.<pid>.jsonl`` (each process's per-job points), ``<prefix>.client.jsonl`` (peer_bench's
 client: when it sent each request and saw its first text) and, with ``--db``, the service's SQLite
@@ -6,7 +6,7 @@ database (the job rows' ``queued_at`` and ``started_at``, the claim). Prints, fo
 that passed every point, the median of each step from one point to the next, and for the engine
 alone (bench/engine_loop.py under the same probe) the same steps of its own requests.
 
-    PYTHONPATH=bench/ttft_probe TTFT_PROBE=/tmp/ttft/p python bench/peer_bench.py --servers ours,engine \\
+    PYTHONPATH=bench/probes TTFT_PROBE=/tmp/ttft/p python bench/peer_bench.py --servers ours,engine \\
         --concurrency 8 --batch 8 --rounds 3 --one-token 0 --max-tokens 32 --out /tmp/ttft/out
     python bench/ttft_phases.py /tmp/ttft/p --db /tmp/ttft/out/ours.sqlite3
 """

@@ -1,7 +1,7 @@
 """Per-job timestamps along the job path, in every process, for a diagnosis: where the time
 between a job's claim and its first token goes.
 
-Put this folder first on ``PYTHONPATH`` and name an output prefix in ``TTFT_PROBE``; every Python
+With ``bench/probes`` first on ``PYTHONPATH`` and an output prefix in ``TTFT_PROBE``, every Python
 process started with that environment (peer_bench's servers ``ours`` and ``engine`` inherit it)
 then records, for each job, the wall-clock time (``time.time()``: one clock for every process of
 the machine) it first passes each of these points, one JSON line per point and batch of jobs
@@ -29,20 +29,17 @@ The engine alone (bench/engine_loop.py) records ``engine_submit`` .. ``listener`
 request ids. bench/ttft_phases.py turns the files (and the service's job rows, and peer_bench's
 client times) into a table of phases.
 
-    PYTHONPATH=bench/ttft_probe TTFT_PROBE=/tmp/ttft python bench/peer_bench.py --servers ours,engine ...
+    PYTHONPATH=bench/probes TTFT_PROBE=/tmp/ttft python bench/peer_bench.py --servers ours,engine ...
 
-Methods are wrapped by name once their module is imported: nothing changes for a process whose
-environment lacks ``TTFT_PROBE``.
+Methods are wrapped by name once their module is imported (bench/probes/sitecustomize.py):
+nothing changes for a process whose environment lacks ``TTFT_PROBE``.
 """
 
 from __future__ import annotations
 
 import functools
-import importlib.abc
-import importlib.machinery
 import json
 import os
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -50,7 +47,6 @@ from typing import Any
 
 _lock = threading.Lock()
 _seen: set[tuple[str, str]] = set()
-_out: Any = None
 
 
 def mark(point: str, job_ids: Iterable[str], at: float | None = None, **extra: Any) -> None:
@@ -59,7 +55,7 @@ def mark(point: str, job_ids: Iterable[str], at: float | None = None, **extra: A
     now = time.time() if at is None else at
     with _lock:
         fresh = [job_id for job_id in job_ids if (job_id, point) not in _seen]
-        if not fresh or _out is None:
+        if not fresh:
             return
         _seen.update((job_id, point) for job_id in fresh)
         _out.write(json.dumps({"point": point, "at": now, "jobs": fresh, **extra}) + "\n")
@@ -228,7 +224,7 @@ def _relay(module: Any) -> None:
     _wrap(module.JobStreamRelay, "_emit", emit)
 
 
-_TARGETS: dict[str, Callable[[Any], None]] = {
+TARGETS: dict[str, Callable[[Any], None]] = {
     "engine_worker.runtime.engine_process": _engine_process,
     "engine_worker.engine.core": _core,
     "engine_worker.sched.scheduler": _scheduler,
@@ -239,30 +235,4 @@ _TARGETS: dict[str, Callable[[Any], None]] = {
 }
 
 
-class _Finder(importlib.abc.MetaPathFinder):
-    """Finds each target module as the other finders would, and wraps it once it is executed."""
-
-    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
-        patch = _TARGETS.get(name)
-        if patch is None:
-            return None
-        spec = importlib.machinery.PathFinder.find_spec(name, path)
-        if spec is None or spec.loader is None:
-            return spec
-        loader, apply = spec.loader, patch
-
-        class _Loader(importlib.abc.Loader):
-            def create_module(self, spec: Any) -> Any:
-                return loader.create_module(spec)
-
-            def exec_module(self, module: Any) -> None:
-                loader.exec_module(module)
-                apply(module)
-
-        spec.loader = _Loader()
-        return spec
-
-
-if os.environ.get("TTFT_PROBE"):
-    _out = open(f"{os.environ['TTFT_PROBE']}.{os.getpid()}.jsonl", "a")  # noqa: SIM115 (the process's life)
-    sys.meta_path.insert(0, _Finder())
+_out = open(f"{os.environ['TTFT_PROBE']}.{os.getpid()}.jsonl", "a")  # noqa: SIM115 (the process's life)

@@ -1,6 +1,6 @@
 """Per-step timing of every EngineCore in a process, for a diagnosis: where an engine's decode step goes.
 
-Put this folder first on ``PYTHONPATH`` and name an output prefix in ``STEP_PROBE``; every Python
+With ``bench/probes`` first on ``PYTHONPATH`` and an output prefix in ``STEP_PROBE``, every Python
 process started with that environment (peer_bench's servers ``ours`` and ``engine`` both inherit
 it) then times its engine thread, once ``engine_worker.engine.core`` is imported, and rewrites
 ``<STEP_PROBE>.<pid>.json`` every 2 s with, per step that had requests running:
@@ -11,24 +11,20 @@ it) then times its engine thread, once ``engine_worker.engine.core`` is imported
 * ``dispatch_ms``: handing the step's outputs to listeners and collectors;
 * ``gap_ms``: from the end of one step's dispatch to the next step's start (the loop's own wait).
 
-    PYTHONPATH=bench/step_probe STEP_PROBE=/tmp/steps python bench/peer_bench.py --servers ours,engine ...
+    PYTHONPATH=bench/probes STEP_PROBE=/tmp/steps python bench/peer_bench.py --servers ours,engine ...
 
-Only the engine's own methods are wrapped, by name, at import: nothing changes for a process
-whose environment lacks ``STEP_PROBE``.
+Only the engine's own methods are wrapped, by name, at import (bench/probes/sitecustomize.py):
+nothing changes for a process whose environment lacks ``STEP_PROBE``.
 """
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.machinery
 import json
 import os
-import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
-
-_TARGET = "engine_worker.engine.core"
 
 
 class _Totals:
@@ -81,31 +77,8 @@ def _wrap(core: Any, prefix: str) -> None:
     threading.Thread(target=write, name="step-probe", daemon=True).start()
 
 
-class _Finder(importlib.abc.MetaPathFinder):
-    """Finds the engine's module as the other finders would, and wraps it once it is executed."""
-
-    def __init__(self, prefix: str) -> None:
-        self._prefix = prefix
-
-    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
-        if name != _TARGET:
-            return None
-        spec = importlib.machinery.PathFinder.find_spec(name, path)
-        if spec is None or spec.loader is None:
-            return spec
-        loader, prefix = spec.loader, self._prefix
-
-        class _Loader(importlib.abc.Loader):
-            def create_module(self, spec: Any) -> Any:
-                return loader.create_module(spec)
-
-            def exec_module(self, module: Any) -> None:
-                loader.exec_module(module)
-                _wrap(module, prefix)
-
-        spec.loader = _Loader()
-        return spec
+def _wrap_core(core: Any) -> None:
+    _wrap(core, os.environ["STEP_PROBE"])
 
 
-if os.environ.get("STEP_PROBE"):
-    sys.meta_path.insert(0, _Finder(os.environ["STEP_PROBE"]))
+TARGETS: dict[str, Callable[[Any], None]] = {"engine_worker.engine.core": _wrap_core}
