@@ -3,7 +3,8 @@
 With ``bench/probes`` first on ``PYTHONPATH`` and an output prefix in ``STEP_PROBE``, every Python
 process started with that environment (peer_bench's servers ``ours`` and ``engine`` both inherit
 it) then times its engine thread, once ``engine_worker.engine.core`` is imported, and rewrites
-``<STEP_PROBE>.<pid>.json`` every 2 s with, per step that had requests running:
+``<STEP_PROBE>.<pid>.json`` every 2 s with, per batch size (the requests running as a step starts),
+the mean over its steps of:
 
 * ``step_ms``: wall time of ``EngineCore._step`` (schedule, generator step, outputs);
 * ``thread_cpu_ms``: the engine thread's own CPU time in it (Python, graph building, launches);
@@ -12,6 +13,7 @@ it) then times its engine thread, once ``engine_worker.engine.core`` is imported
 * ``gap_ms``: from the end of one step's dispatch to the next step's start (the loop's own wait).
 
     PYTHONPATH=bench/probes STEP_PROBE=/tmp/steps python bench/peer_bench.py --servers ours,engine ...
+    python bench/probes/probe_step_times.py /tmp/steps     # one table: each process, by batch size
 
 Only the engine's own methods are wrapped, by name, at import (bench/probes/sitecustomize.py):
 nothing changes for a process whose environment lacks ``STEP_PROBE``.
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -32,47 +35,49 @@ class _Totals:
         self.steps = 0
         self.step_s = self.cpu_s = self.dispatch_s = self.gap_s = 0.0
         self.gaps = 0
-        self.last_end: float | None = None
 
     def row(self) -> dict[str, Any]:
         n = max(self.steps, 1)
-        return {"pid": os.getpid(), "steps": self.steps, "step_ms": 1000 * self.step_s / n,
-                "thread_cpu_ms": 1000 * self.cpu_s / n, "dispatch_ms": 1000 * self.dispatch_s / n,
-                "gap_ms": 1000 * self.gap_s / max(self.gaps, 1)}
+        return {"steps": self.steps, "step_ms": 1000 * self.step_s / n, "thread_cpu_ms": 1000 * self.cpu_s / n,
+                "dispatch_ms": 1000 * self.dispatch_s / n, "gap_ms": 1000 * self.gap_s / max(self.gaps, 1)}
 
 
 def _wrap(core: Any, prefix: str) -> None:
-    totals = _Totals()
+    by_batch: dict[int, _Totals] = {}
+    last: dict[str, Any] = {"end": None, "totals": None}  # the previous step's end, and its batch's totals
     step, dispatch = core.EngineCore._step, core.EngineCore._dispatch
 
     def timed_step(self: Any, commands: Any) -> Any:
-        busy = bool(self.scheduler.running)
+        running = len(self.scheduler.running)
         start, cpu = time.perf_counter(), time.thread_time()
-        if busy and totals.last_end is not None:
-            totals.gap_s += start - totals.last_end
+        totals = by_batch.setdefault(running, _Totals())
+        if running and last["end"] is not None:
+            totals.gap_s += start - last["end"]
             totals.gaps += 1
         outputs = step(self, commands)
         end = time.perf_counter()
-        if busy or outputs:
+        if running or outputs:
             totals.steps += 1
             totals.step_s += end - start
             totals.cpu_s += time.thread_time() - cpu
-        totals.last_end = end
+        last["end"], last["totals"] = end, totals
         return outputs
 
     def timed_dispatch(self: Any, outputs: Any) -> None:
         start = time.perf_counter()
         dispatch(self, outputs)
-        totals.last_end = time.perf_counter()
-        totals.dispatch_s += totals.last_end - start
+        last["end"] = time.perf_counter()
+        if last["totals"] is not None:
+            last["totals"].dispatch_s += last["end"] - start
 
     core.EngineCore._step, core.EngineCore._dispatch = timed_step, timed_dispatch
 
     def write() -> None:
         while True:
             time.sleep(2.0)
+            rows = {str(n): t.row() for n, t in sorted(by_batch.items()) if t.steps}
             with open(f"{prefix}.{os.getpid()}.json", "w") as out:
-                json.dump(totals.row(), out)
+                json.dump({"pid": os.getpid(), "argv": sys.argv[:2], "by_batch": rows}, out)
 
     threading.Thread(target=write, name="step-probe", daemon=True).start()
 
@@ -82,3 +87,36 @@ def _wrap_core(core: Any) -> None:
 
 
 TARGETS: dict[str, Callable[[Any], None]] = {"engine_worker.engine.core": _wrap_core}
+
+
+def _table(prefix: str, bands: list[int]) -> None:
+    """Prints each process's steps, grouped by batch size into ``bands`` (upper bounds), weighted by steps."""
+    import glob
+
+    for path in sorted(glob.glob(f"{prefix}.[0-9]*.json")):
+        with open(path) as f:
+            data = json.load(f)
+        if not data["by_batch"]:
+            continue
+        print(f"{path}  {' '.join(data.get('argv', []))}")
+        print("  batch      steps  step_ms  cpu_ms  dispatch_ms  gap_ms")
+        low = 0
+        for high in bands:
+            rows = [r for n, r in data["by_batch"].items() if low < int(n) <= high]
+            steps = sum(r["steps"] for r in rows)
+            if steps:
+                mean = {k: sum(r[k] * r["steps"] for r in rows) / steps
+                        for k in ("step_ms", "thread_cpu_ms", "dispatch_ms", "gap_ms")}
+                print(f"  {low + 1:>4}-{high:<4} {steps:>7}  {mean['step_ms']:7.2f}  {mean['thread_cpu_ms']:6.2f}"
+                      f"  {mean['dispatch_ms']:11.2f}  {mean['gap_ms']:6.2f}")
+            low = high
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Tabulates the probe's files by batch size.")
+    parser.add_argument("prefix", help="the STEP_PROBE prefix the processes ran with")
+    parser.add_argument("--bands", default="1,2,8,16,32,64,128,256", help="upper bounds of the batch-size bands")
+    args = parser.parse_args()
+    _table(args.prefix, [int(b) for b in args.bands.split(",")])
