@@ -25,6 +25,7 @@ import statistics
 SERVICE = ["sent", "queued", "started", "claimed", "admit_sent", "admit_recv", "engine_submit", "add_request",
            "step_start", "inserted", "gen_start", "first_token", "listener", "folded", "pipe_sent", "parent_recv", "redis",
            "relay", "first_text"]
+GROUPED = ["claimed", "admit_sent", "add_request", "inserted", "first_token"]
 ENGINE = ["engine_submit", "add_request", "step_start", "inserted", "gen_start", "first_token", "listener"]
 
 
@@ -81,6 +82,22 @@ def table(rows: list[dict[str, float]], points: list[str], title: str) -> None:
               f"max {max(steps)}; running at the first token p50 {statistics.median(r['#running'] for r in full)}")
 
 
+def group_sizes(prefix: str) -> None:
+    """How many jobs passed each point together (one line of a probe file is one call), per process:
+    whether the claim, the Admit and the generator's insert take jobs in groups or one by one."""
+    for path in sorted(glob.glob(f"{prefix}.[0-9]*.jsonl")):
+        sizes: dict[str, list[int]] = {}
+        with open(path) as f:
+            for line in f:
+                row = json.loads(line)
+                sizes.setdefault(row["point"], []).append(len(row["jobs"]))
+        shown = [p for p in GROUPED if p in sizes]
+        if shown:
+            print(f"jobs per call, {path}: " + ", ".join(
+                f"{p} {len(sizes[p])} calls, p50 {statistics.median(sizes[p])}, mean {statistics.fmean(sizes[p]):.1f}"
+                for p in shown))
+
+
 def _q(values: list[float], q: float) -> float:
     values = sorted(values)
     return values[min(len(values) - 1, int(q * len(values)))]
@@ -97,6 +114,7 @@ def main() -> None:
     table(service, SERVICE, "service")
     table(service, ENGINE, "the service's engine (the same points as the engine alone's)")
     table(engine, ENGINE, "engine alone")
+    group_sizes(args.prefix)
 
 
 if __name__ == "__main__":
