@@ -10,7 +10,11 @@ the mean over its steps of:
 * ``thread_cpu_ms``: the engine thread's own CPU time in it (Python, graph building, launches);
   the rest of ``step_ms`` is waiting (the device, mlx's CPU threads, the GIL, the OS scheduler);
 * ``dispatch_ms``: handing the step's outputs to listeners and collectors;
-* ``gap_ms``: from the end of one step's dispatch to the next step's start (the loop's own wait).
+* ``gap_ms``: from the end of one step's dispatch to the next step's start (the loop's own wait);
+
+and, for the whole process, the garbage collector's pauses by generation (``gc``: collections and
+milliseconds, any thread) and how many objects it tracked at the first write (``gc_objects``): a
+larger heap makes every full collection longer.
 
     PYTHONPATH=bench/probes STEP_PROBE=/tmp/steps python bench/peer_bench.py --servers ours,engine ...
     python bench/probes/probe_step_times.py /tmp/steps     # one table: each process, by batch size
@@ -21,6 +25,7 @@ nothing changes for a process whose environment lacks ``STEP_PROBE``.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import sys
@@ -71,13 +76,28 @@ def _wrap(core: Any, prefix: str) -> None:
             last["totals"].dispatch_s += last["end"] - start
 
     core.EngineCore._step, core.EngineCore._dispatch = timed_step, timed_dispatch
+    collections = {0: [0, 0.0], 1: [0, 0.0], 2: [0, 0.0]}  # generation: [count, seconds]
+    began: list[float] = []
+
+    def on_gc(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            began[:] = [time.perf_counter()]
+        elif began:
+            collections[info["generation"]][0] += 1
+            collections[info["generation"]][1] += time.perf_counter() - began[0]
+
+    gc.callbacks.append(on_gc)
 
     def write() -> None:
+        objects = None
         while True:
             time.sleep(2.0)
+            objects = objects if objects is not None else len(gc.get_objects())
             rows = {str(n): t.row() for n, t in sorted(by_batch.items()) if t.steps}
+            gcs = {str(g): {"collections": c, "ms": round(1000 * t, 1)} for g, (c, t) in collections.items()}
             with open(f"{prefix}.{os.getpid()}.json", "w") as out:
-                json.dump({"pid": os.getpid(), "argv": sys.argv[:2], "by_batch": rows}, out)
+                json.dump({"pid": os.getpid(), "argv": sys.argv[:2], "by_batch": rows, "gc": gcs,
+                           "gc_objects": objects, "modules": len(sys.modules)}, out)
 
     threading.Thread(target=write, name="step-probe", daemon=True).start()
 
@@ -98,7 +118,8 @@ def _table(prefix: str, bands: list[int]) -> None:
             data = json.load(f)
         if not data["by_batch"]:
             continue
-        print(f"{path}  {' '.join(data.get('argv', []))}")
+        print(f"{path}  {' '.join(data.get('argv', []))}  modules {data.get('modules')}, "
+              f"gc objects {data.get('gc_objects')}, gc {data.get('gc')}")
         print("  batch      steps  step_ms  cpu_ms  dispatch_ms  gap_ms")
         low = 0
         for high in bands:
