@@ -43,6 +43,7 @@ from engine_worker.engine.heap import freeze_startup_heap
 from engine_worker.engine.ownership import acquire_model, release_model
 from engine_worker.protocol import Cancel, Submit
 from engine_worker.runner import device_memory
+from engine_worker.runner.buffer_release import BufferRelease
 from engine_worker.runner.generator import release_thread_streams
 from engine_worker.sched.memory import MemoryBudget
 from engine_worker.sched.scheduler import Scheduler, SchedulerOutput
@@ -89,6 +90,7 @@ class EngineCore(AsyncRequestAPI):
         self._waiters: dict[str, SyncWaiter] = {}
         self._listeners: list[OutputListener] = []
         self._idle_step = False  # the last step admitted and generated nothing
+        self._release = BufferRelease()  # hands mlx's cached free buffers back to the device
         self._thread: threading.Thread | None = None
         self._stop_requested = False
         self._closed = False
@@ -186,6 +188,7 @@ class EngineCore(AsyncRequestAPI):
                     commands = self._commands
                     self._commands = deque()
                 outputs = self._step(commands)
+                self._release.after_step(busy=not self._idle_step, finished=any(o.finished for o in outputs))
                 if outputs:
                     self._dispatch(outputs)
         except BaseException as exc:
