@@ -7,10 +7,7 @@ methods of the service's modules, by name, as those modules are imported.
 * ``TTFT_PROBE=<prefix>``: :mod:`probe_job_marks`, each job's time at every hand-over from its claim
   to its first text at the client (bench/ttft_phases.py tabulates them).
 
-* ``CLEAR_CACHE_EVERY=<N>``: :mod:`probe_clear_cache`, vllm-mlx's ``mx.clear_cache()`` after steps
-  that finish a request and every N steps (a memory A/B).
-
-With none set, nothing is imported or wrapped.
+With neither set, nothing is imported or wrapped.
 """
 
 from __future__ import annotations
@@ -62,11 +59,6 @@ def _targets() -> dict[str, list[Callable[[Any], None]]]:
         from probe_job_marks import TARGETS as marks
 
         for name, patch in marks.items():
-            found.setdefault(name, []).append(patch)
-    if os.environ.get("CLEAR_CACHE_EVERY"):
-        from probe_clear_cache import TARGETS as clear
-
-        for name, patch in clear.items():
             found.setdefault(name, []).append(patch)
     return found
 
