@@ -12,7 +12,9 @@ The budget bounds everything the worker's mlx allocator holds on the device::
   step's working memory, and at most 1/16 of ``total``. What mlx may keep (``mx.set_cache_limit``,
   :class:`AllocatorCache`) is less: about one step's worth, measured. A continuous batch's KV
   buffers change size at every join and finish and are never reused: a cache larger than a step
-  fills with them, and they are the device memory a worker held beyond its batch.
+  fills with them, and they are the device memory a worker held beyond its batch. The engine
+  also empties the cache after each step in which a request finished and every 32 busy steps
+  (:mod:`engine_worker.runner.buffer_release`).
 * ``prefix_cache``: ``cache_memory_mb``, or ``cache_memory_percent`` of ``total``. Running
   requests come first: the scheduler lowers the prefix cache's limit (least recently used
   entries go) while the batch needs the memory, and raises it again when the batch shrinks.
