@@ -12,7 +12,10 @@ the mean over its steps of:
 * ``dispatch_ms``: handing the step's outputs to listeners and collectors;
 * ``gap_ms``: from the end of one step's dispatch to the next step's start (the loop's own wait);
 
-and, for the whole process, the garbage collector's pauses by generation (``gc``: collections and
+and, for the whole process, why waiting requests were not admitted (``admission``: steps that
+started with requests waiting, steps whose admission the pacer held, admissions that left requests
+waiting with every prefill slot taken, and with slots free: the batch's cap, the token or memory
+budget, a shared prefill), the garbage collector's pauses by generation (``gc``: collections and
 milliseconds, any thread) and how many objects it tracked at the first write (``gc_objects``): a
 larger heap makes every full collection longer.
 
@@ -97,7 +100,7 @@ def _wrap(core: Any, prefix: str) -> None:
             gcs = {str(g): {"collections": c, "ms": round(1000 * t, 1)} for g, (c, t) in collections.items()}
             with open(f"{prefix}.{os.getpid()}.json", "w") as out:
                 json.dump({"pid": os.getpid(), "argv": sys.argv[:2], "by_batch": rows, "gc": gcs,
-                           "gc_objects": objects, "modules": len(sys.modules)}, out)
+                           "gc_objects": objects, "modules": len(sys.modules), "admission": ADMISSION}, out)
 
     threading.Thread(target=write, name="step-probe", daemon=True).start()
 
@@ -106,7 +109,39 @@ def _wrap_core(core: Any) -> None:
     _wrap(core, os.environ["STEP_PROBE"])
 
 
-TARGETS: dict[str, Callable[[Any], None]] = {"engine_worker.engine.core": _wrap_core}
+# Why waiting requests stay waiting, counted per process (written with the step rows).
+ADMISSION = {"steps_with_waiting": 0, "pacer_held": 0, "slots_full": 0, "left_with_slots_free": 0}
+
+
+def _wrap_scheduler(module: Any) -> None:
+    admits = module.Scheduler._admits_this_step
+
+    def counted(self: Any) -> bool:
+        result = admits(self)
+        if self.waiting:
+            ADMISSION["steps_with_waiting"] += 1
+            ADMISSION["pacer_held"] += not result
+        return result
+
+    module.Scheduler._admits_this_step = counted
+
+
+def _wrap_admission(module: Any) -> None:
+    admit = module.Admission.admit
+
+    def counted(self: Any, insert: Any) -> Any:
+        result = admit(self, insert)
+        if self._waiting:
+            full = self._config.prefill_batch_size - len(self._batch.prefilling) <= 0
+            ADMISSION["slots_full" if full else "left_with_slots_free"] += 1
+        return result
+
+    module.Admission.admit = counted
+
+
+TARGETS: dict[str, Callable[[Any], None]] = {"engine_worker.engine.core": _wrap_core,
+                                             "engine_worker.sched.scheduler": _wrap_scheduler,
+                                             "engine_worker.sched.admission": _wrap_admission}
 
 
 def _table(prefix: str, bands: list[int]) -> None:
@@ -119,7 +154,7 @@ def _table(prefix: str, bands: list[int]) -> None:
         if not data["by_batch"]:
             continue
         print(f"{path}  {' '.join(data.get('argv', []))}  modules {data.get('modules')}, "
-              f"gc objects {data.get('gc_objects')}, gc {data.get('gc')}")
+              f"gc objects {data.get('gc_objects')}, gc {data.get('gc')}\n  admission {data.get('admission')}")
         print("  batch      steps  step_ms  cpu_ms  dispatch_ms  gap_ms")
         low = 0
         for high in bands:
