@@ -6,7 +6,7 @@ at every join and finish (KV caches of every length), which later steps rarely r
 cache sits near its limit and the device's peak is the live arrays plus that limit. vllm-mlx's
 scheduler clears it after every step in which a request finished and every 32 steps; the same rule
 here took the H100's peak under 128 clients from 11.0-11.2 GB to 7.5-8.6 GB, at 1-2% of tok/s
-(docs/benchmarks.md, "Device memory").
+(docs/benchmarks.md, "The job path at load").
 """
 
 from __future__ import annotations
