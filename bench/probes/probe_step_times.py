@@ -16,8 +16,7 @@ and, for the whole process, why waiting requests were not admitted (``admission`
 started with requests waiting, steps whose admission the pacer held, admissions that left requests
 waiting with every prefill slot taken, and with slots free: the batch's cap, the token or memory
 budget, a shared prefill), the garbage collector's pauses by generation (``gc``: collections and
-milliseconds, any thread) and how many objects it tracked at the first write (``gc_objects``): a
-larger heap makes every full collection longer.
+milliseconds, any thread).
 
     PYTHONPATH=bench/probes STEP_PROBE=/tmp/steps python bench/peer_bench.py --servers ours,engine ...
     python bench/probes/probe_step_times.py /tmp/steps     # one table: each process, by batch size
@@ -92,15 +91,13 @@ def _wrap(core: Any, prefix: str) -> None:
     gc.callbacks.append(on_gc)
 
     def write() -> None:
-        objects = None
         while True:
             time.sleep(2.0)
-            objects = objects if objects is not None else len(gc.get_objects())
             rows = {str(n): t.row() for n, t in sorted(by_batch.items()) if t.steps}
             gcs = {str(g): {"collections": c, "ms": round(1000 * t, 1)} for g, (c, t) in collections.items()}
             with open(f"{prefix}.{os.getpid()}.json", "w") as out:
                 json.dump({"pid": os.getpid(), "argv": sys.argv[:2], "by_batch": rows, "gc": gcs,
-                           "gc_objects": objects, "modules": len(sys.modules), "admission": ADMISSION}, out)
+                           "modules": len(sys.modules), "admission": ADMISSION}, out)
 
     threading.Thread(target=write, name="step-probe", daemon=True).start()
 
@@ -154,7 +151,7 @@ def _table(prefix: str, bands: list[int]) -> None:
         if not data["by_batch"]:
             continue
         print(f"{path}  {' '.join(data.get('argv', []))}  modules {data.get('modules')}, "
-              f"gc objects {data.get('gc_objects')}, gc {data.get('gc')}\n  admission {data.get('admission')}")
+              f"gc {data.get('gc')}\n  admission {data.get('admission')}")
         print("  batch      steps  step_ms  cpu_ms  dispatch_ms  gap_ms")
         low = 0
         for high in bands:

@@ -12,6 +12,7 @@ With neither set, nothing is imported or wrapped.
 
 from __future__ import annotations
 
+import importlib
 import importlib.abc
 import importlib.machinery
 import os
@@ -48,18 +49,17 @@ class _Finder(importlib.abc.MetaPathFinder):
         return spec
 
 
+# Each probe: the environment variable that turns it on, and its module (whose TARGETS maps a
+# module name to the patch applied once that module is imported).
+PROBES = (("STEP_PROBE", "probe_step_times"), ("TTFT_PROBE", "probe_job_marks"))
+
+
 def _targets() -> dict[str, list[Callable[[Any], None]]]:
     found: dict[str, list[Callable[[Any], None]]] = {}
-    if os.environ.get("STEP_PROBE"):
-        from probe_step_times import TARGETS as steps
-
-        for name, patch in steps.items():
-            found.setdefault(name, []).append(patch)
-    if os.environ.get("TTFT_PROBE"):
-        from probe_job_marks import TARGETS as marks
-
-        for name, patch in marks.items():
-            found.setdefault(name, []).append(patch)
+    for variable, module in PROBES:
+        if os.environ.get(variable):
+            for name, patch in importlib.import_module(module).TARGETS.items():
+                found.setdefault(name, []).append(patch)
     return found
 
 

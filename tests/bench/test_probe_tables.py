@@ -19,7 +19,7 @@ def _row(steps: int, step_ms: float) -> dict:
 
 def test_the_step_table_weights_each_band_by_its_steps(tmp_path, capsys):
     (tmp_path / "steps.11.json").write_text(json.dumps({
-        "pid": 11, "argv": ["engine_loop.py"], "gc": {}, "gc_objects": 5, "modules": 9,
+        "pid": 11, "argv": ["engine_loop.py"], "gc": {}, "modules": 9,
         "by_batch": {"1": _row(10, 4.0), "20": _row(30, 8.0), "32": _row(10, 12.0)}}))
     (tmp_path / "steps.12.json").write_text(json.dumps({"pid": 12, "argv": ["manage.py"], "by_batch": {}}))
     probe_step_times._table(str(tmp_path / "steps"), [1, 16, 32])
