@@ -4,6 +4,8 @@
 #
 #   bash bench/h200_prepare.sh          # service + vllm-mlx (peer), SQLite: what h200_all.sh needs
 #   PG=1 bash bench/h200_prepare.sh     # also PostgreSQL and psycopg, for "DB=postgres bash bench/h200_service.sh"
+#                                       # and peer_bench's server ourspg
+#   PG=1 PEER=0 bash bench/h200_prepare.sh   # without vllm-mlx: PostgreSQL alone does not fit beside it
 #
 # It writes, for that machine's Python 3.12:
 #   * mlx, mlx-lm and mlx-cuda-13 (slimmed to sm_90 by ../shared/tools/slim_cuda_wheel.py) and gpu-env.sh;
@@ -13,14 +15,14 @@
 #     Django's GIS package, Twisted's and autobahn's tests, autobahn's bundled flatc binary (no
 #     process of the benchmark imports them); vllm-mlx's own dependencies (they would pull
 #     gigabytes and another mlx-lm). The device side unpacks it into /tmp/site (bench/h200_site.sh);
-#   * bin/: this machine's redis-server with the two libraries the machine's image lacks;
+#   * redis.tar.xz: this machine's redis-server with the two libraries the machine's image lacks;
 #   * with PG=1: pg.tar.xz (PostgreSQL 16 out of the pgserver wheel) and psycopg in site.tar.xz.
 # What travels is the working tree plus .whl/, at most 64 MiB: the script prints every part and the total.
 # SHARED names the folder of the shared GPU tools (default ../shared, beside the repository).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SHARED=${SHARED:-../shared}
-rm -rf .whl && mkdir -p .whl/full .whl/bin
+rm -rf .whl && mkdir -p .whl/full
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 mkdir -p "$work/wheels" "$work/site"
@@ -45,7 +47,7 @@ download -d "$work/wheels" django==5.2.19 djangorestframework==3.18.3 drf-specta
     prometheus-client==0.26.0 standardwebhooks==1.1.0 httpx==0.29.0 websockets==17.4 llguidance==1.9.1 "${pg[@]}"
 # vllm-mlx for peer_bench.py's vllm server. Pinned: with --no-deps no resolver checks them against
 # each other, so the set stays one that ran.
-download --no-deps -d "$work/wheels" vllm-mlx==0.6.0 fastapi==0.165.0 starlette==1.10.0 uvicorn==0.55.0 \
+[ "${PEER:-1}" = 1 ] && download --no-deps -d "$work/wheels" vllm-mlx==0.6.0 fastapi==0.165.0 starlette==1.10.0 uvicorn==0.55.0 \
     pydantic==2.14.4 pydantic-core==2.50.5 python-multipart==0.0.34 annotated-types==0.8.0 \
     typing-inspection==0.4.5 opentelemetry-api==1.45.2
 # What the machine's image already has.
@@ -80,12 +82,17 @@ PY
 find "$work/site" -name '__pycache__' -prune -exec rm -rf {} +
 tar cf - -C "$work/site" . | xz -9 -T0 > .whl/site.tar.xz
 
-cp "$(command -v redis-server)" .whl/bin/
-cp /lib/x86_64-linux-gnu/libjemalloc.so.2 /lib/x86_64-linux-gnu/liblzf.so.1 .whl/bin/
+mkdir -p "$work/bin"
+cp "$(command -v redis-server)" /lib/x86_64-linux-gnu/libjemalloc.so.2 /lib/x86_64-linux-gnu/liblzf.so.1 "$work/bin/"
+tar cJf .whl/redis.tar.xz -C "$work/bin" .  # 3.2 MiB as files, 1.1 packed
 
 if [ "${PG:-0}" = 1 ]; then
     download --no-deps -d "$work" pgserver==0.1.4
-    (cd "$work" && unzip -q pgserver-*.whl && tar cJf "$OLDPWD/.whl/pg.tar.xz" --exclude='*/vector.so' --exclude='*/pgxs' \
+    # Left out, to fit beside the rest: the server's symbols, the encoding conversions (a UTF-8
+    # database loads none) and every time zone but UTC's.
+    (cd "$work" && unzip -q pgserver-*.whl && strip pgserver/pginstall/bin/postgres &&
+        tar cJf "$OLDPWD/.whl/pg.tar.xz" --exclude='*/vector.so' --exclude='*/pgxs' --exclude='*_and_*.so' \
+        --exclude='*/timezone/[A-DFH-TV-Z]*' --exclude='*/timezone/Europe' --exclude='*/timezone/US' \
         pgserver.libs pgserver/pginstall/bin/postgres pgserver/pginstall/bin/initdb pgserver/pginstall/bin/pg_ctl \
         pgserver/pginstall/lib/postgresql pgserver/pginstall/share/postgresql)
 fi

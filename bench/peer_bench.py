@@ -5,6 +5,7 @@ Servers (one at a time, loopback only, the same model folder and the same stream
 * ``ours``: this tree's service (daphne + one engine worker, SQLite, a local Redis), and with
   ``--old [NAME=]DIR`` (repeatable) the same service from another checkout, server NAME (default
   ``old``): an A/B of a change;
+* ``ourspg``: this tree's service on PostgreSQL (``--postgres``), as docker-compose.yml deploys it;
 * ``vllm``: ``vllm-mlx serve --continuous-batching`` (the seed's own server);
 * ``mlxlm``: ``mlx_lm.server``;
 * ``engine``: no server: this tree's engine in a process of its own (bench/engine_loop.py), built
@@ -89,6 +90,7 @@ async def load(base: str, model: str, key: str, concurrency: int, max_tokens: in
     url = f"{base}/v1/chat/completions"
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)
+    cpu = time.process_time()
     async with httpx.AsyncClient(limits=limits, timeout=600) as client:
         async def one(i: int) -> dict:
             body = {"model": model, "messages": chat_messages(i), "stream": True, "max_tokens": max_tokens,
@@ -96,7 +98,9 @@ async def load(base: str, model: str, key: str, concurrency: int, max_tokens: in
             return await _one(client, url, headers, body)
 
         records, wall = await closed_loop(concurrency, requests, one)
-    return load_row(records, wall)
+    # The client's CPU seconds per second of the level (this process: the event loop, the memory
+    # sampler's thread): near 1.0 the client, not the server, sets the pace.
+    return {**load_row(records, wall), "client_cpu": round((time.process_time() - cpu) / wall, 2)}
 
 
 # -- the run -------------------------------------------------------------------------------------
@@ -145,7 +149,7 @@ def measure(server: Server, levels: list[int], args: argparse.Namespace) -> list
 def _line(label: str, row: dict) -> str:
     line = (f"  {label:>10} C={row['concurrency']:<4} max_tokens={row['max_tokens']:<4} tok/s={row['tok_s']:<8} "
             f"req/s={row['req_s']:<7} ttft p50={row['ttft_p50_ms']} p95={row['ttft_p95_ms']} "
-            f"stream p50={row['stream_p50_ms']} errors={row['errors']} "
+            f"stream p50={row['stream_p50_ms']} errors={row['errors']} client cpu={row.get('client_cpu')} "
             f"peak={row['peak_memory_bytes'] / 1e9:.2f} GB (device {row['device_peak_bytes'] / 1e9:.2f} GB) "
             f"{row['error_samples'] or ''}")
     if "claim_p50_ms" in row:
@@ -161,6 +165,8 @@ def _line(label: str, row: dict) -> str:
 def make_server(name: str, batch: int, args: argparse.Namespace, work: Path) -> Server:
     if name == "ours":
         return OurService(f"ours_b{batch}", work, ROOT, args.model, batch, 8100)
+    if name == "ourspg":
+        return OurService(f"ourspg_b{batch}", work, ROOT, args.model, batch, 8104, postgres=args.postgres)
     if name in args.trees:
         return OurService(f"{name}_b{batch}", work, args.trees[name], args.model, batch, 8103)
     if name == "engine":
@@ -176,7 +182,7 @@ def summarize(samples: dict[tuple[str, int, int, int], list[dict]]) -> list[dict
         med = {k: statistics.median(r[k] for r in runs if r.get(k) is not None)
                if any(r.get(k) is not None for r in runs) else None
                for k in ("tok_s", "req_s", "ttft_p50_ms", "ttft_p95_ms", "stream_p50_ms", "claim_p50_ms",
-                         "claim_to_token_p50_ms", "token_to_final_p50_ms", "ready_s")}
+                         "claim_to_token_p50_ms", "token_to_final_p50_ms", "ready_s", "client_cpu")}
         rows.append({"server": name, "batch": batch, "concurrency": c, "max_tokens": max_tokens, **med,
                      "runs": len(runs), "errors": sum(r["errors"] for r in runs),
                      "tok_s_runs": [r["tok_s"] for r in runs], "ttft_p50_ms_runs": [r["ttft_p50_ms"] for r in runs],
@@ -186,51 +192,61 @@ def summarize(samples: dict[tuple[str, int, int, int], list[dict]]) -> list[dict
     return rows
 
 
+# The servers whose ratios to every other server are reported: this service, on SQLite and on PostgreSQL.
+SUBJECTS = ("ours", "ourspg")
+
+
 def ratios(rows: list[dict]) -> dict[str, float]:
     by = {(r["server"], r["batch"], r["concurrency"], r["max_tokens"]): r for r in rows}
     out = {}
-    for (name, batch, c, max_tokens), row in by.items():
-        if name == "ours":
-            continue
-        ours = by.get(("ours", batch, c, max_tokens))
-        if ours and max_tokens == 1 and ours["req_s"] and row["req_s"]:
-            out[f"ours_over_{name}_one_token_req_s_b{batch}_c{c}"] = round(ours["req_s"] / row["req_s"], 3)
-            continue
-        if ours and ours.get("ready_s") and row.get("ready_s"):
-            out[f"ours_over_{name}_ready_s_b{batch}"] = round(ours["ready_s"] / row["ready_s"], 3)
-        if ours and row["peak_memory_gb"] and ours["peak_memory_gb"]:
-            out[f"ours_over_{name}_peak_memory_b{batch}_c{c}"] = round(ours["peak_memory_gb"] / row["peak_memory_gb"], 3)
-        if ours and row["device_peak_gb"] and ours["device_peak_gb"]:
-            out[f"ours_over_{name}_device_peak_b{batch}_c{c}"] = round(ours["device_peak_gb"] / row["device_peak_gb"], 3)
-        if ours and ours["tok_s"] and row["tok_s"]:
-            out[f"ours_over_{name}_tok_s_b{batch}_c{c}"] = round(ours["tok_s"] / row["tok_s"], 3)
-            if ours["ttft_p50_ms"] is not None and row["ttft_p50_ms"] is not None:
-                out[f"ours_minus_{name}_ttft_p50_ms_b{batch}_c{c}"] = round(ours["ttft_p50_ms"] - row["ttft_p50_ms"], 1)
-                if row["ttft_p50_ms"]:
-                    out[f"ours_over_{name}_ttft_p50_b{batch}_c{c}"] = round(ours["ttft_p50_ms"] / row["ttft_p50_ms"], 3)
+    for subject in SUBJECTS:
+        for (name, batch, c, max_tokens), row in by.items():
+            ours = by.get((subject, batch, c, max_tokens))
+            if name in SUBJECTS[:SUBJECTS.index(subject) + 1] or not ours:
+                continue
+            key = f"{subject}_over_{name}"
+            if max_tokens == 1:
+                if ours["req_s"] and row["req_s"]:
+                    out[f"{key}_one_token_req_s_b{batch}_c{c}"] = round(ours["req_s"] / row["req_s"], 3)
+                continue
+            if ours.get("ready_s") and row.get("ready_s"):
+                out[f"{key}_ready_s_b{batch}"] = round(ours["ready_s"] / row["ready_s"], 3)
+            if row["peak_memory_gb"] and ours["peak_memory_gb"]:
+                out[f"{key}_peak_memory_b{batch}_c{c}"] = round(ours["peak_memory_gb"] / row["peak_memory_gb"], 3)
+            if row["device_peak_gb"] and ours["device_peak_gb"]:
+                out[f"{key}_device_peak_b{batch}_c{c}"] = round(ours["device_peak_gb"] / row["device_peak_gb"], 3)
+            if ours["tok_s"] and row["tok_s"]:
+                out[f"{key}_tok_s_b{batch}_c{c}"] = round(ours["tok_s"] / row["tok_s"], 3)
+                if ours["ttft_p50_ms"] is not None and row["ttft_p50_ms"] is not None:
+                    out[f"{subject}_minus_{name}_ttft_p50_ms_b{batch}_c{c}"] = round(
+                        ours["ttft_p50_ms"] - row["ttft_p50_ms"], 1)
+                    if row["ttft_p50_ms"]:
+                        out[f"{key}_ttft_p50_b{batch}_c{c}"] = round(ours["ttft_p50_ms"] / row["ttft_p50_ms"], 3)
     return out
 
 
 def print_ratios(rows: list[dict]) -> None:
-    """Per level, ours / each other server: tok/s and TTFT p50 (one-token levels: requests/s)."""
+    """Per level, ours (and ourspg) / each other server: tok/s and TTFT p50 (one-token levels: requests/s)."""
     found = ratios(rows)
-    for row in sorted(rows, key=lambda r: (r["batch"], -r["max_tokens"], r["concurrency"], r["server"])):
-        name, batch, c = row["server"], row["batch"], row["concurrency"]
-        if row["max_tokens"] == 1:
-            if (req_s := found.get(f"ours_over_{name}_one_token_req_s_b{batch}_c{c}")) is not None:
-                print(f"  ours / {name:<8} batch {batch} C={c:<4} one-token req/s {req_s}", flush=True)
-        elif (tok_s := found.get(f"ours_over_{name}_tok_s_b{batch}_c{c}")) is not None:
-            ttft = found.get(f"ours_over_{name}_ttft_p50_b{batch}_c{c}")
-            minus = found.get(f"ours_minus_{name}_ttft_p50_ms_b{batch}_c{c}")
-            print(f"  ours / {name:<8} batch {batch} C={c:<4} tok/s {tok_s:<6} TTFT p50 {ttft} ({minus:+} ms)"
-                  if minus is not None else f"  ours / {name:<8} batch {batch} C={c:<4} tok/s {tok_s}", flush=True)
+    for subject in SUBJECTS:
+        for row in sorted(rows, key=lambda r: (r["batch"], -r["max_tokens"], r["concurrency"], r["server"])):
+            name, batch, c = row["server"], row["batch"], row["concurrency"]
+            key, head = f"{subject}_over_{name}", f"  {subject} / {name:<8} batch {batch} C={c:<4}"
+            if row["max_tokens"] == 1:
+                if (req_s := found.get(f"{key}_one_token_req_s_b{batch}_c{c}")) is not None:
+                    print(f"{head} one-token req/s {req_s}", flush=True)
+            elif (tok_s := found.get(f"{key}_tok_s_b{batch}_c{c}")) is not None:
+                ttft = found.get(f"{key}_ttft_p50_b{batch}_c{c}")
+                minus = found.get(f"{subject}_minus_{name}_ttft_p50_ms_b{batch}_c{c}")
+                print(f"{head} tok/s {tok_s:<6} TTFT p50 {ttft} ({minus:+} ms)" if minus is not None
+                      else f"{head} tok/s {tok_s}", flush=True)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True, help="an mlx-lm model folder")
     parser.add_argument("--servers", default="ours,vllm,mlxlm",
-                        help="ours, engine, vllm, mlxlm, and the names of --old checkouts")
+                        help="ours, ourspg (ours on PostgreSQL), engine, vllm, mlxlm, and the names of --old checkouts")
     parser.add_argument("--old", action="append", default=[], metavar="[NAME=]DIR",
                         help="another checkout of this project, for an A/B (server NAME, default 'old'); repeatable")
     parser.add_argument("--concurrency", default="1,32,128")
@@ -241,6 +257,8 @@ def main() -> None:
     parser.add_argument("--one-token", type=int, default=128, metavar="C",
                         help="also C clients of one-token requests (0: none)")
     parser.add_argument("--one-token-requests", type=int, default=4, help="one-token requests per client")
+    parser.add_argument("--postgres", default=os.environ.get("PEER_POSTGRES", "postgresql://postgres@127.0.0.1:5432"),
+                        help="server ``ourspg``'s PostgreSQL server (it creates database peer_<label> there)")
     parser.add_argument("--out", default=None, help="folder for the servers' logs and the JSON result")
     args = parser.parse_args()
     args.trees = {}

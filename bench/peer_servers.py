@@ -73,14 +73,21 @@ class Server:
         raise RuntimeError(f"{self.label} did not become ready")
 
 
+_CREATED: set[str] = set()  # the PostgreSQL databases this run has made
+
+
 class OurService(Server):
     """The service from ``tree`` (this checkout, or an older one for an A/B), started as
-    ``make run`` starts it, on a SQLite database of its own and a flushed Redis DB."""
+    ``make run`` starts it, on a SQLite database of its own and a flushed Redis DB. With
+    ``postgres`` (a server URL, no database name), on a fresh PostgreSQL database of its own
+    instead, the web borrowing connections from psycopg's pool as scripts/run.sh has it."""
 
-    def __init__(self, label: str, work: Path, tree: Path, model: str, batch: int, port: int) -> None:
+    def __init__(self, label: str, work: Path, tree: Path, model: str, batch: int, port: int,
+                 postgres: str | None = None) -> None:
         super().__init__(label, work)
-        self.tree, self.port = tree, port
-        self.env = {**os.environ, **engine_blas_env(), "DATABASE_URL": f"sqlite:///{work}/{label}.sqlite3", "MODEL_PATH": model,
+        self.tree, self.port, self.postgres = tree, port, postgres
+        database = f"{postgres.rstrip('/')}/peer_{label}" if postgres else f"sqlite:///{work}/{label}.sqlite3"
+        self.env = {**os.environ, **engine_blas_env(), "DATABASE_URL": database, "MODEL_PATH": model,
                     "REDIS_URL": os.environ.get("PEER_REDIS_URL", "redis://127.0.0.1:6379/11"),
                     "ENGINE_COMPLETION_BATCH_SIZE": str(batch), "LOG_LEVEL": "WARNING",
                     "DEFAULT_KEY_REQUESTS_PER_MINUTE": "1000000", "DEFAULT_KEY_MAX_CONCURRENT_JOBS": "100000"}
@@ -89,12 +96,16 @@ class OurService(Server):
         import redis
 
         redis.Redis.from_url(self.env["REDIS_URL"]).flushdb()
+        if self.postgres:
+            self._fresh_database()
         # As scripts/run.sh does: the web and the worker load while the database is migrated (the
         # worker takes no job before the migrations are in: WAIT_FOR_MIGRATIONS). `wait -n`: the shell
         # exits when either does, so wait_ready sees a failed start at once.
         web = os.environ.get("PEER_WEB_PROCESSES", "4")
-        script = (f"{sys.executable} -m inference_service.serve_web -b 127.0.0.1 -p {self.port} --processes {web} & "
-                  f"WAIT_FOR_MIGRATIONS=300 {sys.executable} manage.py run_engine_worker --loglevel WARNING & wait -n")
+        pool = int(bool(self.postgres))  # the web's pool: PostgreSQL only; the worker keeps its connection
+        script = (f"DB_POOL={pool} {sys.executable} -m inference_service.serve_web -b 127.0.0.1 -p {self.port} "
+                  f"--processes {web} & DB_POOL=0 WAIT_FOR_MIGRATIONS=300 {sys.executable} manage.py "
+                  f"run_engine_worker --loglevel WARNING & wait -n")
         self._spawn(["bash", "-c", script], self.tree, self.env)
         manage = [sys.executable, "manage.py"]
         subprocess.run([*manage, "migrate", "--noinput"], cwd=self.tree, env=self.env, check=True, capture_output=True)
@@ -103,6 +114,34 @@ class OurService(Server):
         base = f"http://127.0.0.1:{self.port}"
         return base, self.wait_ready(base, key), key
 
+
+    def _fresh_database(self) -> None:
+        """A new database at this run's first start of the label; later rounds reuse it, as they
+        reuse a SQLite file, so that bench/ttft_phases.py finds every round's jobs."""
+        import psycopg
+
+        name = self.env["DATABASE_URL"].rsplit("/", 1)[1]
+        if name in _CREATED:
+            return
+        _CREATED.add(name)
+        with psycopg.connect(f"{self.postgres.rstrip('/')}/postgres", autocommit=True) as db:
+            db.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            db.execute(f'CREATE DATABASE "{name}"')
+
+    def _job_times(self) -> list[tuple]:
+        """Every job's (queued_at, started_at, first_token_at, finished_at) that has all four."""
+        sql = ("SELECT queued_at, started_at, first_token_at, finished_at FROM api_job WHERE started_at IS NOT NULL "
+               "AND first_token_at IS NOT NULL AND finished_at IS NOT NULL")
+        if self.postgres:
+            import psycopg
+
+            with psycopg.connect(self.env["DATABASE_URL"]) as db:
+                return db.execute(sql).fetchall()
+        import sqlite3
+
+        with sqlite3.connect(self.env["DATABASE_URL"].removeprefix("sqlite:///")) as db:
+            rows = db.execute(sql).fetchall()
+        return [tuple(dt.datetime.fromisoformat(v).replace(tzinfo=dt.UTC) for v in row) for row in rows]
 
     def engine_memory(self) -> dict:
         """Where the worker's device memory is, from its last heartbeat: mlx's live arrays, its
@@ -123,14 +162,7 @@ class OurService(Server):
     def phases(self, since: dt.datetime, until: dt.datetime) -> dict:
         """Medians over the jobs submitted in [since, until): queued -> claimed by the worker, and
         claimed -> first token (the rest of the TTFT is the web side: request, insert, stream)."""
-        import sqlite3
-
-        with sqlite3.connect(self.env["DATABASE_URL"].removeprefix("sqlite:///")) as db:
-            rows = db.execute("SELECT queued_at, started_at, first_token_at, finished_at FROM api_job "
-                              "WHERE started_at IS NOT NULL AND first_token_at IS NOT NULL "
-                              "AND finished_at IS NOT NULL").fetchall()
-        stamps = [[dt.datetime.fromisoformat(v).replace(tzinfo=dt.UTC) for v in row] for row in rows]
-        stamps = [s for s in stamps if since <= s[0] < until]
+        stamps = [s for s in self._job_times() if since <= s[0] < until]
         if not stamps:
             return {}
         return {"claim_p50_ms": round(1000 * statistics.median((s[1] - s[0]).total_seconds() for s in stamps), 1),

@@ -2,7 +2,7 @@
 
 Reads ``<prefix>.<pid>.jsonl`` (each process's per-job points), ``<prefix>.client.jsonl`` (peer_bench's
 client: when it sent each request and saw its first text) and, with ``--db``, the service's SQLite
-database (the job rows' ``queued_at`` and ``started_at``, the claim). Prints, for the service's jobs
+or PostgreSQL database (the job rows' ``queued_at`` and ``started_at``, the claim). Prints, for the service's jobs
 that passed every point, the median of each step from one point to the next, and for the engine
 alone (bench/engine_loop.py under the same probe) the same steps of its own requests.
 
@@ -50,15 +50,25 @@ def load(prefix: str, db: str | None) -> dict[str, dict[str, float]]:
                 marks.setdefault(job_id, {}).update(sent=row["sent"], first_text=row["first_text"])
     except FileNotFoundError:
         pass
-    if db:
-        with sqlite3.connect(db) as conn:
-            for job_id, queued, started in conn.execute("SELECT id, queued_at, started_at FROM api_job"):
-                stamps = [dt.datetime.fromisoformat(v).replace(tzinfo=dt.UTC).timestamp() if v else None
-                          for v in (queued, started)]
-                key = str(job_id) if "-" in str(job_id) else _uuid(str(job_id))
-                if key in marks:
-                    marks[key].update({k: v for k, v in zip(("queued", "started"), stamps, strict=True) if v})
+    for job_id, queued, started in _job_rows(db) if db else ():
+        key = str(job_id) if "-" in str(job_id) else _uuid(str(job_id))
+        if key in marks:
+            marks[key].update({k: v for k, v in (("queued", queued), ("started", started)) if v})
     return marks
+
+
+def _job_rows(db: str) -> list[tuple[str, float | None, float | None]]:
+    """(id, queued_at, started_at) of every job, the times as Unix seconds; ``db`` a SQLite file or
+    a ``postgresql://`` URL."""
+    sql = "SELECT id, queued_at, started_at FROM api_job"
+    if db.startswith("postgres"):
+        import psycopg
+
+        with psycopg.connect(db) as conn:
+            return [(str(i), *(v.timestamp() if v else None for v in times)) for i, *times in conn.execute(sql)]
+    with sqlite3.connect(db) as conn:
+        return [(i, *(dt.datetime.fromisoformat(v).replace(tzinfo=dt.UTC).timestamp() if v else None for v in times))
+                for i, *times in conn.execute(sql)]
 
 
 def _uuid(hex_id: str) -> str:
@@ -106,7 +116,8 @@ def _q(values: list[float], q: float) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("prefix", help="TTFT_PROBE's prefix")
-    parser.add_argument("--db", default=None, help="the service's SQLite database (peer_bench --out's ours.sqlite3)")
+    parser.add_argument("--db", default=None, help="the service's database: peer_bench --out's ours_b<batch>.sqlite3, or for ourspg "
+                        "postgresql://postgres@127.0.0.1:5432/peer_ourspg_b<batch>")
     args = parser.parse_args()
     marks = load(args.prefix, args.db)
     service = [m for m in marks.values() if "claimed" in m]
