@@ -12,6 +12,10 @@ the mean over its steps of:
 * ``dispatch_ms``: handing the step's outputs to listeners and collectors;
 * ``gap_ms``: from the end of one step's dispatch to the next step's start (the loop's own wait);
 
+and the same step times for the steps with prompt work alone (``prompt_steps``: the step admits,
+or a prefill is under way, as the pacer counts them), so that the table shows admission steps and
+decode-only steps apart;
+
 and, for the whole process, why waiting requests were not admitted (``admission``: steps that
 started with requests waiting, steps whose admission the pacer held, admissions that left requests
 waiting with every prefill slot taken, and with slots free: the batch's cap, the token or memory
@@ -49,8 +53,14 @@ class _Totals:
                 "dispatch_ms": 1000 * self.dispatch_s / n, "gap_ms": 1000 * self.gap_s / max(self.gaps, 1)}
 
 
+# Whether the step now running hands the generator prompt work (it admits, or a prefill is under
+# way): set by the scheduler's wrapped ``_run_generator``, as its pacer sees it.
+PROMPT_WORK = {"now": False}
+
+
 def _wrap(core: Any, prefix: str) -> None:
     by_batch: dict[int, _Totals] = {}
+    prompt_steps: dict[int, _Totals] = {}  # the same, for the steps with prompt work only
     last: dict[str, Any] = {"end": None, "totals": None}  # the previous step's end, and its batch's totals
     step, dispatch = core.EngineCore._step, core.EngineCore._dispatch
 
@@ -61,12 +71,14 @@ def _wrap(core: Any, prefix: str) -> None:
         if running and last["end"] is not None:
             totals.gap_s += start - last["end"]
             totals.gaps += 1
+        PROMPT_WORK["now"] = False
         outputs = step(self, commands)
         end = time.perf_counter()
         if running or outputs:
-            totals.steps += 1
-            totals.step_s += end - start
-            totals.cpu_s += time.thread_time() - cpu
+            for t in (totals, prompt_steps.setdefault(running, _Totals())) if PROMPT_WORK["now"] else (totals,):
+                t.steps += 1
+                t.step_s += end - start
+                t.cpu_s += time.thread_time() - cpu
         last["end"], last["totals"] = end, totals
         return outputs
 
@@ -94,10 +106,13 @@ def _wrap(core: Any, prefix: str) -> None:
         while True:
             time.sleep(2.0)
             rows = {str(n): t.row() for n, t in sorted(by_batch.items()) if t.steps}
+            prompt = {str(n): t.row() for n, t in sorted(prompt_steps.items()) if t.steps}
             gcs = {str(g): {"collections": c, "ms": round(1000 * t, 1)} for g, (c, t) in collections.items()}
-            with open(f"{prefix}.{os.getpid()}.json", "w") as out:
-                json.dump({"pid": os.getpid(), "argv": sys.argv[:2], "by_batch": rows, "gc": gcs,
-                           "modules": len(sys.modules), "admission": ADMISSION}, out)
+            path = f"{prefix}.{os.getpid()}.json"
+            with open(f"{path}.tmp", "w") as out:
+                json.dump({"pid": os.getpid(), "argv": sys.argv[:2], "by_batch": rows, "prompt_steps": prompt,
+                           "gc": gcs, "modules": len(sys.modules), "admission": ADMISSION}, out)
+            os.replace(f"{path}.tmp", path)  # a reader never sees half a file
 
     threading.Thread(target=write, name="step-probe", daemon=True).start()
 
@@ -111,7 +126,13 @@ ADMISSION = {"steps_with_waiting": 0, "pacer_held": 0, "slots_full": 0, "left_wi
 
 
 def _wrap_scheduler(module: Any) -> None:
-    admits = module.Scheduler._admits_this_step
+    admits, run_generator = module.Scheduler._admits_this_step, module.Scheduler._run_generator
+
+    def flagged(self: Any) -> Any:
+        PROMPT_WORK["now"] = bool(self._batch.prefilling)
+        return run_generator(self)
+
+    module.Scheduler._run_generator = flagged
 
     def counted(self: Any) -> bool:
         result = admits(self)
@@ -146,13 +167,17 @@ def _table(prefix: str, bands: list[int]) -> None:
     import glob
 
     for path in sorted(glob.glob(f"{prefix}.[0-9]*.json")):
-        with open(path) as f:
-            data = json.load(f)
+        try:
+            with open(path) as f:
+                data = json.load(f)
+        except ValueError:  # a file of the probe before its writes became atomic, cut mid-write
+            print(f"{path}: unreadable, skipped")
+            continue
         if not data["by_batch"]:
             continue
         print(f"{path}  {' '.join(data.get('argv', []))}  modules {data.get('modules')}, "
               f"gc {data.get('gc')}\n  admission {data.get('admission')}")
-        print("  batch      steps  step_ms  cpu_ms  dispatch_ms  gap_ms")
+        print("  batch      steps  step_ms  cpu_ms  dispatch_ms  gap_ms  prompt_steps  prompt_ms  decode_ms")
         low = 0
         for high in bands:
             rows = [r for n, r in data["by_batch"].items() if low < int(n) <= high]
@@ -160,10 +185,14 @@ def _table(prefix: str, bands: list[int]) -> None:
             if steps:
                 mean = {k: sum(r[k] * r["steps"] for r in rows) / steps
                         for k in ("step_ms", "thread_cpu_ms", "dispatch_ms", "gap_ms")}
+                prompt = [r for n, r in data.get("prompt_steps", {}).items() if low < int(n) <= high]
+                n_prompt = sum(r["steps"] for r in prompt)
+                prompt_ms = sum(r["step_ms"] * r["steps"] for r in prompt)
+                decode = (mean["step_ms"] * steps - prompt_ms) / (steps - n_prompt) if steps > n_prompt else 0.0
                 print(f"  {low + 1:>4}-{high:<4} {steps:>7}  {mean['step_ms']:7.2f}  {mean['thread_cpu_ms']:6.2f}"
-                      f"  {mean['dispatch_ms']:11.2f}  {mean['gap_ms']:6.2f}")
+                      f"  {mean['dispatch_ms']:11.2f}  {mean['gap_ms']:6.2f}  {n_prompt:>12}"
+                      f"  {prompt_ms / max(n_prompt, 1):9.2f}  {decode:9.2f}")
             low = high
-
 
 if __name__ == "__main__":
     import argparse

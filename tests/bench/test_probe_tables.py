@@ -40,3 +40,16 @@ def test_group_sizes_count_the_jobs_of_each_call_per_point(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "claimed 2 calls, p50 2.0, mean 2.0" in out
     assert "first_token 1 calls, p50 2, mean 2.0" in out
+
+
+def test_the_step_table_parts_prompt_steps_from_decode_steps(tmp_path, capsys):
+    (tmp_path / "steps.13.json").write_text(json.dumps({
+        "pid": 13, "argv": ["manage.py"], "by_batch": {"100": _row(10, 20.0)},
+        "prompt_steps": {"100": _row(2, 60.0)}}))
+    (tmp_path / "steps.14.json").write_text('{"pid": 14, "by_ba')  # cut mid-write
+    probe_step_times._table(str(tmp_path / "steps"), [64, 128])
+    out = capsys.readouterr().out
+    row = next(line.split() for line in out.splitlines() if line.strip().startswith("65-128"))
+    assert row[1:3] == ["10", "20.00"]
+    assert row[-3:] == ["2", "60.00", "10.00"]  # (10 x 20 - 2 x 60) / 8 decode-only
+    assert "steps.14.json: unreadable, skipped" in out
