@@ -208,10 +208,11 @@ class EngineLoop(Server):
         self.model, self.batch = model, batch
 
     def start(self) -> None:
-        # The worker's engine settings: the completion batch as OurService sets it, the policy
-        # inference_service/settings.py defaults to (the worker exports it to its engine).
+        # The worker's engine settings: the completion batch as OurService sets it, the policy and
+        # the prefill batch inference_service/settings.py defaults to (the worker exports them).
         env = {**os.environ, **engine_blas_env(), "ENGINE_COMPLETION_BATCH_SIZE": str(self.batch),
-               "ENGINE_POLICY": os.environ.get("ENGINE_POLICY", "priority")}
+               "ENGINE_POLICY": os.environ.get("ENGINE_POLICY", "priority"),
+               "ENGINE_PREFILL_BATCH_SIZE": os.environ.get("ENGINE_PREFILL_BATCH_SIZE", "32")}
         self.proc = subprocess.Popen([sys.executable, str(ROOT / "bench" / "engine_loop.py"), "--model", self.model],
                                      cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=self.log, text=True, start_new_session=True)

@@ -33,6 +33,7 @@ def child_spec(config: WorkerConfig) -> ChildSpec:
     """What the engine process is spawned with. Its engine's settings come from the environment it
     inherits (``EngineConfig.from_env``), so the one that settings resolves is exported first."""
     os.environ["ENGINE_POLICY"] = settings.ENGINE_POLICY
+    os.environ["ENGINE_PREFILL_BATCH_SIZE"] = str(settings.ENGINE_PREFILL_BATCH_SIZE)
     return ChildSpec(worker_id=config.worker_id, model_path=config.model_path, model_name=config.model_name,
                      stream_interval_s=config.stream_interval_s, heartbeat_s=config.heartbeat_s)
 

@@ -8,6 +8,7 @@ import os
 import pytest
 
 from api.worker import early_engine
+from engine_worker.common.config import EngineConfig, SchedulerConfig
 
 
 class FakeChild:
@@ -65,3 +66,21 @@ def test_the_engine_policy_of_settings_reaches_the_engine_process_environment(sp
     early_engine.spawn_engine([])
 
     assert os.environ["ENGINE_POLICY"] == "fcfs"
+
+
+def test_the_prefill_batch_of_settings_reaches_the_engine_process_environment(spawned, settings, monkeypatch):
+    monkeypatch.delenv("ENGINE_PREFILL_BATCH_SIZE", raising=False)
+    settings.ENGINE_PREFILL_BATCH_SIZE = 24
+    early_engine.spawn_engine([])
+
+    assert os.environ["ENGINE_PREFILL_BATCH_SIZE"] == "24"
+    assert EngineConfig.from_env().scheduler_config.prefill_batch_size == 24
+
+
+def test_the_service_prefills_32_prompts_a_step_by_default(spawned, monkeypatch):
+    # The engine's own default stays the seed's 8; the service's is 32 (inference_service/settings.py).
+    monkeypatch.delenv("ENGINE_PREFILL_BATCH_SIZE", raising=False)
+    early_engine.spawn_engine([])
+
+    assert SchedulerConfig().prefill_batch_size == 8
+    assert EngineConfig.from_env().scheduler_config.prefill_batch_size == 32
