@@ -258,10 +258,9 @@ if ENGINE_POLICY not in ("priority", "fcfs"):
     raise ImproperlyConfigured(f"ENGINE_POLICY={ENGINE_POLICY!r} must be 'priority' or 'fcfs'")
 # How many prompts an engine worker's engine prefills in one step, passed to the engine process
 # (the engine's own default, the seed's and mlx-lm's, is 8). A step that admits prompts costs
-# several decode steps whatever their number (on the H100, 60-85 ms against 7-10 ms at 97-128
-# running), so under load fewer, larger admissions serve more: the engine alone at 128 clients
-# gave 2.0x the tokens per second with 32 than with 8, the service 1.43x (docs/benchmarks.md).
-# max_num_batched_tokens still bounds the prompt tokens of one step.
+# several decode steps whatever their number, so under load fewer, larger admissions serve more
+# tokens per second; short answers pay for it (docs/benchmarks.md, "The job path at load", has
+# both). max_num_batched_tokens still bounds the prompt tokens of one step.
 ENGINE_PREFILL_BATCH_SIZE = env_int("ENGINE_PREFILL_BATCH_SIZE", 32, minimum=1)
 
 # Engine workers (api/worker/). WORKER_ID names a worker in heartbeats and job rows (default:

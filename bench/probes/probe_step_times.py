@@ -170,7 +170,7 @@ def _table(prefix: str, bands: list[int]) -> None:
         try:
             with open(path) as f:
                 data = json.load(f)
-        except ValueError:  # a file of the probe before its writes became atomic, cut mid-write
+        except ValueError:  # not whole JSON (a disk that filled up mid-write): the other files still count
             print(f"{path}: unreadable, skipped")
             continue
         if not data["by_batch"]:

@@ -4,9 +4,9 @@ mlx keeps the buffers that arrays free for reuse, up to its cache limit (the bud
 step's working memory, engine_worker.sched.memory). A continuous batch frees buffers of new sizes
 at every join and finish (KV caches of every length), which later steps rarely reuse, so the
 cache sits near its limit and the device's peak is the live arrays plus that limit. vllm-mlx's
-scheduler clears it after every step in which a request finished and every 32 steps; the same rule
-here took the H100's peak under 128 clients from 11.0-11.2 GB to 7.5-8.6 GB, at 1-2% of tok/s
-(docs/benchmarks.md, "The job path at load").
+scheduler clears it after every step in which a request finished and every 32 steps, and so does
+this engine: the device's peak is then about the live arrays (docs/benchmarks.md, "The job path at
+load", has the A/B).
 """
 
 from __future__ import annotations
