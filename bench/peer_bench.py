@@ -45,6 +45,7 @@ from pathlib import Path
 import httpx
 from closed_loop import chat_messages, closed_loop, load_row, new_record
 from peer_servers import ROOT, EngineLoop, MlxLmServer, OurService, Server, VllmMlx, available
+from process_cpu import CpuSnapshot
 from process_memory import MemorySampler, device_used_bytes
 
 # -- the client ----------------------------------------------------------------------------------
@@ -131,8 +132,11 @@ def measure(server: Server, levels: list[int], args: argparse.Namespace) -> list
         run(max(4, min(levels)), args.max_tokens, 8)  # warm: kernels, caches
         for c, max_tokens, requests in runs:
             sampler.level()
-            since = dt.datetime.now(dt.UTC)
+            since, cpu, calls, wall = dt.datetime.now(dt.UTC), CpuSnapshot(server.proc.pid), server.redis_calls(), time.perf_counter()
             row = {"concurrency": c, "max_tokens": max_tokens, **run(c, max_tokens, requests)}
+            wall = time.perf_counter() - wall
+            row["server_cpu"] = CpuSnapshot(server.proc.pid).since(cpu, wall)
+            row["redis_per_token"] = per_token(calls, server.redis_calls(), row["tok_s"] * wall)
             row.update(server.phases(since, dt.datetime.now(dt.UTC)))
             row["peak_memory_bytes"], row["device_peak_bytes"], row["peak_processes"] = sampler.level()
             row["memory_kind"], row["ready_s"] = sampler.kind, ready_s
@@ -146,6 +150,15 @@ def measure(server: Server, levels: list[int], args: argparse.Namespace) -> list
     return rows
 
 
+def per_token(before: dict[str, int], after: dict[str, int], tokens: float) -> dict[str, float]:
+    """Redis commands per completion token over a level, by command and in all (empty without Redis)."""
+    if not after or tokens <= 0:
+        return {}
+    calls = {name: n - before.get(name, 0) for name, n in after.items() if n > before.get(name, 0)}
+    found = {name: round(n / tokens, 3) for name, n in sorted(calls.items(), key=lambda kv: -kv[1])[:5]}
+    return {**found, "all": round(sum(calls.values()) / tokens, 3)}
+
+
 def _line(label: str, row: dict) -> str:
     line = (f"  {label:>10} C={row['concurrency']:<4} max_tokens={row['max_tokens']:<4} tok/s={row['tok_s']:<8} "
             f"req/s={row['req_s']:<7} ttft p50={row['ttft_p50_ms']} p95={row['ttft_p95_ms']} "
@@ -157,6 +170,10 @@ def _line(label: str, row: dict) -> str:
                  f"token to final p50={row['token_to_final_p50_ms']})")
     if row.get("engine_memory"):
         line += f" engine memory {row['engine_memory']}"
+    if row.get("server_cpu"):
+        line += f"\n{'':>14}cpu cores {row['server_cpu']['cores']}, busiest thread {row['server_cpu']['busiest_thread']}"
+    if row.get("redis_per_token"):
+        line += f"\n{'':>14}redis commands per token {row['redis_per_token']}"
     for process, n in sorted(row.get("peak_processes", {}).items(), key=lambda kv: -kv[1])[:6]:
         line += f"\n{'':>14}{n / 1e9:6.2f} GB  {process}"
     return line
@@ -167,6 +184,8 @@ def make_server(name: str, batch: int, args: argparse.Namespace, work: Path) -> 
         return OurService(f"ours_b{batch}", work, ROOT, args.model, batch, 8100)
     if name == "ourspg":
         return OurService(f"ourspg_b{batch}", work, ROOT, args.model, batch, 8104, postgres=args.postgres)
+    if name.startswith("ours-w") and name[6:].isdigit():  # ours with that many daphne processes
+        return OurService(f"{name}_b{batch}", work, ROOT, args.model, batch, 8105, web_processes=int(name[6:]))
     if name in args.trees:
         return OurService(f"{name}_b{batch}", work, args.trees[name], args.model, batch, 8103)
     if name == "engine":
@@ -246,7 +265,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True, help="an mlx-lm model folder")
     parser.add_argument("--servers", default="ours,vllm,mlxlm",
-                        help="ours, ourspg (ours on PostgreSQL), engine, vllm, mlxlm, and the names of --old checkouts")
+                        help="ours, ourspg (ours on PostgreSQL), ours-wN (ours with N web processes), engine, vllm, "
+                             "mlxlm, and the names of --old checkouts")
     parser.add_argument("--old", action="append", default=[], metavar="[NAME=]DIR",
                         help="another checkout of this project, for an A/B (server NAME, default 'old'); repeatable")
     parser.add_argument("--concurrency", default="1,32,128")

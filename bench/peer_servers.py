@@ -55,6 +55,11 @@ class Server:
         """Where the time to first token went, for servers that record it (ours)."""
         return {}
 
+    def redis_calls(self) -> dict[str, int]:
+        """Each command's calls so far on the server's Redis (INFO commandstats; servers without
+        one: empty)."""
+        return {}
+
     def wait_ready(self, base: str, key: str = "") -> str:
         headers = {"Authorization": f"Bearer {key}"} if key else {}
         deadline = time.monotonic() + 600
@@ -83,9 +88,10 @@ class OurService(Server):
     instead, the web borrowing connections from psycopg's pool as scripts/run.sh has it."""
 
     def __init__(self, label: str, work: Path, tree: Path, model: str, batch: int, port: int,
-                 postgres: str | None = None) -> None:
+                 postgres: str | None = None, web_processes: int | None = None) -> None:
         super().__init__(label, work)
         self.tree, self.port, self.postgres = tree, port, postgres
+        self.web_processes = web_processes or int(os.environ.get("PEER_WEB_PROCESSES", "4"))
         database = f"{postgres.rstrip('/')}/peer_{label}" if postgres else f"sqlite:///{work}/{label}.sqlite3"
         self.env = {**os.environ, **engine_blas_env(), "DATABASE_URL": database, "MODEL_PATH": model,
                     "REDIS_URL": os.environ.get("PEER_REDIS_URL", "redis://127.0.0.1:6379/11"),
@@ -101,7 +107,7 @@ class OurService(Server):
         # As scripts/run.sh does: the web and the worker load while the database is migrated (the
         # worker takes no job before the migrations are in: WAIT_FOR_MIGRATIONS). `wait -n`: the shell
         # exits when either does, so wait_ready sees a failed start at once.
-        web = os.environ.get("PEER_WEB_PROCESSES", "4")
+        web = self.web_processes
         pool = int(bool(self.postgres))  # the web's pool: PostgreSQL only; the worker keeps its connection
         script = (f"DB_POOL={pool} {sys.executable} -m inference_service.serve_web -b 127.0.0.1 -p {self.port} "
                   f"--processes {web} & DB_POOL=0 WAIT_FOR_MIGRATIONS=300 {sys.executable} manage.py "
@@ -158,6 +164,12 @@ class OurService(Server):
                     "prefix_cache_gb": round(float(cache.get("bytes_used") or 0) / 1e9, 2),
                     "prefix_cache_entries": cache.get("entries")}
         return {}
+
+    def redis_calls(self) -> dict[str, int]:
+        import redis
+
+        stats = redis.Redis.from_url(self.env["REDIS_URL"]).info("commandstats")
+        return {name.removeprefix("cmdstat_"): int(entry["calls"]) for name, entry in stats.items()}
 
     def phases(self, since: dt.datetime, until: dt.datetime) -> dict:
         """Medians over the jobs submitted in [since, until): queued -> claimed by the worker, and
