@@ -7,7 +7,7 @@ at once (the sink's whole output batch).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Container, Iterable, Mapping
 
 import redis
 from django.conf import settings
@@ -25,19 +25,24 @@ def stream_ttl_s() -> int:
     return int(settings.JOB_STREAM_TTL_S)
 
 
-def stream_append(pipe: redis.client.Pipeline, *, job_id: str, entries: Iterable[dict[str, str]]) -> None:
+def stream_append(pipe: redis.client.Pipeline, *, job_id: str, entries: Iterable[dict[str, str]],
+                  refresh_ttl: bool = True) -> None:
     """Queue on ``pipe`` the append of ``entries`` (stream entries, messages.py), in order, to
-    ``job_id``'s stream, and the refresh of the stream's TTL. The caller executes the pipeline: one
-    round trip for every job it appends to (the sink writes a whole output batch in one), in one
-    transaction with what else it holds if it was made with ``transaction=True``."""
+    ``job_id``'s stream, and (``refresh_ttl``) the refresh of the stream's TTL. The caller executes
+    the pipeline: one round trip for every job it appends to (the sink writes a whole output batch
+    in one), in one transaction with what else it holds if it was made with ``transaction=True``."""
     key = job_stream_key(job_id)
     for entry in entries:
         pipe.xadd(key, entry, maxlen=STREAM_MAXLEN, approximate=True)  # type: ignore[arg-type]  # redis-py wants an invariant dict of its own value union
-    pipe.expire(key, stream_ttl_s())
+    if refresh_ttl:
+        pipe.expire(key, stream_ttl_s())
 
 
-def streams_append(pipe: redis.client.Pipeline, *, entries: Mapping[str, Iterable[dict[str, str]]]) -> None:
+def streams_append(pipe: redis.client.Pipeline, *, entries: Mapping[str, Iterable[dict[str, str]]],
+                   refresh_ttl: Container[str] | None = None) -> None:
     """:func:`stream_append` of each job's entries (job id -> its entries, in order), all queued on
-    ``pipe``: the caller's one ``execute`` writes every job's stream in one round trip."""
+    ``pipe``: the caller's one ``execute`` writes every job's stream in one round trip. The TTL of
+    the streams in ``refresh_ttl`` is refreshed (default: every one's)."""
     for job_id, job_entries in entries.items():
-        stream_append(pipe, job_id=job_id, entries=job_entries)
+        stream_append(pipe, job_id=job_id, entries=job_entries,
+                      refresh_ttl=refresh_ttl is None or job_id in refresh_ttl)

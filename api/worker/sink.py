@@ -4,7 +4,8 @@ For each :class:`StepBatch` (one or more engine steps, at most one chunk per job
 
 1. database: finals (the job's status, text and usage);
 2. one Redis pipeline: XADD every chunk and stored final to its job's stream, refresh the
-   streams' TTL (the clients following a job read its stream, api/streaming/relay.py);
+   TTL of new, ending and half-expired streams (the clients following a job read its stream,
+   api/streaming/relay.py);
 3. database: the text so far of running jobs and the first-token times seen since the last write,
    all of them in one UPDATE every ``progress_interval_s`` (for polling clients). A job that
    finishes first gets its first-token time with its final;
@@ -28,6 +29,7 @@ engine thread.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from typing import Any
 
@@ -37,7 +39,7 @@ from django.db import DatabaseError, InterfaceError, OperationalError, close_old
 from api.batches.feed import batch_progress_send
 from api.jobs.services import outputs as job_outputs
 from api.streaming import messages
-from api.streaming.append import streams_append
+from api.streaming.append import stream_ttl_s, streams_append
 from engine_worker.protocol import FinalResult, OutputChunk, StepBatch
 
 logger = logging.getLogger(__name__)
@@ -63,6 +65,8 @@ class RedisJobSink:
         self._first_at: dict[str, float] = {}  # first-token times the database does not have yet
         self._failed: set[str] = set()  # jobs failed here, until the engine's final of theirs comes
         self._ended_batches: set[tuple[int | None, str]] = set()  # (key, batch) of jobs ended in this batch
+        self._ttl_at: dict[str, float] = {}  # job id -> when its stream's TTL was last refreshed
+        self._ttl_half_s = stream_ttl_s() / 2
 
     def publish(self, batch: StepBatch) -> None:
         finals = self._store_finals(batch)
@@ -193,6 +197,7 @@ class RedisJobSink:
         self._ended_batches.clear()
 
     def _forget(self, job_id: str) -> None:
+        self._ttl_at.pop(job_id, None)
         self._texts.pop(job_id, None)
         self._unsaved.discard(job_id)
         self._tokens.pop(job_id, None)
@@ -208,8 +213,14 @@ class RedisJobSink:
             entries.setdefault(chunk.job_id, []).append(messages.chunk_entry(chunk, model=self._model))
         for final in finals:
             entries.setdefault(final["job_id"], []).append(messages.final_entry_from_message(final))
+        # A job's stream TTL counts from its last refresh: refreshed at its first write here, at
+        # its final, and once half of it has passed (``stream_ttl_s``, hours), not at every step.
+        now = time.monotonic()
+        ended = {final["job_id"] for final in finals}
+        refresh = {job_id for job_id in entries if job_id in ended or now - self._ttl_at.get(job_id, -math.inf) >= self._ttl_half_s}
+        self._ttl_at.update((job_id, now) for job_id in refresh - ended)
         pipe = self._redis.pipeline(transaction=False)
-        streams_append(pipe, entries=entries)
+        streams_append(pipe, entries=entries, refresh_ttl=refresh)
         try:
             pipe.execute()
         except redis.RedisError:
