@@ -6,6 +6,7 @@
 #   PG=1 bash bench/h200_prepare.sh     # also PostgreSQL and psycopg, for "DB=postgres bash bench/h200_service.sh"
 #                                       # and peer_bench's server ourspg
 #   PG=1 PEER=0 bash bench/h200_prepare.sh   # without vllm-mlx: PostgreSQL alone does not fit beside it
+#   PEER=0 PYSPY=1 bash bench/h200_prepare.sh  # with py-spy, for bench/h200_profile.sh
 #
 # It writes, for that machine's Python 3.12:
 #   * mlx, mlx-lm and mlx-cuda-13 (slimmed to sm_90 by ../shared/tools/slim_cuda_wheel.py) and gpu-env.sh;
@@ -16,7 +17,8 @@
 #     process of the benchmark imports them); vllm-mlx's own dependencies (they would pull
 #     gigabytes and another mlx-lm). The device side unpacks it into /tmp/site (bench/h200_site.sh);
 #   * redis.tar.xz: this machine's redis-server with the two libraries the machine's image lacks;
-#   * with PG=1: pg.tar.xz (PostgreSQL 16 out of the pgserver wheel) and psycopg in site.tar.xz.
+#   * with PG=1: pg.tar.xz (PostgreSQL 16 out of the pgserver wheel) and psycopg in site.tar.xz;
+#   * with PYSPY=1: py-spy.xz (py-spy's static binary).
 # What travels is the working tree plus .whl/, at most 64 MiB: the script prints every part and the total.
 # SHARED names the folder of the shared GPU tools (default ../shared, beside the repository).
 set -euo pipefail
@@ -95,6 +97,12 @@ if [ "${PG:-0}" = 1 ]; then
         --exclude='*/timezone/[A-DFH-TV-Z]*' --exclude='*/timezone/Europe' --exclude='*/timezone/US' \
         pgserver.libs pgserver/pginstall/bin/postgres pgserver/pginstall/bin/initdb pgserver/pginstall/bin/pg_ctl \
         pgserver/pginstall/lib/postgresql pgserver/pginstall/share/postgresql)
+fi
+
+if [ "${PYSPY:-0}" = 1 ]; then  # bench/h200_profile.sh's sampler: one static binary
+    download --no-deps -d "$work" py-spy==0.4.3
+    (cd "$work" && unzip -q -o py_spy-*.whl 'py_spy-*.data/scripts/py-spy' && xz -9c py_spy-*.data/scripts/py-spy) \
+        > .whl/py-spy.xz
 fi
 
 du -sh .whl/* | sed 's/^/  /'
