@@ -20,7 +20,8 @@ STREAM_MAXLEN = 10_000
 
 
 def stream_ttl_s() -> int:
-    """How long a job's stream stays replayable after its last write (``JOB_STREAM_TTL_S``);
+    """How long a job's stream stays replayable after its final, its last write
+    (``JOB_STREAM_TTL_S``; the worker's sink refreshes a running job's TTL only every half of it);
     after that a client that resumes gets the job's end from the database."""
     return int(settings.JOB_STREAM_TTL_S)
 

@@ -101,7 +101,7 @@ def _drop_stream_now_and_later(job_id: str) -> None:
 
 def drop_stream(job_id: str) -> None:
     """Delete a job's Redis stream, best effort: it expires on its own (JOB_STREAM_TTL_S after its
-    last write) if Redis cannot be reached now. For a deleted job no reader can reach it meanwhile
+    final) if Redis cannot be reached now. For a deleted job no reader can reach it meanwhile
     (every stream read first checks the job, which is not found once deleted)."""
     try:
         get_redis().delete(redis_keys.job_stream_key(job_id))
