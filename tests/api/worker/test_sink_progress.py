@@ -13,16 +13,9 @@ from api.worker import sink as sink_module
 from api.worker.sink import RedisJobSink
 from engine_worker.protocol import OutputChunk, StepBatch
 from tests.api.factories import make_job
+from tests.api.worker.clock import Clock
 
 pytestmark = pytest.mark.django_db
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def test_jobs_that_start_on_different_steps_share_one_progress_write(redis_client, monkeypatch):

@@ -11,16 +11,9 @@ from api.worker import sink as sink_module
 from api.worker.sink import RedisJobSink
 from engine_worker.protocol import FinalResult, OutputChunk, StepBatch
 from tests.api.factories import make_job
+from tests.api.worker.clock import Clock
 
 pytestmark = pytest.mark.django_db
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def _chunk(job_id: str, seq: int) -> OutputChunk:
