@@ -22,7 +22,7 @@ import statistics
 
 # The service's path, in order. "sent" and "first_text" are the client's; "queued" and "started"
 # the job row's (the claim's UPDATE stamps started_at).
-SERVICE = ["sent", "queued", "started", "claimed", "admit_sent", "admit_recv", "engine_submit", "add_request",
+SERVICE = ["sent", "web_open", "submit_start", "queued", "started", "claimed", "admit_sent", "admit_recv", "engine_submit", "add_request",
            "step_start", "inserted", "gen_start", "first_token", "listener", "folded", "pipe_sent", "parent_recv", "redis",
            "relay", "first_text"]
 GROUPED = ["claimed", "admit_sent", "add_request", "inserted", "first_token"]

@@ -1,5 +1,5 @@
 """Per-job timestamps along the job path, in every process, for a diagnosis: where the time
-between a job's claim and its first token goes.
+between a request's arrival and its first token goes.
 
 With ``bench/probes`` first on ``PYTHONPATH`` and an output prefix in ``TTFT_PROBE``, every Python
 process started with that environment (peer_bench's servers ``ours`` and ``engine`` inherit it)
@@ -7,6 +7,9 @@ then records, for each job, the wall-clock time (``time.time()``: one clock for 
 the machine) it first passes each of these points, one JSON line per point and batch of jobs
 appended to ``<TTFT_PROBE>.<pid>.jsonl`` (``{"point", "at", "jobs"}``):
 
+* ``web_open``: the web's OpenAI consumer had the whole request and began to submit it (``_open``);
+* ``submit_start``: ``job_create`` began, on the consumer's database thread (the key is
+  authenticated and the body parsed by then); the job's row stamps ``queued`` once it is built;
 * ``claimed``: the worker's claim returned the job (``jobs_claim``), parent;
 * ``admit_sent``: ``EngineProcess.submit_many`` sends its Admit, parent;
 * ``admit_recv``: the engine process takes the Admit off the pipe (``_obey``), child;
@@ -190,6 +193,31 @@ def _coalesce(module: Any) -> None:
     _wrap(module.ChunkCoalescer, "fold", fold)
 
 
+def _consumer(module: Any) -> None:
+    def open_(original: Callable[..., Any]) -> Callable[..., Any]:
+        async def run(self: Any) -> Any:
+            at = time.time()
+            result = await original(self)
+            if self._job_id is not None:
+                mark("web_open", [self._job_id], at)
+            return result
+        return run
+
+    _wrap(module.CompletionConsumer, "_open", open_)
+
+
+def _submission(module: Any) -> None:
+    def job_create(original: Callable[..., Any]) -> Callable[..., Any]:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            at = time.time()
+            submission = original(*args, **kwargs)
+            mark("submit_start", [str(submission.job.id)], at)
+            return submission
+        return run
+
+    module.job_create = functools.wraps(module.job_create)(job_create(module.job_create))
+
+
 def _claim(module: Any) -> None:
     def jobs_claim(original: Callable[..., Any]) -> Callable[..., Any]:
         def run(*args: Any, **kwargs: Any) -> Any:
@@ -229,6 +257,8 @@ TARGETS: dict[str, Callable[[Any], None]] = {
     "engine_worker.engine.core": _core,
     "engine_worker.sched.scheduler": _scheduler,
     "engine_worker.runtime.coalesce": _coalesce,
+    "api.openai_api.consumer": _consumer,
+    "api.jobs.services.submission": _submission,
     "api.jobs.services.claim": _claim,
     "api.worker.sink": _sink,
     "api.streaming.relay": _relay,
