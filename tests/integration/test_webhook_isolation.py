@@ -6,7 +6,9 @@ submitted 0.4 s apart, so that beat's 2 s sweep is sampled across its period) an
 5-line batch (the median of 3; one takes about half a second, so a single slow poll would double
 a mean of fewer) are measured alone, then again while key A's 10 jobs call 10 receivers that accept
 and never answer and key C's job calls a receiver that answers after 3 s. Each figure stays within
-2x of its own without them; C's slow delivery succeeds on its first attempt."""
+2x of its own without them, or within 1 s of it: a batch of about 0.35 s alone took 1.05 s in one
+full-suite run on 2 cores beside other tests' processes, while an attempt that stalled others would
+add its whole WEBHOOK_TIMEOUT_S (5 s). C's slow delivery succeeds on its first attempt."""
 
 from __future__ import annotations
 
@@ -33,6 +35,7 @@ HANGING = 10
 SAMPLES = 5
 BATCHES = 3
 RATIO = 2.0
+SLACK_S = 1.0  # below WEBHOOK_TIMEOUT_S, the least a stall behind a hanging attempt would add
 
 
 @pytest.fixture
@@ -114,8 +117,8 @@ def test_hanging_and_slow_receivers_of_other_keys_do_not_stall_a_keys_webhooks_a
     print(f"\nkey B alone: webhook {alone[0]:.2f} s, batch {alone[1]:.2f} s; beside {HANGING} hanging and a 3 s "
           f"receiver: webhook {loaded[0]:.2f} s ({loaded[0] / alone[0]:.2f}x), batch {loaded[1]:.2f} s "
           f"({loaded[1] / alone[1]:.2f}x); hanging attempts made: {hanging_attempts}")
-    assert loaded[0] <= RATIO * alone[0], (alone, loaded)
-    assert loaded[1] <= RATIO * alone[1], (alone, loaded)
+    assert loaded[0] <= max(RATIO * alone[0], alone[0] + SLACK_S), (alone, loaded)
+    assert loaded[1] <= max(RATIO * alone[1], alone[1] + SLACK_S), (alone, loaded)
     [slow_delivery] = WebhookDelivery.objects.filter(api_key=key_c)
     assert slow_delivery.status == WebhookDeliveryStatus.DELIVERED and slow_delivery.attempts == 1
     assert WebhookDelivery.objects.filter(api_key=key_b, status=WebhookDeliveryStatus.DELIVERED).count() == 3 * SAMPLES
