@@ -12,7 +12,7 @@
 #   * mlx, mlx-lm and mlx-cuda-13 (slimmed to sm_90 by ../shared/tools/slim_cuda_wheel.py) and gpu-env.sh;
 #   * site.tar.xz: the service's wheels with their dependencies and vllm-mlx 0.6.0 with the server
 #     packages it needs, less those the machine's image already has, unpacked into one folder and
-#     packed with xz (15.5 MiB against 23.8 as wheels). Left out: Django's and DRF's translations,
+#     packed with xz (the script prints its size). Left out: Django's and DRF's translations,
 #     Django's GIS package, Twisted's and autobahn's tests, autobahn's bundled flatc binary (no
 #     process of the benchmark imports them); vllm-mlx's own dependencies (they would pull
 #     gigabytes and another mlx-lm). The device side unpacks it into /tmp/site (bench/h200_site.sh);
@@ -86,7 +86,7 @@ tar cf - -C "$work/site" . | xz -9 -T0 > .whl/site.tar.xz
 
 mkdir -p "$work/bin"
 cp "$(command -v redis-server)" /lib/x86_64-linux-gnu/libjemalloc.so.2 /lib/x86_64-linux-gnu/liblzf.so.1 "$work/bin/"
-tar cJf .whl/redis.tar.xz -C "$work/bin" .  # 3.2 MiB as files, 1.1 packed
+tar cJf .whl/redis.tar.xz -C "$work/bin" .
 
 if [ "${PG:-0}" = 1 ]; then
     download --no-deps -d "$work" pgserver==0.1.4

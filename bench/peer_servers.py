@@ -260,9 +260,9 @@ def engine_blas_env() -> dict[str, str]:
     """OpenBLAS's threads for an engine process, as scripts/run.sh sets them for its one worker:
     on a machine of at most 4 cores one core is left to the other processes (the web's, the
     client's). Without it, on 2 cores, OpenBLAS's spinning threads and the service's other
-    processes share both cores and the service's decode steps wait for theirs: ours / engine 0.83
-    to 0.86 tok/s at C=1 on the tiny model, 1.00 with it. Both ``ours`` and ``engine`` get it; an
-    OPENBLAS_NUM_THREADS already set wins. No effect on a GPU, where the model uses no BLAS."""
+    processes share both cores and the service's decode steps wait for theirs. Both ``ours`` and
+    ``engine`` get it; an OPENBLAS_NUM_THREADS already set wins. No effect on a GPU, where the model
+    uses no BLAS."""
     if "OPENBLAS_NUM_THREADS" in os.environ:
         return {}
     cores = os.cpu_count() or 2

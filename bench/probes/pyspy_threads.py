@@ -40,8 +40,8 @@ def report(path: str, top: int) -> None:
             for name in {re.sub(r":\d+\)$", ")", f) for f in frames}:
                 inclusive[name] += n
             own[frames[-1] if frames else "(no frame)"] += n
-        print(f"-- {thread}: {samples} samples; inclusive")
-        for name, n in inclusive.most_common(top):
+        print(f"-- {thread}: {samples} samples; inclusive (less the frames of nearly every sample)")
+        for name, n in [(name, n) for name, n in inclusive.most_common() if n < 0.99 * samples][:top]:
             print(f"  {n / samples:6.1%}  {name[:150]}")
         print("   self")
         for name, n in own.most_common(top // 2):
