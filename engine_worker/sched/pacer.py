@@ -1,7 +1,4 @@
-"""When a step admits new prompts: not in a step that hands out first tokens while holding pays,
-and not for a trickle of arrivals that a moment's wait would gather into one group.
-
-**First tokens.**
+"""Whether a step that hands out first tokens should also admit new prompts.
 
 mlx-lm samples a sequence's first token in the step that ends its prompt and returns it from the
 next step, after that step's own work. If that next step also admits prompts (merging their
@@ -17,22 +14,6 @@ with ``admit_s`` and ``decode_s`` running averages of this generator's measured 
 queue (a burst arriving, light traffic) is held; a deep one (hundreds waiting, where throughput is
 what counts) is not. Until both kinds of step have been measured, it holds: that costs one
 decode step, once.
-
-**Groups.** An admission step costs every decoding request ``admit_s - decode_s`` (merging caches,
-prefilling, the generator's syncs before it splits the prompts into the decode batch), and most of
-that cost is per step, not per prompt. Requests that arrive one by one (a service's clients, whose
-requests come as the web hands them over) would make nearly every step an admission step. Holding
-them gathers a group that pays the cost once. The pacer holds a short queue while::
-
-    waited_s < running * (admit_s - decode_s)
-
-with ``waited_s`` the seconds the queued requests have waited, summed. This is the economic order
-quantity: over a cycle of holds and one admission, the summed wait of the held grows as the square
-of the cycle and the running requests' cost is fixed, and their sum per second is least where the
-two are equal. Nothing is held when the queue fills what one admission step can take (the
-generator's free prefill slots, the batch's room, the step's prompt-token budget: a larger group
-could not start in one step anyway), when nothing is decoding, or before both kinds of step
-have been measured.
 """
 
 from __future__ import annotations
@@ -64,16 +45,6 @@ class AdmissionPacer:
         if self.admit_s is None or self.decode_s is None:
             return True
         return due * max(self.admit_s - self.decode_s, 0.0) > waiting * self.decode_s
-
-    def gathers(self, *, decoding: int, waiting: int, room: int, waited_s: float) -> bool:
-        """Whether to hold ``waiting`` requests, who have waited ``waited_s`` seconds in all, so that
-        later arrivals join their group, while ``decoding`` requests run and one admission step has
-        ``room`` for that many prompts."""
-        if decoding <= 0 or waiting <= 0 or waiting >= room:
-            return False
-        if self.admit_s is None or self.decode_s is None:
-            return False
-        return waited_s < decoding * max(self.admit_s - self.decode_s, 0.0)
 
 
 def _average(previous: float | None, sample: float) -> float:

@@ -4,8 +4,7 @@ A state machine with no I/O. ``step()`` is the one step function: hand out the o
 requests that ended between steps, admit waiting requests within the budgets
 (``max_num_seqs``/generator capacity, the generator's free prefill slots,
 ``max_num_batched_tokens``, the worker's memory budget, policy order; none while first tokens are
-due and holding pays, nor while a short queue gathers into a group, see
-:mod:`engine_worker.sched.pacer`; under the priority policy a full batch
+due and holding pays, see :mod:`engine_worker.sched.pacer`; under the priority policy a full batch
 gives way to more urgent requests), fit the batch to the memory budget, run one generator step,
 turn its responses into :class:`RequestOutput`s. A step that runs out of device memory is
 survived: the batch waits again and runs at most half as large.
@@ -196,25 +195,11 @@ class Scheduler:
 
     def _admits_this_step(self) -> bool:
         """Whether this step hands the generator new prompts: not when it returns first tokens
-        and holding admission for one decode step gains them more than it costs the queue, nor
-        while a short queue gathers into a group whose one admission step costs the batch less
-        than separate ones (:mod:`engine_worker.sched.pacer`). A request that would start in the
-        urgent lane is never held."""
+        and holding admission for one decode step gains them more than it costs the queue
+        (:mod:`engine_worker.sched.pacer`)."""
         if not self.running:
             return True
-        waiting = len(self.waiting)
-        if self._pacer.hold(due=self._batch.first_tokens_due, waiting=waiting):
-            return False
-        if self._batch.prefilling or self._urgent(self.waiting.peek()):
-            return True  # a prefill in progress makes this step an admission step anyway
-        config = self.config
-        room = min(config.prefill_batch_size, self._guard.cap(config.max_running) - len(self.running))
-        # A larger group could not start in one step. Checked first: the sums below stay over a
-        # short queue.
-        if waiting >= room or sum(r.num_prompt_tokens for r in self.waiting) >= config.max_num_batched_tokens:
-            return True
-        return not self._pacer.gathers(decoding=len(self.running), waiting=waiting, room=room,
-                                       waited_s=self.waiting.waited_s())
+        return not self._pacer.hold(due=self._batch.first_tokens_due, waiting=len(self.waiting))
 
     def _insert(self, request: Request) -> bool:
         sp = request.sampling_params

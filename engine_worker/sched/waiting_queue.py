@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import bisect
 import itertools
-import time
 from collections.abc import Iterator
 
 from engine_worker.common.config import SchedulingPolicy
@@ -16,8 +15,7 @@ class WaitingQueue:
 
     Kept as a sorted list: pushes are a binary search plus a memmove, which stays far below a
     model step for the few thousand waiting requests a worker can hold, and removal of an aborted
-    request is direct (the seed's deque lost aborted waiters, defect 8). It also knows since when
-    each request has waited here (:meth:`waited_s`), for the pacer's grouping rule.
+    request is direct (the seed's deque lost aborted waiters, defect 8).
     """
 
     def __init__(self, policy: SchedulingPolicy = SchedulingPolicy.FCFS) -> None:
@@ -25,7 +23,6 @@ class WaitingQueue:
         self._items: list[tuple[tuple, Request]] = []
         self._seq = itertools.count()
         self._front = itertools.count(-1, -1)  # keys of push_front, each ahead of all before it
-        self._since: dict[str, float] = {}  # request id -> when it was queued (time.monotonic)
 
     def _key(self, request: Request) -> tuple:
         # The sequence number breaks ties (equal arrival times) in push order.
@@ -36,7 +33,6 @@ class WaitingQueue:
     def push(self, request: Request) -> None:
         key = self._key(request)
         bisect.insort(self._items, (key, request), key=lambda item: item[0])
-        self._since.setdefault(request.request_id, time.monotonic())
 
     def push_front(self, request: Request) -> None:
         """Queue a request taken back out of the batch: under FCFS ahead of every other; under
@@ -45,18 +41,15 @@ class WaitingQueue:
             self.push(request)
             return
         self._items.insert(0, ((next(self._front),), request))
-        self._since.setdefault(request.request_id, time.monotonic())
 
     def peek(self) -> Request:
         return self._items[0][1]
 
     def pop(self) -> Request:
-        request = self._items.pop(0)[1]
-        self._since.pop(request.request_id, None)
-        return request
+        return self._items.pop(0)[1]
 
     def pop_entry(self) -> tuple[tuple, Request]:
-        """Pop the head with its queue key, for :meth:`restore`. It keeps its queueing time."""
+        """Pop the head with its queue key, for :meth:`restore`."""
         return self._items.pop(0)
 
     def restore(self, entry: tuple[tuple, Request]) -> None:
@@ -68,18 +61,11 @@ class WaitingQueue:
         for i, (_, queued) in enumerate(self._items):
             if queued is request:
                 del self._items[i]
-                self._since.pop(request.request_id, None)
                 return True
         return False
 
     def clear(self) -> None:
         self._items.clear()
-        self._since.clear()
-
-    def waited_s(self, now: float | None = None) -> float:
-        """The seconds the queued requests have waited here, summed."""
-        now = time.monotonic() if now is None else now
-        return sum(now - self._since.get(request.request_id, now) for _, request in self._items)
 
     def __len__(self) -> int:
         return len(self._items)

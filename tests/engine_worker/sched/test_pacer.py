@@ -47,23 +47,3 @@ def test_the_averages_follow_the_recent_steps():
         pacer.record(0.040, prompt_work=True)
     assert pacer.admit_s == pytest.approx(0.040, rel=0.01)
     assert pacer.decode_s == pytest.approx(0.002)
-
-
-def test_a_short_queue_is_gathered_until_its_summed_wait_reaches_what_an_admission_step_costs_the_batch():
-    pacer = _pacer(admit_ms=10, decode_ms=2)  # an admission step costs each of 16 decoding 8 ms: 128 ms
-    assert pacer.gathers(decoding=16, waiting=3, room=32, waited_s=0.127)
-    assert not pacer.gathers(decoding=16, waiting=3, room=32, waited_s=0.128)
-    assert pacer.gathers(decoding=64, waiting=3, room=32, waited_s=0.5)  # a larger batch waits longer
-
-
-def test_nothing_is_gathered_when_one_step_could_take_no_more_or_nothing_decodes():
-    pacer = _pacer(admit_ms=10, decode_ms=2)
-    assert not pacer.gathers(decoding=16, waiting=32, room=32, waited_s=0.0)
-    assert not pacer.gathers(decoding=16, waiting=1, room=1, waited_s=0.0)
-    assert not pacer.gathers(decoding=0, waiting=3, room=32, waited_s=0.0)
-    assert not pacer.gathers(decoding=16, waiting=0, room=32, waited_s=0.0)
-
-
-def test_nothing_is_gathered_before_the_steps_are_measured_or_when_admission_costs_nothing_extra():
-    assert not AdmissionPacer().gathers(decoding=16, waiting=1, room=32, waited_s=0.0)
-    assert not _pacer(admit_ms=2, decode_ms=2).gathers(decoding=16, waiting=1, room=32, waited_s=0.0)

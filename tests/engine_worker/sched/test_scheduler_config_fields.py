@@ -115,8 +115,6 @@ def _tokens_during_long_prefill(model, tokenizer, config):
     while scheduler.get_request("running").num_output_tokens == 0:
         scheduler.step()
     scheduler.add_request(Request("long", prompt_ids(tokenizer, 640), greedy(2, ignore_eos=True)))
-    while scheduler.get_num_waiting():  # the pacer may hold it for a step or two while "running" decodes
-        scheduler.step()
     before = scheduler.get_request("running").num_output_tokens
     while scheduler.get_request("long").num_output_tokens == 0:
         scheduler.step()

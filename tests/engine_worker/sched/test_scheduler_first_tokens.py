@@ -10,7 +10,17 @@ from engine_worker.sched.pacer import AdmissionPacer
 from engine_worker.sched.scheduler import Scheduler
 from tests.engine_worker.engine_helpers import final, greedy, prompt_ids, run_scheduler, solo_tokens
 from tests.engine_worker.fake_runner import scripted_scheduler
-from tests.engine_worker.sched.fixed_pacer import FixedPacer
+
+
+class _FixedPacer(AdmissionPacer):
+    """Step times fixed, so the hold decisions do not depend on this machine's speed."""
+
+    def __init__(self, admit_ms: float, decode_ms: float) -> None:
+        super().__init__()
+        self.admit_s, self.decode_s = admit_ms / 1000, decode_ms / 1000
+
+    def record(self, seconds: float, *, prompt_work: bool) -> None:
+        pass
 
 
 def _scheduler(model, tokenizer, pacer: AdmissionPacer | None = None, **config) -> Scheduler:
@@ -44,7 +54,7 @@ def test_a_burst_enters_the_generator_a_prefill_batch_at_a_time_and_first_tokens
     model, tokenizer = tiny_model
     prompts = [prompt_ids(tokenizer, 20 + 3 * i, seed_text=f"item {i} = {i * i}\n") for i in range(12)]
     expected = [solo_tokens(model, tokenizer, p, 6) for p in prompts]
-    scheduler = _scheduler(model, tokenizer, FixedPacer(admit_ms=10, decode_ms=2), prefill_batch_size=4)
+    scheduler = _scheduler(model, tokenizer, _FixedPacer(admit_ms=10, decode_ms=2), prefill_batch_size=4)
     requests = [Request(f"r{i}", p, greedy(6)) for i, p in enumerate(prompts)]
 
     outputs, admitted, _ = _run(scheduler, {0: requests})
@@ -65,7 +75,7 @@ def test_a_burst_enters_the_generator_a_prefill_batch_at_a_time_and_first_tokens
 
 def test_a_request_of_higher_priority_arriving_during_a_burst_starts_before_the_rest_of_it(tiny_model):
     model, tokenizer = tiny_model
-    scheduler = _scheduler(model, tokenizer, FixedPacer(admit_ms=10, decode_ms=2), prefill_batch_size=2,
+    scheduler = _scheduler(model, tokenizer, _FixedPacer(admit_ms=10, decode_ms=2), prefill_batch_size=2,
                            policy=SchedulingPolicy.PRIORITY)
     burst = [Request(f"low{i}", prompt_ids(tokenizer, 16 + i), greedy(4), priority=5) for i in range(6)]
     urgent = Request("urgent", prompt_ids(tokenizer, 18, seed_text="now()\n"), greedy(4), priority=0)
@@ -83,7 +93,7 @@ def test_a_deep_queue_is_admitted_without_holding_and_a_short_one_is_held():
     # Holding gains each of 4 due requests 4 ms and costs each waiter 2 ms: held below 8 waiting.
     # Pacing alone: the scripted runner, paced like mlx-lm's generator.
     scheduler = scripted_scheduler(enable_prefix_cache=False, prefill_batch_size=4)
-    scheduler._pacer = FixedPacer(admit_ms=6, decode_ms=2)
+    scheduler._pacer = _FixedPacer(admit_ms=6, decode_ms=2)
     requests = [Request(f"r{i:02d}", list(range(10, 22 + i % 5)), greedy(3)) for i in range(24)]
 
     outputs, admitted, waiting_after = _run(scheduler, {0: requests})

@@ -30,21 +30,3 @@ def test_priority_queue_orders_by_priority_then_arrival_and_restore_keeps_that_o
     assert entry[1].request_id == "early-urgent"
     queue.restore(entry)
     assert [r.request_id for r in queue] == ["early-urgent", "late-urgent", "early-lax"]
-
-
-def test_it_sums_how_long_its_requests_have_waited_in_it(monkeypatch):
-    clock = [100.0]
-    monkeypatch.setattr("engine_worker.sched.waiting_queue.time.monotonic", lambda: clock[0])
-    queue = WaitingQueue(SchedulingPolicy.FCFS)
-    queue.push(_req("a", arrival=1.0))  # queued at 100, whatever its arrival time
-    clock[0] = 100.5
-    queue.push(_req("b"))
-    clock[0] = 101.0
-    assert queue.waited_s() == 1.5
-    entry = queue.pop_entry()  # deferred for a step: it keeps its time
-    queue.restore(entry)
-    assert queue.waited_s() == 1.5
-    queue.pop()
-    assert queue.waited_s() == 0.5
-    queue.remove(next(iter(queue)))
-    assert queue.waited_s() == 0.0 and not queue._since
