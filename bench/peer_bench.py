@@ -40,6 +40,8 @@ import os
 import statistics
 import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
 from pathlib import Path
 
 import httpx
@@ -86,22 +88,57 @@ async def _one(client: httpx.AsyncClient, url: str, headers: dict, body: dict) -
     return rec
 
 
-async def load(base: str, model: str, key: str, concurrency: int, max_tokens: int, requests: int) -> dict:
-    """``requests`` streamed chat completions, ``concurrency`` at a time (closed loop)."""
+async def load(base: str, model: str, key: str, concurrency: int, max_tokens: int, requests: int,
+               first: int = 0) -> dict:
+    """``requests`` streamed chat completions (messages ``first`` on), ``concurrency`` at a time
+    (closed loop)."""
     url = f"{base}/v1/chat/completions"
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)
     cpu = time.process_time()
     async with httpx.AsyncClient(limits=limits, timeout=600) as client:
         async def one(i: int) -> dict:
-            body = {"model": model, "messages": chat_messages(i), "stream": True, "max_tokens": max_tokens,
+            body = {"model": model, "messages": chat_messages(first + i), "stream": True, "max_tokens": max_tokens,
                     "temperature": 0.0, "stream_options": {"include_usage": True}}
             return await _one(client, url, headers, body)
 
         records, wall = await closed_loop(concurrency, requests, one)
     # The client's CPU seconds per second of the level (this process: the event loop, the memory
     # sampler's thread): near 1.0 the client, not the server, sets the pace.
-    return {**load_row(records, wall), "client_cpu": round((time.process_time() - cpu) / wall, 2)}
+    return {**load_row(records, wall), "client_cpu": round((time.process_time() - cpu) / wall, 2),
+            "records": records, "client_cpu_s": time.process_time() - cpu}
+
+
+def _part(base: str, model: str, key: str, concurrency: int, max_tokens: int, requests: int, first: int,
+          start_at: float) -> tuple[list[dict], float, float, float]:
+    """One client process's share of a level, started at ``start_at`` (``time.time()``): its records,
+    when it started and ended, and its CPU seconds."""
+    time.sleep(max(0.0, start_at - time.time()))
+    started = time.time()
+    row = asyncio.run(load(base, model, key, concurrency, max_tokens, requests, first))
+    return row["records"], started, time.time(), row["client_cpu_s"]
+
+
+def load_in(pool: ProcessPoolExecutor | None, processes: int, base: str, model: str, key: str,
+            concurrency: int, max_tokens: int, requests: int) -> dict:
+    """A level from ``processes`` client processes (``pool``), each with its share of the clients
+    and requests, all started at once; in this process when ``pool`` is None. ``client_cpu`` is
+    then the processes' CPU cores summed, and ``client_cpu_max`` the busiest one's."""
+    if pool is None:
+        row = asyncio.run(load(base, model, key, concurrency, max_tokens, requests))
+        del row["records"], row["client_cpu_s"]
+        return row
+    n = min(processes, concurrency)
+    shares = [concurrency // n + (i < concurrency % n) for i in range(n)]
+    starts = [sum(shares[:i]) * requests // concurrency for i in range(n + 1)]
+    start_at = time.time() + 0.2
+    futures = [pool.submit(_part, base, model, key, shares[i], max_tokens, starts[i + 1] - starts[i], starts[i],
+                           start_at) for i in range(n)]
+    parts = [f.result() for f in futures]
+    wall = max(p[2] for p in parts) - min(p[1] for p in parts)
+    row = load_row([r for p in parts for r in p[0]], wall)
+    return {**row, "client_cpu": round(sum(p[3] for p in parts) / wall, 2),
+            "client_cpu_max": round(max(p[3] / (p[2] - p[1]) for p in parts), 2)}
 
 
 # -- the run -------------------------------------------------------------------------------------
@@ -120,7 +157,7 @@ def measure(server: Server, levels: list[int], args: argparse.Namespace) -> list
         base, model, key = connection
 
         def run(c: int, max_tokens: int, requests: int) -> dict:
-            return asyncio.run(load(base, model, key, c, max_tokens, requests))
+            return load_in(args.pool, args.client_processes, base, model, key, c, max_tokens, requests)
     ready_s = round(time.perf_counter() - started, 2)
     print(f"  {server.label:>10} ready in {ready_s} s", flush=True)
     sampler = MemorySampler(server.proc.pid, idle)
@@ -162,7 +199,8 @@ def per_token(before: dict[str, int], after: dict[str, int], tokens: float) -> d
 def _line(label: str, row: dict) -> str:
     line = (f"  {label:>10} C={row['concurrency']:<4} max_tokens={row['max_tokens']:<4} tok/s={row['tok_s']:<8} "
             f"req/s={row['req_s']:<7} ttft p50={row['ttft_p50_ms']} p95={row['ttft_p95_ms']} "
-            f"stream p50={row['stream_p50_ms']} errors={row['errors']} client cpu={row.get('client_cpu')} "
+            f"stream p50={row['stream_p50_ms']} errors={row['errors']} client cpu={row.get('client_cpu')}"
+            f"{' (max ' + str(row['client_cpu_max']) + ')' if 'client_cpu_max' in row else ''} "
             f"peak={row['peak_memory_bytes'] / 1e9:.2f} GB (device {row['device_peak_bytes'] / 1e9:.2f} GB) "
             f"{row['error_samples'] or ''}")
     if "claim_p50_ms" in row:
@@ -279,8 +317,13 @@ def main() -> None:
     parser.add_argument("--one-token-requests", type=int, default=4, help="one-token requests per client")
     parser.add_argument("--postgres", default=os.environ.get("PEER_POSTGRES", "postgresql://postgres@127.0.0.1:5432"),
                         help="server ``ourspg``'s PostgreSQL server (it creates database peer_<label> there)")
+    parser.add_argument("--client-processes", type=int, default=1, metavar="N",
+                        help="run the clients of each level in N processes (a level's clients and requests "
+                             "shared out), so that one process's event loop does not set the pace")
     parser.add_argument("--out", default=None, help="folder for the servers' logs and the JSON result")
     args = parser.parse_args()
+    args.pool = (ProcessPoolExecutor(args.client_processes, mp_context=get_context("spawn"))
+                 if args.client_processes > 1 else None)
     args.trees = {}
     for item in args.old:
         name, _, tree = item.rpartition("=")
