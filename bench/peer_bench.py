@@ -22,7 +22,9 @@ the peak memory of the level (GPU memory from nvidia-smi, sampled every half sec
 a GPU: the server's processes, and the whole device's use above what it was before the server
 started; else RSS), and per server start its time to ready. With ``--one-token C`` (default 128)
 each server also answers ``--one-token-requests`` (4) x C requests of one token at C clients: the
-cost of the job path itself (row ``max_tokens`` 1).
+cost of the job path itself (row ``max_tokens`` 1). The clients run in ``--client-processes``
+processes (4): one process's event loop at 128 clients used most of a core and delayed the
+requests it sent (docs/benchmarks.md, call 15).
 Then one line per level of ``ours / peer``: tok/s and TTFT p50 (requests/s for one token). The last
 line is one JSON object with every row and the ratios ``ours / peer`` (and ``new / old``).
 
@@ -317,9 +319,10 @@ def main() -> None:
     parser.add_argument("--one-token-requests", type=int, default=4, help="one-token requests per client")
     parser.add_argument("--postgres", default=os.environ.get("PEER_POSTGRES", "postgresql://postgres@127.0.0.1:5432"),
                         help="server ``ourspg``'s PostgreSQL server (it creates database peer_<label> there)")
-    parser.add_argument("--client-processes", type=int, default=1, metavar="N",
+    parser.add_argument("--client-processes", type=int, default=4, metavar="N",
                         help="run the clients of each level in N processes (a level's clients and requests "
-                             "shared out), so that one process's event loop does not set the pace")
+                             "shared out), so that one process's event loop does not set the pace; 1: in "
+                             "this process")
     parser.add_argument("--out", default=None, help="folder for the servers' logs and the JSON result")
     args = parser.parse_args()
     args.pool = (ProcessPoolExecutor(args.client_processes, mp_context=get_context("spawn"))
