@@ -29,6 +29,9 @@ print(*(f"postgresql://postgres@127.0.0.1:5432/{n}" for n, in c.execute("SELECT 
 }
 case " $* " in *ourspg*) start_postgres ;; esac  # server ourspg: the service on PostgreSQL
 out=${OUT:-/tmp/peer}
+for probe in "${TTFT_PROBE:-}" "${STEP_PROBE:-}"; do  # the probes write beside their prefix
+    [ -z "$probe" ] || mkdir -p "$(dirname "$probe")"
+done
 status=0
 python3 bench/peer_bench.py --model "$MODEL" --out "$out" "$@" || status=$?
 if [ -n "${TTFT_PROBE:-}" ]; then
