@@ -8,7 +8,7 @@
 #   device: carry [".whl"], command "OUT=$OUT/profile bash bench/h200_profile.sh"
 #   here:   python bench/probes/pyspy_threads.py <files_at>/profile/ours.txt <files_at>/profile/engine.txt
 #
-# C (default 128) clients, REQUESTS per client (default 6: a level of about 20 s), PROFILE_S (10)
+# C (default 128) clients, REQUESTS per client (default 6: the level outlasts START_S + PROFILE_S), PROFILE_S (10)
 # seconds of samples from START_S (8) seconds after the server is ready (past the warm-up).
 set -euo pipefail
 out=${OUT:-/tmp/profile}

@@ -23,8 +23,7 @@ a GPU: the server's processes, and the whole device's use above what it was befo
 started; else RSS), and per server start its time to ready. With ``--one-token C`` (default 128)
 each server also answers ``--one-token-requests`` (4) x C requests of one token at C clients: the
 cost of the job path itself (row ``max_tokens`` 1). The clients run in ``--client-processes``
-processes (4): one process's event loop at 128 clients used most of a core and delayed the
-requests it sent (docs/benchmarks.md, call 15).
+processes (4), so that no one process's event loop sets the pace (docs/benchmarks.md, call 15).
 Then one line per level of ``ours / peer``: tok/s and TTFT p50 (requests/s for one token). The last
 line is one JSON object with every row and the ratios ``ours / peer`` (and ``new / old``).
 
@@ -91,56 +90,53 @@ async def _one(client: httpx.AsyncClient, url: str, headers: dict, body: dict) -
 
 
 async def load(base: str, model: str, key: str, concurrency: int, max_tokens: int, requests: int,
-               first: int = 0) -> dict:
+               first: int = 0) -> tuple[list[dict], float]:
     """``requests`` streamed chat completions (messages ``first`` on), ``concurrency`` at a time
-    (closed loop)."""
+    (closed loop): their records and the wall time."""
     url = f"{base}/v1/chat/completions"
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)
-    cpu = time.process_time()
     async with httpx.AsyncClient(limits=limits, timeout=600) as client:
         async def one(i: int) -> dict:
             body = {"model": model, "messages": chat_messages(first + i), "stream": True, "max_tokens": max_tokens,
                     "temperature": 0.0, "stream_options": {"include_usage": True}}
             return await _one(client, url, headers, body)
 
-        records, wall = await closed_loop(concurrency, requests, one)
-    # The client's CPU seconds per second of the level (this process: the event loop, the memory
-    # sampler's thread): near 1.0 the client, not the server, sets the pace.
-    return {**load_row(records, wall), "client_cpu": round((time.process_time() - cpu) / wall, 2),
-            "records": records, "client_cpu_s": time.process_time() - cpu}
+        return await closed_loop(concurrency, requests, one)
 
 
 def _part(base: str, model: str, key: str, concurrency: int, max_tokens: int, requests: int, first: int,
           start_at: float) -> tuple[list[dict], float, float, float]:
-    """One client process's share of a level, started at ``start_at`` (``time.time()``): its records,
-    when it started and ended, and its CPU seconds."""
+    """One client process's share of a level, started at ``start_at`` (``time.time()``): its
+    records, when it started and ended, and its CPU seconds (the event loop, and in the bench's own
+    process the memory sampler's thread)."""
     time.sleep(max(0.0, start_at - time.time()))
-    started = time.time()
-    row = asyncio.run(load(base, model, key, concurrency, max_tokens, requests, first))
-    return row["records"], started, time.time(), row["client_cpu_s"]
+    started, cpu = time.time(), time.process_time()
+    records, _ = asyncio.run(load(base, model, key, concurrency, max_tokens, requests, first))
+    return records, started, time.time(), time.process_time() - cpu
 
 
 def load_in(pool: ProcessPoolExecutor | None, processes: int, base: str, model: str, key: str,
             concurrency: int, max_tokens: int, requests: int) -> dict:
     """A level from ``processes`` client processes (``pool``), each with its share of the clients
-    and requests, all started at once; in this process when ``pool`` is None. ``client_cpu`` is
-    then the processes' CPU cores summed, and ``client_cpu_max`` the busiest one's."""
+    and requests, all started at once; in this process when ``pool`` is None. ``client_cpu`` is the
+    client's CPU cores over the level (near 1.0 in one process: the client, not the server, sets
+    the pace), summed over the processes, and ``client_cpu_max`` the busiest process's."""
     if pool is None:
-        row = asyncio.run(load(base, model, key, concurrency, max_tokens, requests))
-        del row["records"], row["client_cpu_s"]
-        return row
-    n = min(processes, concurrency)
-    shares = [concurrency // n + (i < concurrency % n) for i in range(n)]
-    starts = [sum(shares[:i]) * requests // concurrency for i in range(n + 1)]
-    start_at = time.time() + 0.2
-    futures = [pool.submit(_part, base, model, key, shares[i], max_tokens, starts[i + 1] - starts[i], starts[i],
-                           start_at) for i in range(n)]
-    parts = [f.result() for f in futures]
+        parts = [_part(base, model, key, concurrency, max_tokens, requests, 0, 0.0)]
+    else:
+        n = min(processes, concurrency)
+        shares = [concurrency // n + (i < concurrency % n) for i in range(n)]
+        starts = [sum(shares[:i]) * requests // concurrency for i in range(n + 1)]
+        start_at = time.time() + 0.2
+        futures = [pool.submit(_part, base, model, key, shares[i], max_tokens, starts[i + 1] - starts[i], starts[i],
+                               start_at) for i in range(n)]
+        parts = [f.result() for f in futures]
     wall = max(p[2] for p in parts) - min(p[1] for p in parts)
-    row = load_row([r for p in parts for r in p[0]], wall)
-    return {**row, "client_cpu": round(sum(p[3] for p in parts) / wall, 2),
-            "client_cpu_max": round(max(p[3] / (p[2] - p[1]) for p in parts), 2)}
+    row = {**load_row([r for p in parts for r in p[0]], wall), "client_cpu": round(sum(p[3] for p in parts) / wall, 2)}
+    if pool is not None:
+        row["client_cpu_max"] = round(max(p[3] / (p[2] - p[1]) for p in parts), 2)
+    return row
 
 
 # -- the run -------------------------------------------------------------------------------------

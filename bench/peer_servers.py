@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import httpx
+from job_rows import job_rows
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -136,18 +137,8 @@ class OurService(Server):
 
     def _job_times(self) -> list[tuple]:
         """Every job's (queued_at, started_at, first_token_at, finished_at) that has all four."""
-        sql = ("SELECT queued_at, started_at, first_token_at, finished_at FROM api_job WHERE started_at IS NOT NULL "
-               "AND first_token_at IS NOT NULL AND finished_at IS NOT NULL")
-        if self.postgres:
-            import psycopg
-
-            with psycopg.connect(self.env["DATABASE_URL"]) as db:
-                return db.execute(sql).fetchall()
-        import sqlite3
-
-        with sqlite3.connect(self.env["DATABASE_URL"].removeprefix("sqlite:///")) as db:
-            rows = db.execute(sql).fetchall()
-        return [tuple(dt.datetime.fromisoformat(v).replace(tzinfo=dt.UTC) for v in row) for row in rows]
+        columns = ["queued_at", "started_at", "first_token_at", "finished_at"]
+        return job_rows(self.env["DATABASE_URL"], columns, " AND ".join(f"{c} IS NOT NULL" for c in columns[1:]))
 
     def engine_memory(self) -> dict:
         """Where the worker's device memory is, from its last heartbeat: mlx's live arrays, its

@@ -14,11 +14,11 @@ alone (bench/engine_loop.py under the same probe) the same steps of its own requ
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import glob
 import json
-import sqlite3
 import statistics
+
+from job_rows import job_rows
 
 # The service's path, in order. "sent" and "first_text" are the client's; "queued" and "started"
 # the job row's (the claim's UPDATE stamps started_at).
@@ -60,15 +60,8 @@ def load(prefix: str, db: str | None) -> dict[str, dict[str, float]]:
 def _job_rows(db: str) -> list[tuple[str, float | None, float | None]]:
     """(id, queued_at, started_at) of every job, the times as Unix seconds; ``db`` a SQLite file or
     a ``postgresql://`` URL."""
-    sql = "SELECT id, queued_at, started_at FROM api_job"
-    if db.startswith("postgres"):
-        import psycopg
-
-        with psycopg.connect(db) as conn:
-            return [(str(i), *(v.timestamp() if v else None for v in times)) for i, *times in conn.execute(sql)]
-    with sqlite3.connect(db) as conn:
-        return [(i, *(dt.datetime.fromisoformat(v).replace(tzinfo=dt.UTC).timestamp() if v else None for v in times))
-                for i, *times in conn.execute(sql)]
+    return [(str(i), *(v.timestamp() if v else None for v in times))
+            for i, *times in job_rows(db, ["id", "queued_at", "started_at"])]
 
 
 def _uuid(hex_id: str) -> str:
