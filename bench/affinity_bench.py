@@ -18,11 +18,13 @@ another system prompt, not counted. Per run, over the timed conversations:
 * **TTFT p50/p90**: from the POST being written to the first delta on the job's socket;
 * **later turns on the first turn's worker**: how well the conversations kept their worker.
 
-The LAST printed line is one JSON object with ``hit_rate_affinity``, ``hit_rate_shared`` and
-``ttft_speedup`` (shared TTFT p50 / affinity TTFT p50), and each run's figures.
+With ``--rounds N`` the modes run N times, interleaved (machines vary from run to run). The LAST
+printed line is one JSON object with each mode's median ``hit_rate_*`` and ``ttft_p50_ms_*``,
+``ttft_speedup`` (shared TTFT p50 / affinity TTFT p50, of the medians) and its value per round, and
+each run's figures.
 
     python bench/affinity_bench.py [--model PATH] [--workers 2] [--conversations 64] [--turns 4]
-        [--system-tokens 1000] [--max-tokens 32] [--question-words 24]
+        [--system-tokens 1000] [--max-tokens 32] [--question-words 24] [--rounds 1]
 
 Small, on a CPU: ``--conversations 8 --turns 3 --system-tokens 300 --max-tokens 8``.
 """
@@ -34,6 +36,7 @@ import asyncio
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -215,6 +218,8 @@ def main() -> None:
     parser.add_argument("--question-words", type=int, default=24, help="at most this many words per user turn")
     parser.add_argument("--modes", nargs="+", choices=("affinity", "shared"), default=["affinity", "shared"],
                         help="the runs, in order (one alone: its figures, no ratio)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="repeats of --modes, interleaved; the summary gives the medians over rounds")
     parser.add_argument("--warmup-conversations", type=int, default=4,
                         help="conversations over another system prompt before each mode's timed run")
     parser.add_argument("--port", type=int, default=18767)
@@ -225,19 +230,29 @@ def main() -> None:
     model_path = ensure_default_model(args.model).resolve()
     system = system_prompt(model_path, args.system_tokens)
     warmup_system = system_prompt(model_path, args.system_tokens, part=1)
-    results = {}
-    for affinity in [mode == "affinity" for mode in args.modes]:
-        results["affinity" if affinity else "shared"] = run(args, model_path, system, warmup_system, affinity=affinity)
-        print(json.dumps(results["affinity" if affinity else "shared"]), flush=True)
-    affinity, shared = results.get("affinity"), results.get("shared")
-    dump_json_line({
-        "hit_rate_affinity": affinity["hit_rate"] if affinity else None,
-        "hit_rate_shared": shared["hit_rate"] if shared else None,
-        "ttft_speedup": (round(shared["ttft_p50_ms"] / affinity["ttft_p50_ms"], 3)
-                         if affinity and shared and affinity["ttft_p50_ms"] else None),
-        "args": vars(args), "model": str(model_path), "runs": results, "environment": environment(),
-    }, args.out)
+    results: dict[str, list[dict]] = {}
+    for _ in range(args.rounds):
+        for mode in args.modes:
+            results.setdefault(mode, []).append(run(args, model_path, system, warmup_system, affinity=mode == "affinity"))
+            print(json.dumps(results[mode][-1]), flush=True)
+    dump_json_line({**_medians(results), "args": vars(args), "model": str(model_path), "runs": results,
+                    "environment": environment()}, args.out)
 
+
+def _medians(results: dict[str, list[dict]]) -> dict:
+    """Each mode's hit rate and TTFT p50 as medians over its rounds, and shared / affinity TTFT p50
+    (``ttft_speedup``: of the medians, and per round where both modes ran)."""
+    def median_of(mode: str, key: str) -> float | None:
+        return statistics.median(r[key] for r in results[mode]) if mode in results else None
+
+    out = {f"{key}_{mode}": median_of(mode, key) for mode in ("affinity", "shared") for key in ("hit_rate", "ttft_p50_ms")}
+    both = "affinity" in results and "shared" in results
+    out["ttft_speedup"] = (round(out["ttft_p50_ms_shared"] / out["ttft_p50_ms_affinity"], 3)
+                           if both and out["ttft_p50_ms_affinity"] else None)
+    out["ttft_speedup_per_round"] = ([round(s["ttft_p50_ms"] / a["ttft_p50_ms"], 3)
+                                      for a, s in zip(results["affinity"], results["shared"], strict=True) if a["ttft_p50_ms"]]
+                                     if both else [])
+    return out
 
 if __name__ == "__main__":
     main()
