@@ -249,10 +249,12 @@ def _medians(results: dict[str, list[dict]]) -> dict:
     both = "affinity" in results and "shared" in results
     out["ttft_speedup"] = (round(out["ttft_p50_ms_shared"] / out["ttft_p50_ms_affinity"], 3)
                            if both and out["ttft_p50_ms_affinity"] else None)
+    # The i-th run of each mode (a mode named twice in --modes has more runs: its extra ones go unpaired).
     out["ttft_speedup_per_round"] = ([round(s["ttft_p50_ms"] / a["ttft_p50_ms"], 3)
-                                      for a, s in zip(results["affinity"], results["shared"], strict=True) if a["ttft_p50_ms"]]
+                                      for a, s in zip(results["affinity"], results["shared"], strict=False) if a["ttft_p50_ms"]]
                                      if both else [])
     return out
+
 
 if __name__ == "__main__":
     main()

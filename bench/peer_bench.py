@@ -23,7 +23,7 @@ a GPU: the server's processes, and the whole device's use above what it was befo
 started; else RSS), and per server start its time to ready. With ``--one-token C`` (default 128)
 each server also answers ``--one-token-requests`` (4) x C requests of one token at C clients: the
 cost of the job path itself (row ``max_tokens`` 1). The clients run in ``--client-processes``
-processes (4), so that no one process's event loop sets the pace (docs/benchmarks.md, call 15).
+processes (4), so that no one process's event loop sets the pace (docs/benchmarks.md).
 Then one line per level of ``ours / peer``: tok/s and TTFT p50 (requests/s for one token). The last
 line is one JSON object with every row and the ratios ``ours / peer`` (and ``new / old``).
 

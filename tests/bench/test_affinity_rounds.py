@@ -28,3 +28,8 @@ def test_one_mode_alone_gives_its_figures_and_no_ratio() -> None:
     out = _medians({"affinity": [_run(0.92, 700.0)]})
     assert out["hit_rate_affinity"] == 0.92 and out["hit_rate_shared"] is None
     assert out["ttft_speedup"] is None and out["ttft_speedup_per_round"] == []
+
+
+def test_a_mode_named_twice_leaves_its_extra_runs_unpaired() -> None:
+    out = _medians({"affinity": [_run(0.9, 500.0), _run(0.9, 400.0)], "shared": [_run(0.8, 600.0)]})
+    assert out["ttft_p50_ms_affinity"] == 450.0 and out["ttft_speedup_per_round"] == [1.2]

@@ -6,9 +6,9 @@ submitted 0.4 s apart, so that beat's 2 s sweep is sampled across its period) an
 5-line batch (the median of 3; one takes about half a second, so a single slow poll would double
 a mean of fewer) are measured alone, then again while key A's 10 jobs call 10 receivers that accept
 and never answer and key C's job calls a receiver that answers after 3 s. Each figure stays within
-2x of its own without them, or within 1 s of it: a batch of about 0.35 s alone took 1.05 s in one
-full-suite run on 2 cores beside other tests' processes, while an attempt that stalled others would
-add its whole WEBHOOK_TIMEOUT_S (5 s). C's slow delivery succeeds on its first attempt."""
+2x of its own without them, or within 1 s of it, whichever is larger: a sub-second figure varies by
+more than 2x on 2 cores shared with other tests' processes, while an attempt that stalled others
+would add its whole WEBHOOK_TIMEOUT_S (5 s). C's slow delivery succeeds on its first attempt."""
 
 from __future__ import annotations
 
