@@ -98,7 +98,9 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # The embedded default has several writer processes (daphne, the engine worker, the light
     # Celery worker): WAL lets readers and one writer proceed together, IMMEDIATE transactions
     # take the write lock up front (no lock-upgrade deadlock), and writers wait up to 20 s for it
-    # instead of failing with "database is locked".
+    # instead of failing with "database is locked". The backend queues the service's writers on a
+    # lock of its own first (inference_service/sqlite_backend/base.py says why).
+    DATABASES["default"]["ENGINE"] = "inference_service.sqlite_backend"
     DATABASES["default"].setdefault("OPTIONS", {}).update(
         timeout=20,
         transaction_mode="IMMEDIATE",
