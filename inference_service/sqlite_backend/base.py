@@ -97,22 +97,18 @@ class QueuedCursor(sqlite3_base.SQLiteCursorWrapper):
         self._wrapper = wrapper
 
     def execute(self, query: str, params: Any = None) -> Any:
-        lock = self._lock_for(query)
-        if lock is None:
-            return super().execute(query, params)
-        self._wrapper.acquire_write(lock)
-        try:
-            return super().execute(query, params)
-        finally:
-            lock.release()
+        return self._queued(super().execute, query, params)
 
     def executemany(self, query: str, param_list: Any) -> Any:
+        return self._queued(super().executemany, query, param_list)
+
+    def _queued(self, run: Any, query: str, arguments: Any) -> Any:
         lock = self._lock_for(query)
         if lock is None:
-            return super().executemany(query, param_list)
+            return run(query, arguments)
         self._wrapper.acquire_write(lock)
         try:
-            return super().executemany(query, param_list)
+            return run(query, arguments)
         finally:
             lock.release()
 
