@@ -30,7 +30,7 @@ _WRITE = re.compile(r"\s*(INSERT|UPDATE|DELETE|REPLACE|CREATE|DROP|ALTER|WITH\b.
 class DatabaseWrapper(sqlite3_base.DatabaseWrapper):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._write_held = False
+        self._write_held: WriteLock | None = None  # the lock this connection's transaction took
 
     def write_lock(self) -> WriteLock | None:
         """The database's write lock; None for an in-memory database (one connection writes it)."""
@@ -43,11 +43,11 @@ class DatabaseWrapper(sqlite3_base.DatabaseWrapper):
 
     def _start_transaction_under_autocommit(self) -> None:
         lock = self.write_lock()
-        if lock is None or self._write_held:
+        if lock is None or self._write_held is not None:
             super()._start_transaction_under_autocommit()  # type: ignore[misc]  # a hook of Django's that django-stubs omits
             return
         self.acquire_write(lock)
-        self._write_held = True
+        self._write_held = lock
         try:
             super()._start_transaction_under_autocommit()  # type: ignore[misc]  # a hook of Django's that django-stubs omits
         except BaseException:
@@ -82,11 +82,9 @@ class DatabaseWrapper(sqlite3_base.DatabaseWrapper):
             self._release_write()
 
     def _release_write(self) -> None:
-        if self._write_held:
-            self._write_held = False
-            lock = self.write_lock()
-            if lock is not None:
-                lock.release()
+        lock, self._write_held = self._write_held, None
+        if lock is not None:
+            lock.release()
 
 
 class QueuedCursor(sqlite3_base.SQLiteCursorWrapper):
@@ -115,6 +113,6 @@ class QueuedCursor(sqlite3_base.SQLiteCursorWrapper):
     def _lock_for(self, query: str) -> WriteLock | None:
         """The lock to take for ``query``: None inside a transaction (its writer holds the lock
         already, or SQLite's) and for a statement that only reads."""
-        if self._wrapper._write_held or self.connection.in_transaction or not _WRITE.match(query):
+        if self._wrapper._write_held is not None or self.connection.in_transaction or not _WRITE.match(query):
             return None
         return self._wrapper.write_lock()
