@@ -181,6 +181,10 @@ def _summary(rows: list[dict], wall: float, workers: list[str], *, affinity: boo
         # Where routing sent the later turns: to the worker that ran the turn before (a recognised
         # continuation kept), to another worker (the load check), or to the shared queue.
         "later_turns_routed": _later_routes(rows),
+        # Where routing sent the first turns (None: the shared queue): how evenly new conversations
+        # were spread before affinity keeps each on its worker.
+        "first_turns_routed": {str(w): sum(r["routed_worker"] == w for r in rows if r["turn"] == 0)
+                               for w in [*workers, None]},
     }
 
 

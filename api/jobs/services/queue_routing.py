@@ -18,10 +18,10 @@ goes to the least-loaded worker.
   there, recomputing the prefix, instead of waiting) or when every batch is full and more jobs
   wait at the first worker than there by more than ``MAX_EXTRA_JOBS`` or half of those.
 * **Anything else** (a new prompt, or a new branch of a prefix other jobs share, such as a system
-  prompt): the least-loaded worker, where holding the shared part counts as one job less (ties:
-  rendezvous hashing of the prompt's last block). A shared system prompt is then computed once
-  per worker and new conversations spread by load, instead of piling onto the worker that saw it
-  first.
+  prompt): the least-loaded worker (ties: rendezvous hashing of the prompt's last block). Holding
+  the shared part earns nothing: a burst of new conversations is routed before its own jobs count
+  in the loads, and a preference for the worker that saw the system prompt first would send the
+  whole burst there; the ties split it evenly, and each worker computes the system prompt once.
 * **Load.** A worker's load is its model's active jobs it runs or was routed (the database,
   counted per submission, so a burst of submissions sees itself; heartbeats lag by seconds); a new
   job waits there while that load is at least its batch's capacity (its heartbeat's ``capacity``,
@@ -88,7 +88,7 @@ def job_route(*, model: str, prompt_token_ids: list[int]) -> Route:
         hashes = prefix_hashes(prompt_token_ids)
         client = get_redis()
         names = [_affinity_key(model, h) for h in hashes]
-        target = _choose(model, hashes, capacities, *_holders(client, names, live))
+        target = _choose(model, hashes, capacities, _continued_on(client, names, live))
         pipe = client.pipeline(transaction=False)
         for name in names:
             pipe.sadd(name, target)
@@ -102,9 +102,9 @@ def job_route(*, model: str, prompt_token_ids: list[int]) -> Route:
     return Route(worker_queue(model, target), target)
 
 
-def _holders(client: redis.Redis, names: list[str], live: frozenset[str]) -> tuple[set[str], set[str]]:
-    """The live workers that hold the prompt's deepest held block, and those of them whose job's
-    prompt ended with that block (one round trip)."""
+def _continued_on(client: redis.Redis, names: list[str], live: frozenset[str]) -> set[str]:
+    """Of the live workers that hold the prompt's deepest held block, those whose job's prompt
+    ended with that block: the prompt continues a prompt they ran (one round trip)."""
     pipe = client.pipeline(transaction=False)
     for name in names:
         pipe.smembers(name)
@@ -113,11 +113,11 @@ def _holders(client: redis.Redis, names: list[str], live: frozenset[str]) -> tup
     for i in reversed(range(len(names))):
         held = replies[2 * i] & live
         if held:
-            return held, replies[2 * i + 1] & live
-    return set(), set()
+            return replies[2 * i + 1] & live
+    return set()
 
 
-def _choose(model: str, hashes: list[bytes], capacities: dict[str, int], holders: set[str], ends: set[str]) -> str:
+def _choose(model: str, hashes: list[bytes], capacities: dict[str, int], ends: set[str]) -> str:
     live = frozenset(capacities)
     loads = job_worker_loads(model=model, worker_ids=live)
 
@@ -135,9 +135,8 @@ def _choose(model: str, hashes: list[bytes], capacities: dict[str, int], holders
                 waiting(target) - waiting(quickest) <= max(MAX_EXTRA_JOBS, waiting(quickest) // 2)):
             return target  # it starts at once there; or every worker is full and it is not much busier
         return quickest
-    # A new prompt, or a new branch of a shared prefix (a system prompt): the least-loaded worker,
-    # where holding the shared part counts as one job less.
-    return min(live, key=lambda w: (loads[w] - (w in holders), -_rendezvous(hashes[-1], w)))
+    # A new prompt, or a new branch of a shared prefix (a system prompt): the least-loaded worker.
+    return min(live, key=lambda w: (loads[w], -_rendezvous(hashes[-1], w)))
 
 
 def prefix_hashes(token_ids: list[int]) -> list[bytes]:

@@ -69,6 +69,17 @@ def test_new_conversations_over_one_system_prompt_spread_over_the_workers_and_ke
     assert later == first  # each conversation's second turn where its first ran
 
 
+def test_a_burst_of_new_conversations_routed_before_any_counts_in_the_loads_splits_evenly(live):
+    """Submissions that arrive together are routed before any of their jobs is inserted: every one
+    sees the same loads. The worker that got the system prompt first must not take them all."""
+    live("w-a", "w-b")
+
+    first = [job_route(model="tiny", prompt_token_ids=_turn(c, 0)).worker_id for c in range(24)]
+
+    counts = {w: first.count(w) for w in ("w-a", "w-b")}
+    assert min(counts.values()) >= 8, counts
+
+
 def test_a_continuation_whose_worker_is_full_goes_to_a_worker_with_room(live):
     """A turn sent to a worker whose batch is full would wait there while the other runs
     nothing; the other starts it at once (recomputing the prefix), and keeps the conversation."""
