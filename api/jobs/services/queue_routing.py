@@ -18,10 +18,11 @@ goes to the least-loaded worker.
   there, recomputing the prefix, instead of waiting) or when every batch is full and more jobs
   wait at the first worker than there by more than ``MAX_EXTRA_JOBS`` or half of those.
 * **Anything else** (a new prompt, or a new branch of a prefix other jobs share, such as a system
-  prompt): the least-loaded worker (ties: rendezvous hashing of the prompt's last block). Holding
-  the shared part earns nothing: a burst of new conversations is routed before its own jobs count
-  in the loads, and a preference for the worker that saw the system prompt first would send the
-  whole burst there; the ties split it evenly, and each worker computes the system prompt once.
+  prompt): the least-loaded worker; ties go round the tied workers in turn, by a counter of new
+  prompts in Redis. A burst of new conversations is routed before its own jobs count in the
+  loads, so every one of it sees the same loads: the turns split it evenly (a hash of the prompt
+  splits it only on average, and affinity then keeps each conversation where it started). Holding
+  the shared part earns nothing: each worker computes a system prompt once.
 * **Load.** A worker's load is its model's active jobs it runs or was routed (the database,
   counted per submission, so a burst of submissions sees itself; heartbeats lag by seconds); a new
   job waits there while that load is at least its batch's capacity (its heartbeat's ``capacity``,
@@ -63,6 +64,7 @@ MAX_EXTRA_JOBS = 4
 
 AFFINITY_PREFIX = "engine:affinity:"
 END_SUFFIX = ":end"  # the workers whose job's prompt's last whole block this is
+NEW_PROMPTS_PREFIX = "engine:affinity-new:"  # per model: the new prompts routed, for the turns of ties
 
 
 @dataclass(frozen=True)
@@ -88,7 +90,7 @@ def job_route(*, model: str, prompt_token_ids: list[int]) -> Route:
         hashes = prefix_hashes(prompt_token_ids)
         client = get_redis()
         names = [_affinity_key(model, h) for h in hashes]
-        target = _choose(model, hashes, capacities, _continued_on(client, names, live))
+        target = _choose(model, hashes, capacities, _continued_on(client, names, live), client)
         pipe = client.pipeline(transaction=False)
         for name in names:
             pipe.sadd(name, target)
@@ -117,7 +119,8 @@ def _continued_on(client: redis.Redis, names: list[str], live: frozenset[str]) -
     return set()
 
 
-def _choose(model: str, hashes: list[bytes], capacities: dict[str, int], ends: set[str]) -> str:
+def _choose(model: str, hashes: list[bytes], capacities: dict[str, int], ends: set[str],
+            client: redis.Redis) -> str:
     live = frozenset(capacities)
     loads = job_worker_loads(model=model, worker_ids=live)
 
@@ -135,8 +138,20 @@ def _choose(model: str, hashes: list[bytes], capacities: dict[str, int], ends: s
                 waiting(target) - waiting(quickest) <= max(MAX_EXTRA_JOBS, waiting(quickest) // 2)):
             return target  # it starts at once there; or every worker is full and it is not much busier
         return quickest
-    # A new prompt, or a new branch of a shared prefix (a system prompt): the least-loaded worker.
-    return min(live, key=lambda w: (loads[w], -_rendezvous(hashes[-1], w)))
+    # A new prompt, or a new branch of a shared prefix (a system prompt): the least-loaded worker,
+    # ties in turn.
+    least = min(loads[w] for w in live)
+    tied = sorted(w for w in live if loads[w] == least)
+    if len(tied) == 1:
+        return tied[0]
+    return tied[_new_prompt_number(client, model) % len(tied)]
+
+
+def _new_prompt_number(client: redis.Redis, model: str) -> int:
+    pipe = client.pipeline(transaction=False)
+    pipe.incr(NEW_PROMPTS_PREFIX + model)
+    pipe.expire(NEW_PROMPTS_PREFIX + model, AFFINITY_TTL_S)
+    return int(pipe.execute()[0])
 
 
 def prefix_hashes(token_ids: list[int]) -> list[bytes]:
