@@ -23,9 +23,12 @@ goes to the least-loaded worker.
   loads, so every one of it sees the same loads: the turns split it evenly (a hash of the prompt
   splits it only on average, and affinity then keeps each conversation where it started). Holding
   the shared part earns nothing: each worker computes a system prompt once.
-* **Load.** A worker's load is its model's active jobs it runs or was routed (the database,
-  counted per submission, so a burst of submissions sees itself; heartbeats lag by seconds); a new
-  job waits there while that load is at least its batch's capacity (its heartbeat's ``capacity``,
+* **Load.** A worker's load is its model's active jobs it runs or was routed: the database's,
+  plus those routed to it whose rows are not in yet (a Redis hash per model,
+  ``engine:affinity-pending:<model>``, one up when the route is chosen and one down once the row
+  has committed, :func:`job_route_settled`). A burst of submissions is routed before its rows
+  commit (SQLite inserts them one at a time), so the database alone would show every one of it
+  the same loads and send it all to one worker; heartbeats lag by seconds. A new job waits there while that load is at least its batch's capacity (its heartbeat's ``capacity``,
   which changes rarely). A worker whose heartbeat has no capacity counts every job as waiting.
   With every batch full a continuation still goes to a worker's own queue, not the shared one: a
   worker claims every message it takes, room or not (the job then waits in its engine), so the
@@ -65,6 +68,8 @@ MAX_EXTRA_JOBS = 4
 AFFINITY_PREFIX = "engine:affinity:"
 END_SUFFIX = ":end"  # the workers whose job's prompt's last whole block this is
 NEW_PROMPTS_PREFIX = "engine:affinity-new:"  # per model: the new prompts routed, for the turns of ties
+PENDING_PREFIX = "engine:affinity-pending:"  # per model: worker -> its routed jobs whose rows are not in
+PENDING_TTL_S = 60  # a count a dead web process left behind goes once routing is idle this long
 
 
 @dataclass(frozen=True)
@@ -90,8 +95,11 @@ def job_route(*, model: str, prompt_token_ids: list[int]) -> Route:
         hashes = prefix_hashes(prompt_token_ids)
         client = get_redis()
         names = [_affinity_key(model, h) for h in hashes]
-        target = _choose(model, hashes, capacities, _continued_on(client, names, live), client)
+        ends, pending = _lookup(client, model, names, live)
+        target = _choose(model, hashes, capacities, ends, pending, client)
         pipe = client.pipeline(transaction=False)
+        pipe.hincrby(PENDING_PREFIX + model, target, 1)
+        pipe.expire(PENDING_PREFIX + model, PENDING_TTL_S)
         for name in names:
             pipe.sadd(name, target)
             pipe.expire(name, AFFINITY_TTL_S)
@@ -104,25 +112,42 @@ def job_route(*, model: str, prompt_token_ids: list[int]) -> Route:
     return Route(worker_queue(model, target), target)
 
 
-def _continued_on(client: redis.Redis, names: list[str], live: frozenset[str]) -> set[str]:
+def job_route_settled(*, model: str, route: Route) -> None:
+    """The routed job's row has committed (it counts in the database's loads now), or it never
+    will (its submission failed): it no longer counts as pending. Never raises for Redis trouble."""
+    if route.worker_id is None:
+        return
+    try:
+        pipe = get_redis().pipeline(transaction=False)
+        pipe.hincrby(PENDING_PREFIX + model, route.worker_id, -1)
+        pipe.expire(PENDING_PREFIX + model, PENDING_TTL_S)
+        pipe.execute()
+    except redis.RedisError:
+        logger.warning("could not settle a routed job's pending count (Redis)", exc_info=True)
+
+
+def _lookup(client: redis.Redis, model: str, names: list[str], live: frozenset[str]) -> tuple[set[str], dict[str, int]]:
     """Of the live workers that hold the prompt's deepest held block, those whose job's prompt
-    ended with that block: the prompt continues a prompt they ran (one round trip)."""
+    ended with that block (the prompt continues a prompt they ran); and each worker's pending
+    jobs (one round trip)."""
     pipe = client.pipeline(transaction=False)
     for name in names:
         pipe.smembers(name)
         pipe.smembers(name + END_SUFFIX)
-    replies = pipe.execute()
+    pipe.hgetall(PENDING_PREFIX + model)
+    *replies, pending = pipe.execute()
+    counts = {worker: max(0, int(n)) for worker, n in pending.items()}
     for i in reversed(range(len(names))):
         held = replies[2 * i] & live
         if held:
-            return replies[2 * i + 1] & live
-    return set()
+            return replies[2 * i + 1] & live, counts
+    return set(), counts
 
 
-def _choose(model: str, hashes: list[bytes], capacities: dict[str, int], ends: set[str],
+def _choose(model: str, hashes: list[bytes], capacities: dict[str, int], ends: set[str], pending: dict[str, int],
             client: redis.Redis) -> str:
     live = frozenset(capacities)
-    loads = job_worker_loads(model=model, worker_ids=live)
+    loads = {w: n + pending.get(w, 0) for w, n in job_worker_loads(model=model, worker_ids=live).items()}
 
     def waiting(worker: str) -> int:  # the jobs the new one would wait behind there (0: it starts at once)
         return max(0, loads[worker] + 1 - capacities[worker])
