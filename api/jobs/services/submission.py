@@ -26,7 +26,7 @@ from api.common.errors import (
 )
 from api.jobs.selectors import job_queue_position
 from api.jobs.services.dispatch import job_dispatch_counted
-from api.jobs.services.queue_routing import job_route, job_route_settled
+from api.jobs.services.queue_routing import Route, job_route, job_route_settled
 from api.jobs.structured import job_constraint
 from api.jobs.tools import template_messages, tool_format
 from api.keys.quotas import RateLimitState, quota_admission, quota_consume_request
@@ -120,21 +120,11 @@ def job_create(
     job.prompt_tokens = len(job.prompt_token_ids)
     rate_limit = quota_consume_request(api_key=api_key)
     route = job_route(model=job.model, prompt_token_ids=job.prompt_token_ids)
-    settled = partial(job_route_settled, model=job.model, route=route)
     job.routed_worker = route.worker_id
     job.idempotency_key = idempotency_key
     job.dispatch_count = 1  # the send on commit; job_dispatch_counted takes it back if the send fails
     try:
-        try:
-            with quota_admission(api_key_id=api_key.id, job_id=job.id, prompt_tokens=len(job.prompt_token_ids),
-                                 max_tokens=job.max_tokens, now=job.created_at):
-                job.save(force_insert=True)
-                transaction.on_commit(partial(job_dispatch_counted, job_id=str(job.id), precounted=True,
-                                              queue=route.queue))
-                transaction.on_commit(settled)  # the row counts in the loads from here on
-        except BaseException:
-            settled()  # the row never committed
-            raise
+        _job_insert(job=job, api_key=api_key, route=route)
     except ApiKey.DoesNotExist:
         # The key was deleted after this request authenticated with it: as for any unknown key.
         raise AuthenticationFailed("Invalid API key.", code="invalid_api_key") from None
@@ -147,6 +137,22 @@ def job_create(
             raise
         return JobSubmission(existing, False)
     return JobSubmission(job, True, job_queue_position(job=job), rate_limit)
+
+
+def _job_insert(*, job: Job, api_key: ApiKey, route: Route) -> None:
+    """Insert ``job`` within ``api_key``'s quotas, to be sent to ``route.queue`` once it commits.
+    Once the row has committed, or cannot, its route no longer counts as pending."""
+    settled = partial(job_route_settled, model=job.model, route=route)
+    try:
+        with quota_admission(api_key_id=api_key.id, job_id=job.id, prompt_tokens=len(job.prompt_token_ids),
+                             max_tokens=job.max_tokens, now=job.created_at):
+            job.save(force_insert=True)
+            transaction.on_commit(partial(job_dispatch_counted, job_id=str(job.id), precounted=True,
+                                          queue=route.queue))
+            transaction.on_commit(settled)  # the row counts in the database's loads from here on
+    except BaseException:
+        settled()
+        raise
 
 
 def job_build(*, owner: User, api_key: ApiKey, request: JobRequest, priority: int | None = None) -> Job:
