@@ -20,11 +20,14 @@ import statistics
 
 from job_rows import job_rows
 
-# The service's path, in order. "sent" and "first_text" are the client's; "queued" and "started"
-# the job row's (the claim's UPDATE stamps started_at).
-SERVICE = ["sent", "web_open", "submit_start", "queued", "started", "claimed", "admit_sent", "admit_recv", "engine_submit", "add_request",
+# The service's path, in order. "sent" and "first_text" are the client's; "queued" (the job's
+# build, before its insert waits for the database) and "started" (the claim's start) the job row's.
+SERVICE = ["sent", "web_open", "submit_start", "queued", "admission", "dispatch", "committed", "started", "claimed", "admit_sent", "admit_recv", "engine_submit", "add_request",
            "step_start", "inserted", "gen_start", "first_token", "listener", "folded", "pipe_sent", "parent_recv", "redis",
            "relay", "first_text"]
+# The row's way to its claim, for the jobs their own message claimed (the others were claimed
+# with an earlier job's message, before theirs was received).
+OWN_MESSAGE = ["queued", "admission", "dispatch", "committed", "received", "started", "claimed"]
 GROUPED = ["claimed", "admit_sent", "add_request", "inserted", "first_token"]
 ENGINE = ["engine_submit", "add_request", "step_start", "inserted", "gen_start", "first_token", "listener"]
 
@@ -116,6 +119,7 @@ def main() -> None:
     service = [m for m in marks.values() if "claimed" in m]
     engine = [m for m in marks.values() if "claimed" not in m and "admit_recv" not in m and "engine_submit" in m]
     table(service, SERVICE, "service")
+    table(service, OWN_MESSAGE, "the row to its claim")
     table(service, ENGINE, "the service's engine (the same points as the engine alone's)")
     table(engine, ENGINE, "engine alone")
     group_sizes(args.prefix)

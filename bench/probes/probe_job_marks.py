@@ -212,10 +212,26 @@ def _submission(module: Any) -> None:
             at = time.time()
             submission = original(*args, **kwargs)
             mark("submit_start", [str(submission.job.id)], at)
+            mark("committed", [str(submission.job.id)])  # its row committed, its message sent
             return submission
         return run
 
+    def quota_admission(original: Callable[..., Any]) -> Callable[..., Any]:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            mark("admission", [str(kwargs["job_id"])])  # routed, the rate counted: its transaction next
+            return original(*args, **kwargs)
+        return run
+
+    def job_dispatch_counted(original: Callable[..., Any]) -> Callable[..., Any]:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            mark("dispatch", [str(kwargs["job_id"])])  # its transaction committed: the broker's send
+            return original(*args, **kwargs)
+        return run
+
     module.job_create = functools.wraps(module.job_create)(job_create(module.job_create))
+    module.quota_admission = functools.wraps(module.quota_admission)(quota_admission(module.quota_admission))
+    module.job_dispatch_counted = functools.wraps(module.job_dispatch_counted)(
+        job_dispatch_counted(module.job_dispatch_counted))
 
 
 def _claim(module: Any) -> None:
@@ -227,6 +243,17 @@ def _claim(module: Any) -> None:
         return run
 
     module.jobs_claim = functools.wraps(module.jobs_claim)(jobs_claim(module.jobs_claim))
+
+
+def _worker_service(module: Any) -> None:
+    def admit(original: Callable[..., Any]) -> Callable[..., Any]:
+        def run(self: Any, job_id: str) -> Any:
+            if not self.host.holds(job_id):  # not claimed already with another job's message
+                mark("received", [job_id])  # the worker's consumer runs its message
+            return original(self, job_id)
+        return run
+
+    _wrap(module.EngineWorkerService, "admit", admit)
 
 
 def _sink(module: Any) -> None:
@@ -260,6 +287,7 @@ TARGETS: dict[str, Callable[[Any], None]] = {
     "api.openai_api.consumer": _consumer,
     "api.jobs.services.submission": _submission,
     "api.jobs.services.claim": _claim,
+    "api.worker.service": _worker_service,
     "api.worker.sink": _sink,
     "api.streaming.relay": _relay,
 }
