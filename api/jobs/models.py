@@ -144,7 +144,10 @@ class Job(models.Model):
         indexes = [
             models.Index(fields=["owner", "-created_at"], name="job_owner_created"),
             models.Index(fields=["status", "priority", "queued_at"], name="job_status_queue_order"),
-            models.Index(fields=["api_key", "created_at"], name="job_key_created"),
+            # The quota gate sums the tokens of a key's jobs finished today on every submission: it
+            # reads them from this index alone, not from the rows (whose prompts fill pages).
+            models.Index(fields=["api_key", "created_at", "status", "prompt_tokens", "completion_tokens"],
+                         name="job_key_day_tokens"),
             # The quota gate counts a key's queued and running jobs on every submission.
             models.Index(fields=["api_key"], condition=models.Q(status__in=["queued", "in_progress"]),
                          name="job_key_active"),

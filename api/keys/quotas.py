@@ -216,16 +216,16 @@ def _day_start(now: dt.datetime) -> dt.datetime:
 # it holds the key's lock, and compiling the equivalent aggregate took several times as long as
 # running it. ``{day_start}`` and ``{key}`` are the placeholders of the caller's driver.
 _USAGE_SQL = """
-SELECT j.active + h.active, j.tokens + h.tokens
+SELECT a.active + h.active, a.tokens + f.tokens + h.tokens
 FROM (SELECT
-  COUNT(CASE WHEN status IN ({active}) AND batch_id IS NULL THEN 1 END) AS active,
+  COUNT(CASE WHEN batch_id IS NULL THEN 1 END) AS active,
   COALESCE(SUM(CASE
     WHEN created_at < {day_start} THEN 0
     WHEN status = '{queued}' AND batch_id IS NOT NULL AND dispatch_count = 0 THEN 0
-    WHEN status IN ({active}) THEN {prompt_length} + {max_tokens}
-    ELSE prompt_tokens + completion_tokens END), 0) AS tokens
-  FROM {table}
-  WHERE api_key_id = {key} AND (status IN ({active}) OR created_at >= {day_start})) j,
+    ELSE {prompt_length} + {max_tokens} END), 0) AS tokens
+  FROM {table} WHERE api_key_id = {key} AND status IN ({active})) a,
+ (SELECT COALESCE(SUM(prompt_tokens + completion_tokens), 0) AS tokens
+  FROM {table} WHERE api_key_id = {key} AND created_at >= {day_start} AND status NOT IN ({active})) f,
  (SELECT COUNT(*) AS active, COALESCE(SUM(tokens), 0) AS tokens FROM {holds} WHERE api_key_id = {key}) h
 """
 # The job's prompt length and max_tokens, which it keeps in JSON columns, in each backend's words.
@@ -247,8 +247,8 @@ def _usage_sql(*, day_start: str, key: str) -> str:
 def _usage(*, api_key_id: int, now: dt.datetime) -> tuple[int, int]:
     start = connection.ops.adapt_datetimefield_value(_day_start(now))  # SQLite compares them as text
     with connection.cursor() as cursor:
-        # In order of appearance: day_start, key, day_start, key.
-        cursor.execute(_usage_sql(day_start="%s", key="%s"), [start, api_key_id, start, api_key_id])
+        # In order of appearance: day_start, key, key, day_start, key.
+        cursor.execute(_usage_sql(day_start="%s", key="%s"), [start, api_key_id, api_key_id, start, api_key_id])
         active, tokens = cursor.fetchone()
     return int(active), int(tokens)
 
