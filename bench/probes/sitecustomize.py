@@ -5,9 +5,10 @@ methods of the service's modules, by name, as those modules are imported.
 * ``STEP_PROBE=<prefix>``: :mod:`probe_step_times`, each engine step's wall time, engine-thread CPU,
   dispatch and gap;
 * ``TTFT_PROBE=<prefix>``: :mod:`probe_job_marks`, each job's time at every hand-over from its claim
-  to its first text at the client (bench/ttft_phases.py tabulates them).
+  to its first text at the client (bench/ttft_phases.py tabulates them);
+* ``LOCK_PROBE=<prefix>``: :mod:`probe_write_lock`, who holds SQLite's write lock and how long.
 
-With neither set, nothing is imported or wrapped.
+With none set, nothing is imported or wrapped.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ class _Finder(importlib.abc.MetaPathFinder):
 
 # Each probe: the environment variable that turns it on, and its module (whose TARGETS maps a
 # module name to the patch applied once that module is imported).
-PROBES = (("STEP_PROBE", "probe_step_times"), ("TTFT_PROBE", "probe_job_marks"))
+PROBES = (("STEP_PROBE", "probe_step_times"), ("TTFT_PROBE", "probe_job_marks"), ("LOCK_PROBE", "probe_write_lock"))
 
 
 def _targets() -> dict[str, list[Callable[[Any], None]]]:
