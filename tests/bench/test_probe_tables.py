@@ -1,4 +1,5 @@
-"""The probes' tables: step times by batch-size band, and how many jobs pass each point together."""
+"""The probes' tables: step times by batch-size band, how many jobs pass each point together, the
+row's way to its claim, and who holds SQLite's write lock."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
 sys.path[:0] = [str(BENCH), str(BENCH / "probes")]
 
 import probe_step_times  # noqa: E402
+import probe_write_lock  # noqa: E402
 import ttft_phases  # noqa: E402
 
 
@@ -53,3 +55,27 @@ def test_the_step_table_parts_prompt_steps_from_decode_steps(tmp_path, capsys):
     assert row[1:3] == ["10", "20.00"]
     assert row[-3:] == ["2", "60.00", "10.00"]  # (10 x 20 - 2 x 60) / 8 decode-only
     assert "steps.14.json: unreadable, skipped" in out
+
+
+def test_the_row_to_its_claim_is_timed_for_the_jobs_their_own_message_claimed(capsys):
+    own = {"queued": 0.0, "admission": 0.004, "dispatch": 0.030, "committed": 0.040, "received": 0.035,
+           "started": 0.0351, "claimed": 0.040}
+    claimed_with_another = {"queued": 0.0, "admission": 0.002, "dispatch": 0.020, "committed": 0.025,
+                            "started": 0.010, "claimed": 0.015}  # no "received": another message claimed it
+    ttft_phases.table([own, claimed_with_another], ttft_phases.OWN_MESSAGE, "the row to its claim")
+    out = capsys.readouterr().out
+    assert "the row to its claim: 1 of 2 requests passed every point" in out
+    assert "admission -> dispatch      p50    26.0 ms" in out
+    assert "committed -> received      p50    -5.0 ms" in out
+
+
+def test_the_lock_table_merges_processes_per_writer_and_orders_them_by_time_held(tmp_path, capsys, monkeypatch):
+    (tmp_path / "l.1.json").write_text(json.dumps({"job_create": {"wait": [1.0, 3.0], "hold": [5.0, 7.0]}}))
+    (tmp_path / "l.2.json").write_text(json.dumps({"job_create": {"wait": [2.0], "hold": [6.0]},
+                                                   "jobs_claim": {"wait": [0.0], "hold": [0.5]}}))
+    monkeypatch.setattr(sys, "argv", ["probe_write_lock.py", str(tmp_path / "l")])
+    probe_write_lock.main()
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()[1:]]
+    assert rows[0][:6] == ["job_create", "3", "2.0", "3.0", "6.0", "7.0"]
+    assert rows[0][6] == "18"  # ms held in all
+    assert rows[1][:2] == ["jobs_claim", "1"]
