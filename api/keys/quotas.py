@@ -245,12 +245,17 @@ def _usage_sql(*, day_start: str, key: str) -> str:
 
 
 def _usage(*, api_key_id: int, now: dt.datetime) -> tuple[int, int]:
-    start = connection.ops.adapt_datetimefield_value(_day_start(now))  # SQLite compares them as text
     with connection.cursor() as cursor:
-        # In order of appearance: day_start, key, key, day_start, key.
-        cursor.execute(_usage_sql(day_start="%s", key="%s"), [start, api_key_id, api_key_id, start, api_key_id])
+        cursor.execute(*usage_statement(api_key_id=api_key_id, now=now))
         active, tokens = cursor.fetchone()
     return int(active), int(tokens)
+
+
+def usage_statement(*, api_key_id: int, now: dt.datetime) -> tuple[str, list[Any]]:
+    """The gate's count of the key's usage as this connection's driver takes it: SQL and parameters."""
+    start = connection.ops.adapt_datetimefield_value(_day_start(now))  # SQLite compares them as text
+    # In order of appearance: day_start, key, key, day_start, key.
+    return _usage_sql(day_start="%s", key="%s"), [start, api_key_id, api_key_id, start, api_key_id]
 
 
 def usage_day_totals(*, day: dt.date, api_key_id: int | None = None) -> list[dict[str, Any]]:
