@@ -48,7 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(ROOT))
 
 from common import dump_json_line, ensure_default_model, environment, percentile  # noqa: E402
-from http_clients import post_job  # noqa: E402
+from http_clients import get_json, post_job  # noqa: E402
 from service_bench import Service, _read_stream, candidate_prompts  # noqa: E402
 
 
@@ -75,7 +75,7 @@ async def conversation(port: int, key: str, system: str, questions: list[str], m
         async with websockets.connect(f"ws://127.0.0.1:{port}/ws/v1/jobs/{job_id}/?api_key={key}",
                                       open_timeout=120, max_size=None) as ws:
             ttft, _tokens = await _read_stream(ws, sent)
-        answer = _get(port, key, f"/api/v1/jobs/{job_id}")["output_text"]
+        answer = (await get_json(port, key, f"/api/v1/jobs/{job_id}"))["output_text"]
         turns.append({"job_id": job_id, "ttft_s": ttft})
         history = f"{prompt}{answer}"
     return turns

@@ -27,18 +27,48 @@ async def post_job(port: int, key: str, body: dict) -> tuple[str, float]:
     reader, writer, sent = await send_post(port, key, "/api/v1/jobs", json.dumps(body).encode())
     try:
         await writer.drain()
-        status = (await reader.readline()).split(maxsplit=2)
-        length = None
-        while (line := await reader.readline()) not in (b"\r\n", b""):
-            name, _, value = line.decode("latin-1").partition(":")
-            if name.strip().lower() == "content-length":
-                length = int(value)
-        raw = await (reader.readexactly(length) if length is not None else reader.read())
+        status, raw = await _read_response(reader)
     finally:
         writer.close()
-    if len(status) < 2 or status[1] != b"202":
-        raise RuntimeError(f"POST /api/v1/jobs answered {status!r}: {raw[:300]!r}")
+    if status != 202:
+        raise RuntimeError(f"POST /api/v1/jobs answered {status}: {raw[:300]!r}")
     return json.loads(raw)["id"], sent
+
+
+async def get_json(port: int, key: str, path: str) -> dict:
+    """GET ``path`` with ``key`` on a new connection, on the event loop (a blocking client there
+    would stall every other request's reads while it waits), and parse its JSON answer. Raises on
+    any status but 200."""
+    head = (f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAuthorization: Bearer {key}\r\n"
+            "Connection: close\r\n\r\n")
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(head.encode())
+        await writer.drain()
+        status, raw = await _read_response(reader)
+    finally:
+        writer.close()
+    if status != 200:
+        raise RuntimeError(f"GET {path} answered {status}: {raw[:300]!r}")
+    return json.loads(raw)
+
+
+async def _read_response(reader: asyncio.StreamReader) -> tuple[int, bytes]:
+    """An HTTP/1.1 answer's status and whole body (by its length, chunked, or to the close)."""
+    status = (await reader.readline()).split(maxsplit=2)
+    length, chunked = None, False
+    while (line := await reader.readline()) not in (b"\r\n", b""):
+        name, _, value = line.decode("latin-1").partition(":")
+        if name.strip().lower() == "content-length":
+            length = int(value)
+        chunked |= name.strip().lower() == "transfer-encoding" and "chunked" in value.lower()
+    if chunked:
+        raw = b""
+        while size := int((await reader.readline()).split(b";")[0], 16):
+            raw += (await reader.readexactly(size + 2))[:-2]
+    else:
+        raw = await (reader.readexactly(length) if length is not None else reader.read())
+    return int(status[1]) if len(status) >= 2 and status[1].isdigit() else 0, raw
 
 
 async def openai_stream(port: int, key: str, body: dict, t0: float) -> tuple[str, float, int]:
@@ -92,21 +122,9 @@ async def openai_complete(port: int, key: str, body: dict) -> int:
     reader, writer, _ = await send_post(port, key, "/v1/completions", json.dumps(body).encode())
     try:
         await writer.drain()
-        status = (await reader.readline()).split(maxsplit=2)
-        length, chunked = None, False
-        while (line := await reader.readline()) not in (b"\r\n", b""):
-            name, _, value = line.decode("latin-1").partition(":")
-            if name.strip().lower() == "content-length":
-                length = int(value)
-            chunked |= name.strip().lower() == "transfer-encoding" and "chunked" in value.lower()
-        if chunked:
-            raw = b""
-            while size := int((await reader.readline()).split(b";")[0], 16):
-                raw += (await reader.readexactly(size + 2))[:-2]
-        else:
-            raw = await (reader.readexactly(length) if length is not None else reader.read())
+        status, raw = await _read_response(reader)
     finally:
         writer.close()
-    if len(status) < 2 or status[1] != b"200":
-        raise RuntimeError(f"POST /v1/completions answered {status!r}: {raw[:300]!r}")
+    if status != 200:
+        raise RuntimeError(f"POST /v1/completions answered {status}: {raw[:300]!r}")
     return int(json.loads(raw)["usage"]["completion_tokens"])
