@@ -25,11 +25,7 @@ async def post_job(port: int, key: str, body: dict) -> tuple[str, float]:
     was written). On the event loop, not on threads, so a burst's requests are written at once
     instead of taking turns at this process's GIL."""
     reader, writer, sent = await send_post(port, key, "/api/v1/jobs", json.dumps(body).encode())
-    try:
-        await writer.drain()
-        status, raw = await _read_response(reader)
-    finally:
-        writer.close()
+    status, raw = await _answer(reader, writer)
     if status != 202:
         raise RuntimeError(f"POST /api/v1/jobs answered {status}: {raw[:300]!r}")
     return json.loads(raw)["id"], sent
@@ -42,15 +38,20 @@ async def get_json(port: int, key: str, path: str) -> dict:
     head = (f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAuthorization: Bearer {key}\r\n"
             "Connection: close\r\n\r\n")
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    try:
-        writer.write(head.encode())
-        await writer.drain()
-        status, raw = await _read_response(reader)
-    finally:
-        writer.close()
+    writer.write(head.encode())
+    status, raw = await _answer(reader, writer)
     if status != 200:
         raise RuntimeError(f"GET {path} answered {status}: {raw[:300]!r}")
     return json.loads(raw)
+
+
+async def _answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> tuple[int, bytes]:
+    """Send what was written, read the whole answer (:func:`_read_response`), close the connection."""
+    try:
+        await writer.drain()
+        return await _read_response(reader)
+    finally:
+        writer.close()
 
 
 async def _read_response(reader: asyncio.StreamReader) -> tuple[int, bytes]:
@@ -120,11 +121,7 @@ async def openai_complete(port: int, key: str, body: dict) -> int:
     """POST a completion without ``stream`` on a new connection and wait for its answer (plain or
     chunked); returns its usage's completion tokens. Raises on any status but 200."""
     reader, writer, _ = await send_post(port, key, "/v1/completions", json.dumps(body).encode())
-    try:
-        await writer.drain()
-        status, raw = await _read_response(reader)
-    finally:
-        writer.close()
+    status, raw = await _answer(reader, writer)
     if status != 200:
         raise RuntimeError(f"POST /v1/completions answered {status}: {raw[:300]!r}")
     return int(json.loads(raw)["usage"]["completion_tokens"])
