@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 from common import dump_json_line  # noqa: E402
 
-# The statement before the index-only count: one pass over the key's rows of the day.
+# The baseline this bench times against: one pass over the key's rows of the day.
 BEFORE_SQL = """
 SELECT j.active + h.active, j.tokens + h.tokens
 FROM (SELECT

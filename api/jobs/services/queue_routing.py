@@ -28,8 +28,9 @@ goes to the least-loaded worker.
   ``engine:affinity-pending:<model>``, one up when the route is chosen and one down once the row
   has committed, :func:`job_route_settled`). A burst of submissions is routed before its rows
   commit (SQLite inserts them one at a time), so the database alone would show every one of it
-  the same loads and send it all to one worker; heartbeats lag by seconds. A new job waits there while that load is at least its batch's capacity (its heartbeat's ``capacity``,
-  which changes rarely). A worker whose heartbeat has no capacity counts every job as waiting.
+  the same loads and send it all to one worker; heartbeats lag by seconds. A new job waits there
+  while that load is at least its batch's capacity (its heartbeat's ``capacity``, which changes
+  rarely). A worker whose heartbeat has no capacity counts every job as waiting.
   With every batch full a continuation still goes to a worker's own queue, not the shared one: a
   worker claims every message it takes, room or not (the job then waits in its engine), so the
   shared queue spreads jobs by which worker takes the message first, not by room, and loses the
