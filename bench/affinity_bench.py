@@ -27,6 +27,11 @@ each run's figures.
         [--system-tokens 1000] [--max-tokens 32] [--question-words 24] [--rounds 1]
 
 Small, on a CPU: ``--conversations 8 --turns 3 --system-tokens 300 --max-tokens 8``.
+
+Under bench/probes (``PYTHONPATH=bench/probes TTFT_PROBE=/tmp/ttft/p LOCK_PROBE=/tmp/lock``), each
+run writes its own probe files, ``<prefix>.<mode><round>`` (``/tmp/ttft/p.affinity1``), and on SQLite
+its own database, ``<TTFT_PROBE>.<mode><round>.sqlite3``, for ``bench/ttft_phases.py`` and
+``bench/probes/probe_write_lock.py`` to read one run at a time.
 """
 
 from __future__ import annotations
@@ -50,6 +55,9 @@ sys.path.insert(0, str(ROOT))
 from common import dump_json_line, ensure_default_model, environment, percentile  # noqa: E402
 from http_clients import get_json, post_job  # noqa: E402
 from service_bench import Service, _read_stream, candidate_prompts  # noqa: E402
+
+# bench/probes/sitecustomize.py's variables: each names a probe's output prefix.
+PROBES = ("STEP_PROBE", "TTFT_PROBE", "LOCK_PROBE")
 
 
 def system_prompt(model_path: Path, tokens: int, part: int = 0) -> str:
@@ -106,13 +114,14 @@ def start_workers(service: Service, count: int) -> list[str]:
     return ids
 
 
-def run(args, model_path: Path, system: str, warmup_system: str, *, affinity: bool) -> dict:
+def run(args, model_path: Path, system: str, warmup_system: str, *, affinity: bool, tag: str) -> dict:
     log_dir = ROOT / "var" / "log"
     log_dir.mkdir(parents=True, exist_ok=True)
     service = Service(model_path, args.port, log_dir)
     jobs = args.conversations * args.turns
     service.env.update({"ROUTING_AFFINITY": "1" if affinity else "0",
                         "DEFAULT_KEY_MAX_CONCURRENT_JOBS": str(10 * jobs), "DEFAULT_KEY_TOKENS_PER_DAY": str(10**12)})
+    service.env.update(_probes_of_run(tag, service.env["DATABASE_URL"]))
     questions = [" ".join(q.split()[: args.question_words]) for q in candidate_prompts(None, jobs)]
     try:
         (key,) = service.start(with_worker=False)
@@ -142,6 +151,17 @@ def run(args, model_path: Path, system: str, warmup_system: str, *, affinity: bo
     finally:
         service.stop()
     return _summary(rows, wall, workers, affinity=affinity)
+
+
+def _probes_of_run(tag: str, database_url: str) -> dict[str, str]:
+    """Each run's own files for the probes of bench/probes that are on (``<prefix>.<tag>``, e.g.
+    ``/tmp/ttft/p.shared2``) and, on SQLite, its own database beside them, so that
+    ``bench/ttft_phases.py <prefix>.<tag> --db <prefix>.<tag>.sqlite3`` and
+    ``probe_write_lock.py <prefix>.<tag>`` read one mode's run alone."""
+    env = {name: f"{os.environ[name]}.{tag}" for name in PROBES if os.environ.get(name)}
+    if env.get("TTFT_PROBE") and database_url.startswith("sqlite:"):
+        env["DATABASE_URL"] = f"sqlite:///{env['TTFT_PROBE']}.sqlite3"
+    return env
 
 
 def _routed_workers(service: Service, job_ids: list[str]) -> dict[str, str | None]:
@@ -235,9 +255,10 @@ def main() -> None:
     system = system_prompt(model_path, args.system_tokens)
     warmup_system = system_prompt(model_path, args.system_tokens, part=1)
     results: dict[str, list[dict]] = {}
-    for _ in range(args.rounds):
+    for round_index in range(1, args.rounds + 1):
         for mode in args.modes:
-            results.setdefault(mode, []).append(run(args, model_path, system, warmup_system, affinity=mode == "affinity"))
+            results.setdefault(mode, []).append(run(args, model_path, system, warmup_system,
+                                                    affinity=mode == "affinity", tag=f"{mode}{round_index}"))
             print(json.dumps(results[mode][-1]), flush=True)
     dump_json_line({**_medians(results), "args": vars(args), "model": str(model_path), "runs": results,
                     "environment": environment()}, args.out)
