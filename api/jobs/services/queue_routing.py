@@ -98,15 +98,8 @@ def job_route(*, model: str, prompt_token_ids: list[int]) -> Route:
         names = [_affinity_key(model, h) for h in hashes]
         ends, pending = _lookup(client, model, names, live)
         target = _choose(model, hashes, capacities, ends, pending, client)
-        pipe = client.pipeline(transaction=False)
-        pipe.hincrby(PENDING_PREFIX + model, target, 1)
-        pipe.expire(PENDING_PREFIX + model, PENDING_TTL_S)
-        for name in names:
-            pipe.sadd(name, target)
-            pipe.expire(name, AFFINITY_TTL_S)
-        pipe.sadd(names[-1] + END_SUFFIX, target)
-        pipe.expire(names[-1] + END_SUFFIX, AFFINITY_TTL_S)
-        pipe.execute()
+        client.register_script(_RECORD)(keys=[*names, names[-1] + END_SUFFIX, PENDING_PREFIX + model],
+                                        args=[target, AFFINITY_TTL_S, PENDING_TTL_S])
     except redis.RedisError:
         logger.warning("prefix-affinity routing unavailable (Redis); job sent to the shared queue", exc_info=True)
         return shared
@@ -130,19 +123,47 @@ def job_route_settled(*, model: str, route: Route) -> None:
 def _lookup(client: redis.Redis, model: str, names: list[str], live: frozenset[str]) -> tuple[set[str], dict[str, int]]:
     """Of the live workers that hold the prompt's deepest held block, those whose job's prompt
     ended with that block (the prompt continues a prompt they ran); and each worker's pending
-    jobs (one round trip)."""
-    pipe = client.pipeline(transaction=False)
-    for name in names:
-        pipe.smembers(name)
-        pipe.smembers(name + END_SUFFIX)
-    pipe.hgetall(PENDING_PREFIX + model)
-    *replies, pending = pipe.execute()
-    counts = {worker: max(0, int(n)) for worker, n in pending.items()}
-    for i in reversed(range(len(names))):
-        held = replies[2 * i] & live
-        if held:
-            return replies[2 * i + 1] & live, counts
-    return set(), counts
+    jobs (one script: one command, where a pipeline would send two per block)."""
+    ends, pending = client.register_script(_LOOKUP)(
+        keys=[*names, *(name + END_SUFFIX for name in names), PENDING_PREFIX + model], args=sorted(live))
+    counts = {worker: max(0, int(n)) for worker, n in zip(pending[::2], pending[1::2], strict=True)}
+    return set(ends), counts
+
+
+# KEYS: the prompt's block names, shallowest first; then the ":end" set of each, in the same order;
+# then the model's pending hash. ARGV: the live workers. Returns the live workers of the ":end" set
+# of the deepest block a live worker holds ({} if none does), and the pending hash's fields and values.
+_LOOKUP = """
+local blocks = (#KEYS - 1) / 2
+local live = {}
+for _, worker in ipairs(ARGV) do live[worker] = true end
+local function alive(members)
+    local kept = {}
+    for _, worker in ipairs(members) do
+        if live[worker] then kept[#kept + 1] = worker end
+    end
+    return kept
+end
+local ends = {}
+for i = blocks, 1, -1 do
+    if #alive(redis.call("SMEMBERS", KEYS[i])) > 0 then
+        ends = alive(redis.call("SMEMBERS", KEYS[blocks + i]))
+        break
+    end
+end
+return {ends, redis.call("HGETALL", KEYS[#KEYS])}
+"""
+
+# KEYS: the sets the chosen worker joins (each block name, and the last block's ":end" set), then
+# the model's pending hash. ARGV: the worker, the sets' TTL, the pending hash's TTL.
+_RECORD = """
+for i = 1, #KEYS - 1 do
+    redis.call("SADD", KEYS[i], ARGV[1])
+    redis.call("EXPIRE", KEYS[i], ARGV[2])
+end
+redis.call("HINCRBY", KEYS[#KEYS], ARGV[1], 1)
+redis.call("EXPIRE", KEYS[#KEYS], ARGV[3])
+"""
 
 
 def _choose(model: str, hashes: list[bytes], capacities: dict[str, int], ends: set[str], pending: dict[str, int],

@@ -4,6 +4,8 @@ Redis (heartbeats, the prefix map) and the database (the workers' loads)."""
 from __future__ import annotations
 
 import pytest
+import redis
+import redis.client
 
 from api.jobs.services.queue_routing import (
     BLOCK_TOKENS,
@@ -63,6 +65,35 @@ def test_every_turn_of_a_conversation_goes_to_the_worker_that_served_its_first(l
     assert routes[0].worker_id in {"w-a", "w-b"}
     assert {r.worker_id for r in routes} == {routes[0].worker_id}
     assert routes[0].queue == f"engine.tiny.{routes[0].worker_id}"
+
+
+def test_routing_sends_redis_a_few_commands_whatever_the_prompts_length(live, monkeypatch):
+    """Routing runs on every submission, in the web tier's one thread for sync code: its Redis work
+    must not grow with the prompt. A turn deep in a conversation (32 blocks) is looked up and
+    recorded in a few commands, not one or two per block."""
+    live("w-a", "w-b")
+    sent: list[str] = []
+    execute_command = redis.Redis.execute_command
+    execute_pipeline = redis.client.Pipeline.execute
+
+    def count_command(self, *args, **options):
+        sent.append(str(args[0]))
+        return execute_command(self, *args, **options)
+
+    def count_pipeline(self, raise_on_error=True):
+        sent.extend(str(command[0][0]) for command in self.command_stack)
+        return execute_pipeline(self, raise_on_error)
+
+    monkeypatch.setattr(redis.Redis, "execute_command", count_command)
+    monkeypatch.setattr(redis.client.Pipeline, "execute", count_pipeline)
+    first = _route(_turn(3, 0))
+    Job.objects.update(status=JobStatus.COMPLETED)
+    sent.clear()
+
+    later = _route(_turn(3, 10))
+
+    assert len(_turn(3, 10)) // BLOCK_TOKENS == 32 and later.worker_id == first.worker_id
+    assert len(sent) <= 4, sent  # the lookup, the record and the settle
 
 
 def test_new_conversations_over_one_system_prompt_spread_over_the_workers_and_keep_to_them(live):
