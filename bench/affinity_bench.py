@@ -1,7 +1,8 @@
 """Prefix-affinity routing against the plain shared queue: prefix-cache hit rate and TTFT.
 
 The whole service (daphne, Redis, the database, as bench/service_bench.py starts them) with
-``--workers`` (2) engine workers of one model. ``--conversations`` (64) conversations of
+``--workers`` (2) engine workers of one model and ``--web-processes`` daphne processes (as
+deployed: serve_web's default, one per core up to 4). ``--conversations`` (64) conversations of
 ``--turns`` (4) turns each run at once; every conversation's prompt starts with the same system
 prompt of ``--system-tokens`` (1,000) tokens, and each turn's prompt is the previous turn's
 prompt, its answer and one more question (lines of the shipped corpus, at most
@@ -55,6 +56,8 @@ sys.path.insert(0, str(ROOT))
 from common import dump_json_line, ensure_default_model, environment, percentile  # noqa: E402
 from http_clients import get_json, post_job  # noqa: E402
 from service_bench import Service, _read_stream, candidate_prompts  # noqa: E402
+
+from inference_service.serve_web import default_processes  # noqa: E402
 
 # bench/probes/sitecustomize.py's variables: each names a probe's output prefix.
 PROBES = ("STEP_PROBE", "TTFT_PROBE", "LOCK_PROBE")
@@ -117,7 +120,7 @@ def start_workers(service: Service, count: int) -> list[str]:
 def run(args, model_path: Path, system: str, warmup_system: str, *, affinity: bool, tag: str) -> dict:
     log_dir = ROOT / "var" / "log"
     log_dir.mkdir(parents=True, exist_ok=True)
-    service = Service(model_path, args.port, log_dir)
+    service = Service(model_path, args.port, log_dir, web_processes=args.web_processes)
     jobs = args.conversations * args.turns
     service.env.update({"ROUTING_AFFINITY": "1" if affinity else "0",
                         "DEFAULT_KEY_MAX_CONCURRENT_JOBS": str(10 * jobs), "DEFAULT_KEY_TOKENS_PER_DAY": str(10**12)})
@@ -246,6 +249,8 @@ def main() -> None:
                         help="repeats of --modes, interleaved; the summary gives the medians over rounds")
     parser.add_argument("--warmup-conversations", type=int, default=4,
                         help="conversations over another system prompt before each mode's timed run")
+    parser.add_argument("--web-processes", type=int, default=default_processes(),
+                        help="daphne processes (serve_web --processes); default as deployed, one per core up to 4")
     parser.add_argument("--port", type=int, default=18767)
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
