@@ -25,7 +25,7 @@ printed line is one JSON object with each mode's median ``hit_rate_*`` and ``ttf
 each run's figures.
 
     python bench/affinity_bench.py [--model PATH] [--workers 2] [--conversations 64] [--turns 4]
-        [--system-tokens 1000] [--max-tokens 32] [--question-words 24] [--rounds 1]
+        [--system-tokens 1000] [--max-tokens 32] [--question-words 24] [--rounds 1] [--web-processes N]
 
 Small, on a CPU: ``--conversations 8 --turns 3 --system-tokens 300 --max-tokens 8``.
 

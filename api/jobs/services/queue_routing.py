@@ -123,7 +123,7 @@ def job_route_settled(*, model: str, route: Route) -> None:
 def _lookup(client: redis.Redis, model: str, names: list[str], live: frozenset[str]) -> tuple[set[str], dict[str, int]]:
     """Of the live workers that hold the prompt's deepest held block, those whose job's prompt
     ended with that block (the prompt continues a prompt they ran); and each worker's pending
-    jobs (one script: one command, where a pipeline would send two per block)."""
+    jobs (one script: one command, whatever the prompt's length)."""
     ends, pending = client.register_script(_LOOKUP)(
         keys=[*names, *(name + END_SUFFIX for name in names), PENDING_PREFIX + model], args=sorted(live))
     counts = {worker: max(0, int(n)) for worker, n in zip(pending[::2], pending[1::2], strict=True)}
