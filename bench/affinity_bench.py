@@ -46,7 +46,6 @@ import statistics
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -92,10 +91,9 @@ async def conversation(port: int, key: str, system: str, questions: list[str], m
     return turns
 
 
-def _get(port: int, key: str, path: str) -> dict:
-    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", headers={"Authorization": f"Bearer {key}"})
-    with urllib.request.urlopen(request, timeout=60) as response:
-        return json.loads(response.read())
+async def _jobs(port: int, key: str, job_ids: list[str]) -> list[dict]:
+    """GET /api/v1/jobs/<id> of each job, in order."""
+    return [await get_json(port, key, f"/api/v1/jobs/{job_id}") for job_id in job_ids]
 
 
 def start_workers(service: Service, count: int) -> list[str]:
@@ -143,8 +141,9 @@ def run(args, model_path: Path, system: str, warmup_system: str, *, affinity: bo
         t0 = time.perf_counter()
         conversations = asyncio.run(all_conversations(system, args.conversations))
         wall = time.perf_counter() - t0
-        rows = [{**turn, "conversation": c, "turn": t, **_usage(_get(args.port, key, f"/api/v1/jobs/{turn['job_id']}"))}
-                for c, turns in enumerate(conversations) for t, turn in enumerate(turns)]
+        rows = [{**turn, "conversation": c, "turn": t} for c, turns in enumerate(conversations) for t, turn in enumerate(turns)]
+        for row, job in zip(rows, asyncio.run(_jobs(args.port, key, [r["job_id"] for r in rows])), strict=True):
+            row.update(_usage(job))
         stamps = service.job_timestamps([r["job_id"] for r in rows])
         routed = _routed_workers(service, [r["job_id"] for r in rows])
         for r in rows:

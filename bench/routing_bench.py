@@ -6,8 +6,8 @@ thread for sync code, so its time adds to every submission behind it. A fresh SQ
 workers of batch 128 (their heartbeats' reading, cached per process, is not timed). Each round
 routes ``--conversations`` conversations of ``--turns`` turns over a ``--system-tokens`` system
 prompt (each turn adds ``--turn-tokens`` tokens) twice, interleaved: with this tree's ``job_route``
-(a Lua script each for the lookup and the record) and with the pipelines before it (``BEFORE``
-below: two commands per block for the lookup, two per block for the record). Prints the medians
+(a Lua script each for the lookup and the record) and with the same lookup and record as Redis
+pipelines (``before_route`` below: two commands per block for each). Prints the medians
 per route and the ratio; the LAST line is one JSON object.
 
     python bench/routing_bench.py [--conversations 64] [--turns 4] [--system-tokens 1000] [--rounds 5]
